@@ -1,0 +1,87 @@
+// The `longctx` command: train, plan, bench, selftest.
+// Every subcommand runs under MPI (one process is a valid launch). An error on
+// any rank prints one line and aborts the whole job, so peers never hang.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <thread>
+#include <string>
+
+#include "apps/commands.h"
+#include "core/error.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: longctx <command> [args]\n"
+    "  train CONFIG.yml [key=value ...]     train a model (mpiexec -n N for N ranks)\n"
+    "  plan CONFIG.yml [key=value ...]      predict memory/communication/time per strategy\n"
+    "  selftest [--json]                    check every CP strategy against one rank\n"
+    "  bench attention [flags]              attention kernel FLOP/s vs GEMM\n"
+    "  bench cp --strategy S [flags]        context-parallel attention scaling\n"
+    "  bench model [flags]                  one training step of a model\n";
+
+int dispatch(const longctx::Args& a) {
+  using namespace longctx;
+  if (a.empty() || a[0] == "-h" || a[0] == "--help" || a[0] == "help") {
+    std::fputs(kUsage, stdout);
+    return a.empty() ? 2 : 0;
+  }
+  Args rest(a.begin() + 1, a.end());
+  if (a[0] == "train") return run_train(rest);
+  if (a[0] == "plan") return run_plan(rest);
+  if (a[0] == "selftest") return run_selftest(rest);
+  if (a[0] == "bench") {
+    if (rest.empty()) throw ConfigError("bench needs a target: attention, cp or model");
+    Args flags(rest.begin() + 1, rest.end());
+    if (rest[0] == "attention") return run_bench_attention(flags);
+    if (rest[0] == "cp") return run_bench_cp(flags);
+    if (rest[0] == "model") return run_bench_model(flags);
+    throw ConfigError("unknown bench target '" + rest[0] + "': expected attention, cp or model");
+  }
+  throw ConfigError("unknown command '" + a[0] + "'; run `longctx --help`");
+}
+
+// After an error: if every rank fails (a config error all ranks detect), they
+// meet here and exit cleanly, each having printed its line; if some rank is
+// still working, the job is aborted after a grace period so no rank hangs.
+[[noreturn]] void exit_after_error(MPI_Comm error_comm, int world) {
+  if (world > 1) {
+    MPI_Request req;
+    MPI_Ibarrier(error_comm, &req);
+    int done = 0;
+    for (int i = 0; i < 300 && !done; ++i) {
+      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!done) MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  std::exit(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm error_comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &error_comm);
+  int status = 0;
+  try {
+    status = dispatch(longctx::Args(argv + 1, argv + argc));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "longctx: error (rank %d): %s\n", rank, e.what());
+    std::fflush(stderr);
+    exit_after_error(error_comm, world);
+  }
+  MPI_Comm_free(&error_comm);
+  MPI_Finalize();
+  return status;
+}

@@ -1,0 +1,123 @@
+#include "core/memory.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/error.h"
+
+namespace longctx {
+
+const char* mem_category_name(MemCategory c) {
+  static const char* names[kNumMemCategories] = {"parameters",    "gradients",     "optimizer",
+                                                 "activations",   "communication", "scratch"};
+  return names[static_cast<int>(c)];
+}
+
+std::string format_bytes(size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+MemoryTracker& MemoryTracker::global() {
+  static MemoryTracker tracker;
+  return tracker;
+}
+
+void MemoryTracker::on_allocate(MemCategory c, const std::string& name, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (budget_ != 0 && current_total_ + bytes > budget_) {
+    throw OutOfMemoryError("device_memory_budget exceeded: allocating " + format_bytes(bytes) +
+                           " for '" + name + "' (" + mem_category_name(c) + ") on top of " +
+                           format_bytes(current_total_) + " in use (peak so far " +
+                           format_bytes(peak_total_) + ") exceeds the budget of " +
+                           format_bytes(budget_));
+  }
+  int i = static_cast<int>(c);
+  current_[i] += bytes;
+  if (current_[i] > peak_[i]) peak_[i] = current_[i];
+  current_total_ += bytes;
+  if (current_total_ > peak_total_) peak_total_ = current_total_;
+}
+
+void MemoryTracker::on_release(MemCategory c, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  current_[static_cast<int>(c)] -= bytes;
+  current_total_ -= bytes;
+}
+
+void MemoryTracker::set_budget(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  budget_ = bytes;
+}
+
+void MemoryTracker::reset_peaks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_ = current_;
+  peak_total_ = current_total_;
+}
+
+std::string MemoryTracker::report() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  for (int i = 0; i < kNumMemCategories; ++i) {
+    out += std::string(mem_category_name(static_cast<MemCategory>(i))) + " " +
+           format_bytes(current_[i]) + " (peak " + format_bytes(peak_[i]) + ")\n";
+  }
+  out += "total " + format_bytes(current_total_) + " (peak " + format_bytes(peak_total_) + ")\n";
+  return out;
+}
+
+Buffer::Buffer(MemCategory category, const std::string& name, size_t bytes)
+    : bytes_(bytes), category_(category) {
+  if (bytes == 0) return;
+  MemoryTracker::global().on_allocate(category, name, bytes);
+  size_t rounded = (bytes + 63) / 64 * 64;
+  data_ = std::aligned_alloc(64, rounded);
+  if (!data_) {
+    MemoryTracker::global().on_release(category, bytes);
+    throw OutOfMemoryError("host allocation of " + format_bytes(bytes) + " for '" + name +
+                           "' failed");
+  }
+  std::memset(data_, 0, rounded);
+}
+
+Buffer::~Buffer() { release(); }
+
+void Buffer::release() {
+  if (data_) {
+    std::free(data_);
+    MemoryTracker::global().on_release(category_, bytes_);
+  }
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : data_(other.data_), bytes_(other.bytes_), category_(other.category_) {
+  other.data_ = nullptr;
+  other.bytes_ = 0;
+}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    category_ = other.category_;
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+}  // namespace longctx

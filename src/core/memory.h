@@ -1,0 +1,69 @@
+#pragma once
+// Memory accounting. Every long-lived buffer is a Buffer, registered with the
+// process-wide MemoryTracker under a category, so that runs report current and
+// peak bytes per category and an optional budget (device_memory_budget) is
+// enforced at the allocation that would breach it.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+namespace longctx {
+
+enum class MemCategory { parameters, gradients, optimizer, activations, communication, scratch };
+constexpr int kNumMemCategories = 6;
+const char* mem_category_name(MemCategory c);
+
+class MemoryTracker {
+ public:
+  static MemoryTracker& global();
+
+  // Records an allocation; throws OutOfMemoryError naming `name`, the request,
+  // the peak and the budget when the budget would be exceeded.
+  void on_allocate(MemCategory c, const std::string& name, size_t bytes);
+  void on_release(MemCategory c, size_t bytes);
+
+  void set_budget(size_t bytes);  // 0 = unlimited
+  size_t budget() const { return budget_; }
+  size_t current(MemCategory c) const { return current_[static_cast<int>(c)]; }
+  size_t peak(MemCategory c) const { return peak_[static_cast<int>(c)]; }
+  size_t current_total() const { return current_total_; }
+  size_t peak_total() const { return peak_total_; }
+  // Restarts peak measurement from the current usage.
+  void reset_peaks();
+  // One line per category: "parameters 1.2 MiB (peak 1.2 MiB)".
+  std::string report() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::array<size_t, kNumMemCategories> current_{}, peak_{};
+  size_t current_total_ = 0, peak_total_ = 0, budget_ = 0;
+};
+
+// 64-byte aligned, zero-initialised, tracked, move-only storage.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(MemCategory category, const std::string& name, size_t bytes);
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+  size_t size() const { return bytes_; }
+
+ private:
+  void release();
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemCategory category_ = MemCategory::scratch;
+};
+
+std::string format_bytes(size_t bytes);  // "1.50 GiB"
+
+}  // namespace longctx

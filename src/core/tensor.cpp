@@ -1,0 +1,90 @@
+#include "core/tensor.h"
+
+namespace longctx {
+
+const char* dtype_name(DType t) { return t == DType::f32 ? "fp32" : "bf16"; }
+
+DType parse_dtype(const std::string& name) {
+  if (name == "fp32" || name == "float32") return DType::f32;
+  if (name == "bf16" || name == "bfloat16") return DType::bf16;
+  throw ConfigError("unknown dtype '" + name + "': expected fp32 or bf16");
+}
+
+TensorView::TensorView(void* d, DType t, std::initializer_list<int64_t> shp) : data(d), dtype(t) {
+  check_shape(shp.size() <= kMaxRank, "tensor rank above kMaxRank");
+  rank = static_cast<int>(shp.size());
+  int i = 0;
+  for (int64_t s : shp) shape[i++] = s;
+  int64_t st = 1;
+  for (int d2 = rank - 1; d2 >= 0; --d2) {
+    stride[d2] = st;
+    st *= shape[d2];
+  }
+}
+
+TensorView TensorView::strided(void* d, DType t, std::initializer_list<int64_t> shp,
+                               std::initializer_list<int64_t> str) {
+  check_shape(shp.size() == str.size(), "strided view: shape and stride ranks differ");
+  TensorView v(d, t, shp);
+  int i = 0;
+  for (int64_t s : str) v.stride[i++] = s;
+  return v;
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank; ++i) n *= shape[i];
+  return n;
+}
+
+bool TensorView::contiguous() const {
+  int64_t st = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    if (shape[d] != 1 && stride[d] != st) return false;
+    st *= shape[d];
+  }
+  return true;
+}
+
+std::string TensorView::shape_string() const {
+  std::string s = "[";
+  for (int i = 0; i < rank; ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+float* TensorView::f32() const {
+  check_shape(dtype == DType::f32, "expected an fp32 tensor, got " + std::string(dtype_name(dtype)));
+  return static_cast<float*>(data);
+}
+
+bf16* TensorView::bf16p() const {
+  check_shape(dtype == DType::bf16, "expected a bf16 tensor, got " + std::string(dtype_name(dtype)));
+  return static_cast<bf16*>(data);
+}
+
+Tensor::Tensor(std::initializer_list<int64_t> shape, DType dtype, MemCategory category,
+               const std::string& name) {
+  view_ = TensorView(nullptr, dtype, shape);
+  buffer_ = Buffer(category, name, static_cast<size_t>(view_.numel()) * dtype_size(dtype));
+  view_.data = buffer_.data();
+}
+
+Tensor::Tensor(const std::array<int64_t, kMaxRank>& shape, int rank, DType dtype,
+               MemCategory category, const std::string& name) {
+  view_.dtype = dtype;
+  view_.rank = rank;
+  int64_t st = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    view_.shape[d] = shape[d];
+    view_.stride[d] = st;
+    st *= shape[d];
+  }
+  buffer_ = Buffer(category, name, static_cast<size_t>(st) * dtype_size(dtype));
+  view_.data = buffer_.data();
+}
+
+void Tensor::zero() {
+  if (buffer_.data()) std::memset(buffer_.data(), 0, buffer_.size());
+}
+
+}  // namespace longctx

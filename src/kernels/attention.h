@@ -1,0 +1,120 @@
+#pragma once
+// Block-sparse flash attention, forward and backward, used by every
+// context-parallel strategy (DESIGN.md section 2).
+//
+// Shapes (views may be strided; the head dim must be contiguous):
+//   q, o, dq, dout   [B, Sq,  H, D]
+//   k, v, dk, dv     [B, Skv, G, D]    GQA: H % G == 0, q head h reads kv head h / (H/G)
+//   lse, delta       [B, Sq, H] fp32, contiguous (token-major, like O)
+//   q_pos / kv_pos   [B, Sq] / [B, Skv] int64 global positions (any permutation)
+//   q_seg / kv_seg   [B, Sq] / [B, Skv] int32 segment (document) ids, or nullptr
+//
+// A fully masked row gives O = 0 and LSE = -inf; its gradients are 0.
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace longctx {
+
+// Which (q, kv) pairs may attend. Positions are global token positions.
+struct MaskSpec {
+  enum class Kind { full, causal, local, chunked };
+  Kind kind = Kind::causal;
+  // local: kv_pos in [q_pos - left, q_pos + right]. causal == local(inf, 0).
+  int64_t left = 0, right = 0;
+  // chunked: q and kv in the same block of `chunk` positions, and causal
+  // (Llama 4 style chunked attention).
+  int64_t chunk = 0;
+  // AND-ed: q and kv must have the same segment id (packed documents).
+  bool same_segment = false;
+
+  static MaskSpec full();
+  static MaskSpec causal();
+  static MaskSpec local(int64_t left, int64_t right);
+  static MaskSpec chunked(int64_t chunk);
+  // "full", "causal", "local:W" (causal window of W tokens: left = W - 1,
+  // right = 0), "local:L:R", "chunked:C"; a "+segments" suffix sets
+  // same_segment. Throws ConfigError on anything else.
+  static MaskSpec parse(const std::string& text);
+  std::string to_string() const;
+
+  bool allows(int64_t q_pos, int64_t kv_pos) const {
+    switch (kind) {
+      case Kind::full: return true;
+      case Kind::causal: return kv_pos <= q_pos;
+      case Kind::local: return kv_pos >= q_pos - left && kv_pos <= q_pos + right;
+      case Kind::chunked: return kv_pos <= q_pos && q_pos / chunk == kv_pos / chunk;
+    }
+    return false;
+  }
+  bool allows(int64_t q_pos, int64_t kv_pos, int32_t q_seg, int32_t kv_seg) const {
+    return (!same_segment || q_seg == kv_seg) && allows(q_pos, kv_pos);
+  }
+};
+
+enum class KernelImpl { fast, reference };
+KernelImpl parse_kernel_impl(const std::string& name);  // "fast" | "reference"
+
+struct AttentionArgs {
+  TensorView q, k, v;
+  const int64_t* q_pos = nullptr;
+  const int64_t* kv_pos = nullptr;
+  const int32_t* q_seg = nullptr;  // required iff mask.same_segment
+  const int32_t* kv_seg = nullptr;
+  MaskSpec mask;
+  float scale = 0.0f;  // 0 means 1/sqrt(D)
+  KernelImpl impl = KernelImpl::fast;
+};
+
+// Counters a test or benchmark can read. Blocks are (q block, kv block) tiles
+// of one (batch, q head) pair.
+struct AttentionStats {
+  int64_t blocks_total = 0;    // all tiles
+  int64_t blocks_partial = 0;  // computed with the elementwise mask
+  int64_t blocks_full = 0;     // computed without the mask
+  int64_t blocks_computed() const { return blocks_partial + blocks_full; }
+};
+
+// Tile sizes of the fast kernel, so that tests can count non-empty tiles.
+struct AttentionBlocking {
+  int64_t q_block;
+  int64_t kv_block;
+};
+AttentionBlocking attention_blocking(int64_t head_dim);
+
+// O (written) and LSE (written).
+void attention_forward(const AttentionArgs& args, const TensorView& o, float* lse,
+                       AttentionStats* stats = nullptr);
+
+// delta[b,s,h] = sum_d dout * o  (written). Needed once per row for backward.
+void attention_delta(const TensorView& o, const TensorView& dout, float* delta);
+
+// Gradients given the FINAL lse and delta of each q row (after any merge), so
+// that running it on one kv shard is exact. dq, dk and dv are fp32 and
+// ACCUMULATED (+=): the caller zeroes them once, then may call this for each
+// kv shard (ring) and keep summing.
+void attention_backward(const AttentionArgs& args, const TensorView& dout, const float* lse,
+                        const float* delta, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, AttentionStats* stats = nullptr);
+
+// Merges partial result b into a, exactly, in fp32:
+//   lse = logaddexp(lse_a, lse_b); o = exp(lse_a - lse) o_a + exp(lse_b - lse) o_b.
+// o_a, o_b [B, S, H, D]; lse_a, lse_b [B, S, H]. -inf on both sides stays o = 0, lse = -inf.
+void attention_merge(const TensorView& o_a, float* lse_a, const TensorView& o_b,
+                     const float* lse_b);
+
+// Float64 naive reference of the same functions (same interface, ignores impl).
+void attention_forward_reference(const AttentionArgs& args, const TensorView& o, float* lse);
+void attention_backward_reference(const AttentionArgs& args, const TensorView& dout,
+                                  const float* lse, const float* delta, const TensorView& dq,
+                                  const TensorView& dk, const TensorView& dv);
+
+// Number of (q, kv) pairs the mask allows over all batches and q heads: the
+// FLOP count basis (forward 4*D per pair, backward 10*D per pair).
+int64_t attention_unmasked_pairs(const AttentionArgs& args);
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+}  // namespace longctx

@@ -1,0 +1,202 @@
+// Float64 naive attention: the independent reference every fast path and
+// every context-parallel strategy is tested against. Also the mask parser.
+#include <cmath>
+#include <vector>
+
+#include "kernels/attention.h"
+
+namespace longctx {
+
+MaskSpec MaskSpec::full() { return MaskSpec{Kind::full, 0, 0, 0, false}; }
+MaskSpec MaskSpec::causal() { return MaskSpec{Kind::causal, 0, 0, 0, false}; }
+MaskSpec MaskSpec::local(int64_t left, int64_t right) {
+  if (left < 0 || right < 0) throw ConfigError("local mask: window sides must be >= 0");
+  return MaskSpec{Kind::local, left, right, 0, false};
+}
+MaskSpec MaskSpec::chunked(int64_t chunk) {
+  if (chunk <= 0) throw ConfigError("chunked mask: chunk size must be > 0");
+  return MaskSpec{Kind::chunked, 0, 0, chunk, false};
+}
+
+MaskSpec MaskSpec::parse(const std::string& text) {
+  std::string t = text;
+  bool segments = false;
+  const std::string suffix = "+segments";
+  if (t.size() > suffix.size() && t.compare(t.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    segments = true;
+    t = t.substr(0, t.size() - suffix.size());
+  }
+  auto number = [&](const std::string& s) -> int64_t {
+    try {
+      size_t used = 0;
+      long long v = std::stoll(s, &used);
+      if (used != s.size()) throw ConfigError("");
+      return v;
+    } catch (...) {
+      throw ConfigError("mask '" + text + "': '" + s + "' is not an integer");
+    }
+  };
+  MaskSpec m;
+  if (t == "full") {
+    m = full();
+  } else if (t == "causal") {
+    m = causal();
+  } else if (t.rfind("local:", 0) == 0) {
+    std::string rest = t.substr(6);
+    size_t colon = rest.find(':');
+    if (colon == std::string::npos) {
+      int64_t w = number(rest);
+      if (w < 1) throw ConfigError("mask '" + text + "': window must be >= 1");
+      m = local(w - 1, 0);
+    } else {
+      m = local(number(rest.substr(0, colon)), number(rest.substr(colon + 1)));
+    }
+  } else if (t.rfind("chunked:", 0) == 0) {
+    m = chunked(number(t.substr(8)));
+  } else {
+    throw ConfigError("unknown mask '" + text +
+                      "': expected full, causal, local:W, local:L:R or chunked:C, "
+                      "optionally with +segments");
+  }
+  m.same_segment = segments;
+  return m;
+}
+
+std::string MaskSpec::to_string() const {
+  std::string s;
+  switch (kind) {
+    case Kind::full: s = "full"; break;
+    case Kind::causal: s = "causal"; break;
+    case Kind::local: s = "local:" + std::to_string(left) + ":" + std::to_string(right); break;
+    case Kind::chunked: s = "chunked:" + std::to_string(chunk); break;
+  }
+  return same_segment ? s + "+segments" : s;
+}
+
+KernelImpl parse_kernel_impl(const std::string& name) {
+  if (name == "fast") return KernelImpl::fast;
+  if (name == "reference") return KernelImpl::reference;
+  throw ConfigError("unknown kernel implementation '" + name + "': expected fast or reference");
+}
+
+namespace {
+
+struct Dims {
+  int64_t B, Sq, Skv, H, G, D, group;
+  double scale;
+};
+
+Dims check_args(const AttentionArgs& a) {
+  check_shape(a.q.rank == 4 && a.k.rank == 4 && a.v.rank == 4, "attention: q, k, v must be rank 4");
+  Dims d{a.q.dim(0), a.q.dim(1), a.k.dim(1), a.q.dim(2), a.k.dim(2), a.q.dim(3), 1, 0.0};
+  check_shape(a.k.dim(0) == d.B && a.v.dim(0) == d.B, "attention: batch sizes differ");
+  check_shape(a.v.dim(1) == d.Skv && a.v.dim(2) == d.G, "attention: k and v shapes differ");
+  check_shape(a.k.dim(3) == d.D && a.v.dim(3) == d.D, "attention: head dims differ");
+  check_shape(d.G > 0 && d.H % d.G == 0,
+              "attention: query heads (" + std::to_string(d.H) +
+                  ") must be a multiple of kv heads (" + std::to_string(d.G) + ")");
+  check_shape(a.q_pos && a.kv_pos, "attention: positions are required");
+  check_shape(!a.mask.same_segment || (a.q_seg && a.kv_seg),
+              "attention: mask needs segment ids but none were given");
+  d.group = d.H / d.G;
+  d.scale = a.scale != 0.0f ? a.scale : 1.0 / std::sqrt(static_cast<double>(d.D));
+  return d;
+}
+
+bool pair_allowed(const AttentionArgs& a, int64_t b, int64_t i, int64_t j, const Dims& d) {
+  int64_t qp = a.q_pos[b * d.Sq + i], kp = a.kv_pos[b * d.Skv + j];
+  if (a.mask.same_segment && a.q_seg[b * d.Sq + i] != a.kv_seg[b * d.Skv + j]) return false;
+  return a.mask.allows(qp, kp);
+}
+
+}  // namespace
+
+int64_t attention_unmasked_pairs(const AttentionArgs& a) {
+  Dims d = check_args(a);
+  int64_t pairs = 0;
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t i = 0; i < d.Sq; ++i)
+      for (int64_t j = 0; j < d.Skv; ++j) pairs += pair_allowed(a, b, i, j, d);
+  return pairs * d.H;
+}
+
+void attention_forward_reference(const AttentionArgs& a, const TensorView& o, float* lse) {
+  Dims d = check_args(a);
+  std::vector<double> s(d.Skv), acc(d.D);
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.H; ++h)
+      for (int64_t i = 0; i < d.Sq; ++i) {
+        const float* qi = a.q.at<float>({b, i, h});
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < d.Skv; ++j) {
+          if (!pair_allowed(a, b, i, j, d)) {
+            s[j] = -INFINITY;
+            continue;
+          }
+          const float* kj = a.k.at<float>({b, j, h / d.group});
+          double dot = 0;
+          for (int64_t x = 0; x < d.D; ++x) dot += static_cast<double>(qi[x]) * kj[x];
+          s[j] = dot * d.scale;
+          mx = std::max(mx, s[j]);
+        }
+        float* oi = o.at<float>({b, i, h});
+        float* l = lse + (b * d.Sq + i) * d.H + h;
+        if (mx == -INFINITY) {
+          for (int64_t x = 0; x < d.D; ++x) oi[x] = 0.0f;
+          *l = kNegInf;
+          continue;
+        }
+        double sum = 0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j < d.Skv; ++j) {
+          if (s[j] == -INFINITY) continue;
+          double p = std::exp(s[j] - mx);
+          sum += p;
+          const float* vj = a.v.at<float>({b, j, h / d.group});
+          for (int64_t x = 0; x < d.D; ++x) acc[x] += p * vj[x];
+        }
+        for (int64_t x = 0; x < d.D; ++x) oi[x] = static_cast<float>(acc[x] / sum);
+        *l = static_cast<float>(mx + std::log(sum));
+      }
+}
+
+void attention_backward_reference(const AttentionArgs& a, const TensorView& dout,
+                                  const float* lse, const float* delta, const TensorView& dq,
+                                  const TensorView& dk, const TensorView& dv) {
+  Dims d = check_args(a);
+  std::vector<double> dqi(d.D);
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.H; ++h)
+      for (int64_t i = 0; i < d.Sq; ++i) {
+        double l = lse[(b * d.Sq + i) * d.H + h];
+        if (std::isinf(l)) continue;  // fully masked row: no gradient
+        double dl = delta[(b * d.Sq + i) * d.H + h];
+        const float* qi = a.q.at<float>({b, i, h});
+        const float* doi = dout.at<float>({b, i, h});
+        std::fill(dqi.begin(), dqi.end(), 0.0);
+        for (int64_t j = 0; j < d.Skv; ++j) {
+          if (!pair_allowed(a, b, i, j, d)) continue;
+          int64_t g = h / d.group;
+          const float* kj = a.k.at<float>({b, j, g});
+          const float* vj = a.v.at<float>({b, j, g});
+          double dot = 0, dp = 0;
+          for (int64_t x = 0; x < d.D; ++x) {
+            dot += static_cast<double>(qi[x]) * kj[x];
+            dp += static_cast<double>(doi[x]) * vj[x];
+          }
+          double p = std::exp(dot * d.scale - l);
+          double ds = p * (dp - dl);
+          float* dkj = dk.at<float>({b, j, g});
+          float* dvj = dv.at<float>({b, j, g});
+          for (int64_t x = 0; x < d.D; ++x) {
+            dqi[x] += ds * d.scale * kj[x];
+            dkj[x] += static_cast<float>(ds * d.scale * qi[x]);
+            dvj[x] += static_cast<float>(p * doi[x]);
+          }
+        }
+        float* dqp = dq.at<float>({b, i, h});
+        for (int64_t x = 0; x < d.D; ++x) dqp[x] += static_cast<float>(dqi[x]);
+      }
+}
+
+}  // namespace longctx
