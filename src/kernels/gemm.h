@@ -12,12 +12,8 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
               int64_t ldc);
 
-// bf16 inputs, fp32 accumulate and output.
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-               const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
-               int64_t ldc);
-
-// Measures the GEMM rate (GFLOP/s) of an n x n x n product in `dtype` with the
+// Measures the GEMM rate (GFLOP/s) of an n x n x n product in `dtype` (fp32 today; bf16 throws until
+// a bf16 GEMM lands) with the
 // current OpenMP thread count: the reference that benchmarks and MFU divide by.
 double measure_gemm_gflops(DType dtype, int64_t n = 2048, double min_seconds = 0.5);
 
