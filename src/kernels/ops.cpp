@@ -1,0 +1,284 @@
+// Fast (OpenMP, vectorisable) model ops. Memory-bound: one pass over the
+// data where possible, rows split over threads, sums in fp32 per row.
+#include "kernels/ops.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace longctx {
+
+namespace {
+
+void check_rows(const TensorView& t, int64_t rows, int64_t cols, const char* what) {
+  check_shape(t.rank == 2 && t.dim(0) == rows && t.dim(1) == cols && t.stride[1] == 1,
+              std::string(what) + ": expected [" + std::to_string(rows) + "," +
+                  std::to_string(cols) + "] with contiguous columns, got " + t.shape_string());
+  t.f32();  // dtype check
+}
+
+float* row(const TensorView& t, int64_t r) { return t.f32() + r * t.stride[0]; }
+
+void check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* what) {
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      throw DataError(std::string(what) + " id " + std::to_string(ids[i]) + " at index " +
+                      std::to_string(i) + " is outside the vocabulary [0, " +
+                      std::to_string(vocab) + ")");
+}
+
+}  // namespace
+
+// ---- RMSNorm ----------------------------------------------------------------------
+
+void rmsnorm_forward(const TensorView& x, const float* w, double eps, const TensorView& y) {
+  const int64_t N = x.dim(0), C = x.dim(1);
+  check_rows(x, N, C, "rmsnorm x");
+  check_rows(y, N, C, "rmsnorm y");
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* xr = row(x, r);
+    float* yr = row(y, r);
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
+    const float rstd = 1.0f / std::sqrt(ss / C + static_cast<float>(eps));
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * rstd * w[c];
+  }
+}
+
+void rmsnorm_backward(const TensorView& x, const float* w, double eps, const TensorView& dy,
+                      const TensorView& dx, float* dw) {
+  const int64_t N = x.dim(0), C = x.dim(1);
+  check_rows(x, N, C, "rmsnorm x");
+  check_rows(dy, N, C, "rmsnorm dy");
+  check_rows(dx, N, C, "rmsnorm dx");
+  // dw partial sums per thread, added in thread order so results do not
+  // depend on scheduling.
+  const int threads = omp_get_max_threads();
+  std::vector<float> dw_part(static_cast<size_t>(threads) * C, 0.0f);
+#pragma omp parallel num_threads(threads)
+  {
+    float* my_dw = dw_part.data() + static_cast<size_t>(omp_get_thread_num()) * C;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const float* xr = row(x, r);
+      const float* gr = row(dy, r);
+      float* dxr = row(dx, r);
+      float ss = 0.0f, gwx = 0.0f;
+#pragma omp simd reduction(+ : ss, gwx)
+      for (int64_t c = 0; c < C; ++c) {
+        ss += xr[c] * xr[c];
+        gwx += gr[c] * w[c] * xr[c];
+      }
+      const float rstd = 1.0f / std::sqrt(ss / C + static_cast<float>(eps));
+      // d/dx of x_c * rstd * w_c: rstd * g_c w_c - x_c rstd^3 * mean(g w x).
+      const float k = rstd * rstd * rstd * gwx / C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        dxr[c] += rstd * gr[c] * w[c] - k * xr[c];
+        my_dw[c] += gr[c] * xr[c] * rstd;
+      }
+    }
+  }
+  for (int t = 0; t < threads; ++t)
+    for (int64_t c = 0; c < C; ++c) dw[c] += dw_part[static_cast<size_t>(t) * C + c];
+}
+
+// ---- RoPE ---------------------------------------------------------------------------
+
+std::vector<double> rope_inv_freq(const RopeParams& p, int64_t head_dim) {
+  check_shape(head_dim % 2 == 0, "rope: head_dim must be even");
+  const int64_t half = head_dim / 2;
+  std::vector<double> inv(half);
+  for (int64_t i = 0; i < half; ++i)
+    inv[i] = 1.0 / std::pow(p.theta, static_cast<double>(2 * i) / head_dim);
+  if (!p.llama3_scaling) return inv;
+  const double old_len = static_cast<double>(p.original_max_position);
+  const double low_wavelen = old_len / p.low_freq_factor;
+  const double high_wavelen = old_len / p.high_freq_factor;
+  for (double& f : inv) {
+    const double wavelen = 2.0 * M_PI / f;
+    if (wavelen > low_wavelen) {
+      f /= p.factor;  // low frequencies: fully scaled
+    } else if (wavelen >= high_wavelen) {
+      // medium: interpolate between scaled and unscaled
+      const double smooth =
+          (old_len / wavelen - p.low_freq_factor) / (p.high_freq_factor - p.low_freq_factor);
+      f = (1.0 - smooth) * f / p.factor + smooth * f;
+    }
+  }
+  return inv;
+}
+
+void rope_table(const RopeParams& p, int64_t head_dim, const int64_t* positions, int64_t n,
+                float* cos, float* sin) {
+  const std::vector<double> inv = rope_inv_freq(p, head_dim);
+  const int64_t half = head_dim / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = static_cast<double>(positions[t]) * inv[i];
+      cos[t * half + i] = static_cast<float>(std::cos(a));
+      sin[t * half + i] = static_cast<float>(std::sin(a));
+    }
+}
+
+namespace {
+// sign = +1 rotates forward, -1 applies the inverse (transpose) rotation.
+void rope_apply(const TensorView& x, const float* cos, const float* sin, float sign) {
+  check_shape(x.rank == 3 && x.stride[2] == 1 && x.dim(2) % 2 == 0,
+              "rope: expected [N, H, D] with contiguous even D, got " + x.shape_string());
+  const int64_t N = x.dim(0), H = x.dim(1), half = x.dim(2) / 2;
+  float* base = x.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t) {
+    const float* c = cos + t * half;
+    const float* s = sin + t * half;
+    for (int64_t h = 0; h < H; ++h) {
+      float* x1 = base + t * x.stride[0] + h * x.stride[1];
+      float* x2 = x1 + half;
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = x1[i], b = x2[i], si = sign * s[i];
+        x1[i] = a * c[i] - b * si;
+        x2[i] = b * c[i] + a * si;
+      }
+    }
+  }
+}
+}  // namespace
+
+void rope_forward(const TensorView& x, const float* cos, const float* sin) {
+  rope_apply(x, cos, sin, 1.0f);
+}
+void rope_backward(const TensorView& dx, const float* cos, const float* sin) {
+  rope_apply(dx, cos, sin, -1.0f);
+}
+
+// ---- SwiGLU -------------------------------------------------------------------------
+
+void swiglu_forward(const TensorView& g, const TensorView& u, const TensorView& a) {
+  const int64_t N = g.dim(0), F = g.dim(1);
+  check_rows(g, N, F, "swiglu g");
+  check_rows(u, N, F, "swiglu u");
+  check_rows(a, N, F, "swiglu a");
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* gr = row(g, r);
+    const float* ur = row(u, r);
+    float* ar = row(a, r);
+#pragma omp simd
+    for (int64_t f = 0; f < F; ++f) ar[f] = gr[f] / (1.0f + std::exp(-gr[f])) * ur[f];
+  }
+}
+
+void swiglu_backward(const TensorView& g, const TensorView& u, const TensorView& da,
+                     const TensorView& dg, const TensorView& du) {
+  const int64_t N = g.dim(0), F = g.dim(1);
+  check_rows(g, N, F, "swiglu g");
+  check_rows(u, N, F, "swiglu u");
+  check_rows(da, N, F, "swiglu da");
+  check_rows(dg, N, F, "swiglu dg");
+  check_rows(du, N, F, "swiglu du");
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* gr = row(g, r);
+    const float* ur = row(u, r);
+    const float* dar = row(da, r);
+    float* dgr = row(dg, r);
+    float* dur = row(du, r);
+#pragma omp simd
+    for (int64_t f = 0; f < F; ++f) {
+      const float x = gr[f], y = ur[f], d = dar[f];  // read all before writing (aliasing)
+      const float sig = 1.0f / (1.0f + std::exp(-x));
+      dgr[f] = d * y * sig * (1.0f + x * (1.0f - sig));
+      dur[f] = d * x * sig;
+    }
+  }
+}
+
+// ---- Cross-entropy ------------------------------------------------------------------
+
+double cross_entropy(const TensorView& logits, const int32_t* targets, const float* weights,
+                     float grad_scale, const TensorView* dlogits) {
+  const int64_t R = logits.dim(0), V = logits.dim(1);
+  check_rows(logits, R, V, "cross_entropy logits");
+  if (dlogits) check_rows(*dlogits, R, V, "cross_entropy dlogits");
+  check_ids(targets, R, V, "target");
+  double total = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (int64_t r = 0; r < R; ++r) {
+    const float* z = row(logits, r);
+    float mx = z[0];
+    for (int64_t j = 1; j < V; ++j) mx = std::max(mx, z[j]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(z[j] - mx);
+    const float lse = mx + std::log(sum);
+    const float w = weights ? weights[r] : 1.0f;
+    const float z_target = z[targets[r]];
+    total += static_cast<double>(w) * (lse - z_target);
+    if (dlogits) {
+      float* dz = row(*dlogits, r);
+      const float k = grad_scale * w;
+#pragma omp simd
+      for (int64_t j = 0; j < V; ++j) dz[j] = k * std::exp(z[j] - lse);
+      dz[targets[r]] -= k;
+    }
+  }
+  return total;
+}
+
+// ---- Embedding ----------------------------------------------------------------------
+
+void embedding_forward(const int32_t* tokens, int64_t n, const float* table, int64_t vocab,
+                       const TensorView& out) {
+  const int64_t C = out.dim(1);
+  check_rows(out, n, C, "embedding out");
+  check_ids(tokens, n, vocab, "token");
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n; ++t)
+    std::copy_n(table + static_cast<int64_t>(tokens[t]) * C, C, row(out, t));
+}
+
+void embedding_backward(const int32_t* tokens, int64_t n, const TensorView& dout, float* dtable,
+                        int64_t vocab) {
+  const int64_t C = dout.dim(1);
+  check_rows(dout, n, C, "embedding dout");
+  check_ids(tokens, n, vocab, "token");
+  // Each thread owns a slice of columns for every token: no races, and the
+  // order of additions per element is the token order.
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t c0 = C * me / nt, c1 = C * (me + 1) / nt;
+    for (int64_t t = 0; t < n; ++t) {
+      const float* src = row(dout, t);
+      float* dst = dtable + static_cast<int64_t>(tokens[t]) * C;
+      for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+    }
+  }
+}
+
+// ---- AdamW --------------------------------------------------------------------------
+
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
+                  const AdamWParams& h) {
+  check_shape(h.step >= 1, "adamw: step is 1-based");
+  const float bc1 = 1.0f - static_cast<float>(std::pow(h.beta1, h.step));
+  const float bc2 = 1.0f - static_cast<float>(std::pow(h.beta2, h.step));
+  const float step_size = h.lr / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
+  const float decay = 1.0f - h.lr * h.weight_decay;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    m[i] = h.beta1 * m[i] + (1.0f - h.beta1) * grad[i];
+    v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * grad[i] * grad[i];
+    param[i] = param[i] * decay - step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + h.eps);
+  }
+}
+
+}  // namespace longctx
