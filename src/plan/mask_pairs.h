@@ -1,0 +1,41 @@
+#pragma once
+// Exact counts of unmasked (q, kv) pairs between ranges of global positions,
+// in closed form: the planner needs them for 14M-token sequences, where the
+// naive O(S^2) attention_unmasked_pairs would take hours.
+//
+// Counts ignore same_segment (document boundaries are data, unknown to the
+// planner), so for packed documents they are an upper bound.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"  // MaskSpec (header-only use: the mask vocabulary)
+
+namespace longctx {
+
+// Global positions [begin, end).
+struct PositionRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// How a sequence of S tokens is cut over `parts` ranks (DESIGN.md section 1):
+// contiguous: rank i holds [i S/parts, (i+1) S/parts);
+// zigzag: 2 * parts chunks, rank i holds chunks i and 2 parts - 1 - i.
+enum class SeqLayout { contiguous, zigzag };
+SeqLayout parse_seq_layout(const std::string& name);  // ConfigError on unknown names
+const char* seq_layout_name(SeqLayout layout);
+
+// The position ranges rank `index` of `parts` holds. ConfigError when parts
+// does not divide seq_len (2 * parts for zigzag).
+std::vector<PositionRange> layout_ranges(SeqLayout layout, int64_t seq_len, int64_t parts,
+                                         int64_t index);
+
+// Pairs (q, kv) with q in `q`, kv in `kv` that the mask allows (per batch
+// row and head).
+int64_t count_unmasked_pairs(PositionRange q, PositionRange kv, const MaskSpec& mask);
+int64_t count_unmasked_pairs(std::span<const PositionRange> q, std::span<const PositionRange> kv,
+                             const MaskSpec& mask);
+
+}  // namespace longctx
