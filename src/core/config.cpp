@@ -1,0 +1,593 @@
+#include "core/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+namespace longctx {
+
+namespace fs = std::filesystem;
+
+const std::vector<ConfigKey>& config_keys() {
+  using S = std::string;
+  using I = int64_t;
+  // Keep in the order and with the defaults of configs/base.yml
+  // (tests/unit/test_config.cpp checks that they agree).
+  static const std::vector<ConfigKey> keys = {
+      // run / output
+      {"run_name", S("run"), "name of the run (output subdirectory)"},
+      {"base_output_directory", S("runs"), "root of run outputs"},
+      {"checkpoint_dir", S(""), "checkpoints; empty = <base_output_directory>/<run_name>/checkpoints"},
+      {"metrics_file", S(""), "JSON lines; empty = <base_output_directory>/<run_name>/metrics.jsonl"},
+      {"enable_checkpointing", true, "write checkpoints"},
+      {"checkpoint_period", I(0), "steps between checkpoints; 0 = only at the end"},
+      {"resume", true, "continue from the latest complete checkpoint in checkpoint_dir"},
+      {"log_period", I(1), "steps between printed step lines"},
+      // model
+      {"model_name", S(""), "configs/model/<model_name>.yml; empty = the shape keys below"},
+      {"vocab_size", I(259), "vocabulary (byte-level: 256 bytes + BOS, EOS, PAD)"},
+      {"base_emb_dim", I(256), "d_model"},
+      {"base_num_query_heads", I(4), "attention heads"},
+      {"base_num_kv_heads", I(2), "KV heads (GQA)"},
+      {"head_dim", I(64), "per-head dimension"},
+      {"base_mlp_dim", I(768), "SwiGLU hidden size"},
+      {"base_num_decoder_layers", I(2), "decoder layers"},
+      {"rope_max_timescale", 500000.0, "RoPE theta"},
+      {"rope_use_scaling", false, "Llama 3.1 RoPE frequency scaling"},
+      {"rope_scaling_factor", 8.0, "Llama 3.1 scaling factor"},
+      {"rope_low_freq_factor", 1.0, "Llama 3.1 low frequency factor"},
+      {"rope_high_freq_factor", 4.0, "Llama 3.1 high frequency factor"},
+      {"rope_original_max_position", I(8192), "Llama 3.1 original context"},
+      {"normalization_layer_epsilon", 1e-5, "RMSNorm epsilon"},
+      {"logits_via_embedding", false, "tie the LM head to the embedding"},
+      {"dtype", S("float32"), "activation dtype (float32 only today)"},
+      {"remat_policy", S("full"), "none|minimal|save_context|full|custom"},
+      {"decoder_layer_input", S("device"), "custom remat: device (save) | remat"},
+      {"qkv_proj", S("remat"), "custom remat: device (save) | remat"},
+      {"context", S("remat"), "custom remat: device (save) | remat"},
+      {"out_proj", S("remat"), "custom remat: device (save) | remat"},
+      {"mlpwi", S("remat"), "custom remat: device (save) | remat"},
+      {"mlpwo", S("remat"), "custom remat: device (save) | remat"},
+      // attention
+      {"attention_type", S("causal"), "full|causal|local|chunked"},
+      {"sliding_window_size", I(0), "local: tokens each query sees (itself included)"},
+      {"chunk_attn_window_size", I(0), "chunked: causal attention within blocks of this size"},
+      {"attention_kernel", S("fast"), "fast|reference (float64, for tests)"},
+      // parallelism
+      {"ici_data_parallelism", I(1), "dp; -1 = world size / (cp * tp)"},
+      {"ici_context_parallelism", I(1), "cp: ranks that split each sequence"},
+      {"ici_context_usp_ulysses_parallelism", I(1), "usp: all-to-all factor of cp"},
+      {"ici_tensor_parallelism", I(1), "tp (Megatron)"},
+      {"context_parallel_strategy", S("all_gather"), "all_gather|ulysses|ring|usp|auto"},
+      {"context_parallel_load_balance", true, "zigzag layout (true) or contiguous (false)"},
+      // data
+      {"dataset_type", S("text"), "text|binary|synthetic"},
+      {"dataset_path", S("data/kjv"), "text file or directory, or .bin of uint32 ids"},
+      {"document_separator", S(""), "text: split files at this string; empty = one document per file"},
+      {"packing", true, "pack documents with segment ids (document mask) or concatenate"},
+      {"max_target_length", I(1024), "tokens per sequence"},
+      {"per_device_batch_size", I(1), "sequences per dp replica per step"},
+      // optimisation
+      {"steps", I(20), "optimizer steps"},
+      {"learning_rate", 3e-4, "peak learning rate"},
+      {"warmup_steps_fraction", 0.1, "fraction of steps of linear warmup"},
+      {"cosine_learning_rate_final_fraction", 0.1, "final lr as a fraction of the peak"},
+      {"adam_b1", 0.9, "AdamW beta1"},
+      {"adam_b2", 0.95, "AdamW beta2"},
+      {"adam_eps", 1e-8, "AdamW epsilon"},
+      {"adam_weight_decay", 0.1, "AdamW decoupled weight decay (matrices only)"},
+      {"gradient_clipping_threshold", 1.0, "global-norm clipping; 0 = off"},
+      {"init_weights_seed", I(0), "seed of weights and synthetic data"},
+      // system
+      {"device_memory_budget", I(0), "bytes (or \"8GiB\"); 0 = unlimited"},
+      {"peak_tflops_per_device", 0.0, "MFU denominator; 0 = measure fp32 GEMM at start-up"},
+      {"collective_timeout_seconds", I(600), "abort when a collective waits longer"},
+      {"num_threads", I(0), "OpenMP threads per rank; 0 = OpenMP default"},
+  };
+  return keys;
+}
+
+int64_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<int64_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = static_cast<int64_t>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = static_cast<int64_t>(i);
+    for (size_t j = 1; j <= b.size(); ++j) {
+      int64_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+int64_t parse_bytes(const std::string& text) {
+  static const std::vector<std::pair<std::string, double>> units = {
+      {"KiB", 1024.0}, {"MiB", 1024.0 * 1024}, {"GiB", 1024.0 * 1024 * 1024},
+      {"TiB", 1024.0 * 1024 * 1024 * 1024}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+      {"B", 1.0}, {"", 1.0}};
+  for (const auto& [suffix, scale] : units) {
+    if (text.size() < suffix.size() || text.compare(text.size() - suffix.size(), suffix.size(), suffix))
+      continue;
+    std::string number = text.substr(0, text.size() - suffix.size());
+    try {
+      size_t used = 0;
+      double v = std::stod(number, &used);
+      if (used == number.size() && v >= 0) return static_cast<int64_t>(std::llround(v * scale));
+    } catch (const std::exception&) {
+    }
+    break;
+  }
+  throw ConfigError("'" + text + "' is not a byte count (e.g. 123, 64MiB, 8GiB)");
+}
+
+namespace {
+
+const ConfigKey* find_key(const std::string& name) {
+  for (const auto& k : config_keys())
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+[[noreturn]] void unknown_key(const std::string& name, const std::string& where) {
+  const ConfigKey* best = nullptr;
+  int64_t best_d = 0;
+  for (const auto& k : config_keys()) {
+    int64_t d = edit_distance(name, k.name);
+    if (!best || d < best_d) best = &k, best_d = d;
+  }
+  throw ConfigError(where + ": unknown key '" + name + "'; did you mean '" + best->name +
+                    "'? (configs/base.yml lists every key)");
+}
+
+std::string type_name(const ConfigValue& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, int64_t>) return "an integer";
+        if constexpr (std::is_same_v<T, double>) return "a number";
+        if constexpr (std::is_same_v<T, bool>) return "a boolean (true/false)";
+        return "a string";
+      },
+      v);
+}
+
+// Converts a YAML scalar to the type of the key's default.
+ConfigValue convert(const ConfigKey& key, const YAML::Node& node, const std::string& where) {
+  auto fail = [&](const std::string& got) -> ConfigError {
+    return ConfigError(where + ": key '" + key.name + "' must be " + type_name(key.default_value) +
+                       ", got '" + got + "'");
+  };
+  if (node.IsNull()) {
+    if (std::holds_alternative<std::string>(key.default_value)) return std::string();
+    throw fail("null");
+  }
+  if (!node.IsScalar()) throw fail("a list or map");
+  const std::string text = node.Scalar();
+  return std::visit(
+      [&](const auto& def) -> ConfigValue {
+        using T = std::decay_t<decltype(def)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          return text;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          bool b;
+          if (!YAML::convert<bool>::decode(node, b)) throw fail(text);
+          return b;
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          long long i;
+          if (YAML::convert<long long>::decode(node, i)) return static_cast<int64_t>(i);
+          if (std::string(key.name) == "device_memory_budget") return parse_bytes(text);
+          // Accept integral floats such as 1e6.
+          double d;
+          if (YAML::convert<double>::decode(node, d) && std::isfinite(d) && d == std::floor(d) &&
+              std::fabs(d) < 9e18)
+            return static_cast<int64_t>(d);
+          throw fail(text);
+        } else {
+          double d;
+          if (!YAML::convert<double>::decode(node, d)) throw fail(text);
+          return d;
+        }
+      },
+      key.default_value);
+}
+
+struct Layer {
+  std::string source;
+  std::vector<std::pair<std::string, YAML::Node>> entries;
+};
+
+YAML::Node load_yaml_file(const fs::path& path) {
+  if (!fs::exists(path)) throw ConfigError("config file '" + path.string() + "' does not exist");
+  try {
+    YAML::Node root = YAML::LoadFile(path.string());
+    if (root.IsNull()) return YAML::Node(YAML::NodeType::Map);
+    if (!root.IsMap()) throw ConfigError("config file '" + path.string() + "' must be a YAML map of key: value");
+    return root;
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("config file '" + path.string() + "' is not valid YAML: " + e.what());
+  }
+}
+
+// The base_config chain, root first. `root_dir` receives the directory of the
+// root file (where model/<name>.yml is looked up).
+void load_chain(const fs::path& path, std::vector<Layer>& layers, std::set<std::string>& seen,
+                fs::path& root_dir) {
+  std::string canon = fs::weakly_canonical(path).string();
+  if (!seen.insert(canon).second)
+    throw ConfigError("config file '" + path.string() + "': base_config forms a cycle");
+  YAML::Node root = load_yaml_file(path);
+  Layer layer{path.string(), {}};
+  std::string base;
+  for (const auto& kv : root) {
+    std::string key = kv.first.as<std::string>();
+    if (key == "base_config") {
+      base = kv.second.as<std::string>();
+      continue;
+    }
+    layer.entries.emplace_back(key, kv.second);
+  }
+  if (!base.empty()) {
+    load_chain(path.parent_path() / base, layers, seen, root_dir);
+  } else {
+    root_dir = path.parent_path();
+  }
+  layers.push_back(std::move(layer));
+}
+
+void apply_layer(const Layer& layer, std::map<std::string, ConfigValue>& values,
+                 std::map<std::string, std::string>& sources) {
+  for (const auto& [key, node] : layer.entries) {
+    const ConfigKey* k = find_key(key);
+    if (!k) unknown_key(key, layer.source);
+    values[key] = convert(*k, node, layer.source);
+    sources[key] = layer.source;
+  }
+}
+
+Layer parse_overrides(const std::vector<std::string>& overrides) {
+  Layer layer{"command line", {}};
+  for (const auto& o : overrides) {
+    size_t eq = o.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw ConfigError("command line: '" + o + "' is not key=value");
+    std::string key = o.substr(0, eq), text = o.substr(eq + 1);
+    YAML::Node node;
+    try {
+      node = text.empty() ? YAML::Node(std::string()) : YAML::Load(text);
+    } catch (const YAML::Exception&) {
+      node = YAML::Node(text);  // keep it as a plain string; conversion checks the type
+    }
+    layer.entries.emplace_back(key, node);
+  }
+  return layer;
+}
+
+template <typename T>
+T value_as(const std::map<std::string, ConfigValue>& values, const std::string& key) {
+  auto it = values.find(key);
+  if (it == values.end()) throw ConfigError("config has no key '" + key + "'");
+  if (const T* v = std::get_if<T>(&it->second)) return *v;
+  if constexpr (std::is_same_v<T, double>)
+    if (const int64_t* i = std::get_if<int64_t>(&it->second)) return static_cast<double>(*i);
+  throw ConfigError("config key '" + key + "' is " + type_name(it->second) + ", not the type asked for");
+}
+
+bool parse_save_choice(const std::map<std::string, ConfigValue>& values, const char* key) {
+  std::string v = value_as<std::string>(values, key);
+  if (v == "device") return true;
+  if (v == "remat") return false;
+  throw ConfigError("key '" + std::string(key) + "' must be 'device' (save) or 'remat' (recompute), got '" + v + "'");
+}
+
+}  // namespace
+
+template <typename T>
+T RunConfig::get(const std::string& key) const {
+  return value_as<T>(values, key);
+}
+template int64_t RunConfig::get<int64_t>(const std::string&) const;
+template double RunConfig::get<double>(const std::string&) const;
+template bool RunConfig::get<bool>(const std::string&) const;
+template std::string RunConfig::get<std::string>(const std::string&) const;
+
+RunConfig config_from_values(const std::map<std::string, ConfigValue>& given) {
+  std::map<std::string, ConfigValue> v;
+  for (const auto& k : config_keys()) v[k.name] = k.default_value;
+  for (const auto& [key, value] : given) {
+    const ConfigKey* k = find_key(key);
+    if (!k) unknown_key(key, "config");
+    if (value.index() != k->default_value.index()) {
+      // Integers are valid numbers.
+      if (std::holds_alternative<double>(k->default_value) && std::holds_alternative<int64_t>(value)) {
+        v[key] = static_cast<double>(std::get<int64_t>(value));
+        continue;
+      }
+      throw ConfigError("config: key '" + key + "' must be " + type_name(k->default_value));
+    }
+    v[key] = value;
+  }
+  auto S = [&](const char* k) { return value_as<std::string>(v, k); };
+  auto I = [&](const char* k) { return value_as<int64_t>(v, k); };
+  auto D = [&](const char* k) { return value_as<double>(v, k); };
+  auto B = [&](const char* k) { return value_as<bool>(v, k); };
+
+  RunConfig c;
+  c.run_name = S("run_name");
+  c.base_output_directory = S("base_output_directory");
+  c.checkpoint_dir = S("checkpoint_dir");
+  if (c.checkpoint_dir.empty())
+    c.checkpoint_dir = (fs::path(c.base_output_directory) / c.run_name / "checkpoints").string();
+  c.metrics_file = S("metrics_file");
+  if (c.metrics_file.empty())
+    c.metrics_file = (fs::path(c.base_output_directory) / c.run_name / "metrics.jsonl").string();
+  c.enable_checkpointing = B("enable_checkpointing");
+  c.checkpoint_period = I("checkpoint_period");
+  c.resume = B("resume");
+  c.log_period = I("log_period");
+
+  c.model_name = S("model_name");
+  LlamaConfig& m = c.model;
+  m.vocab_size = I("vocab_size");
+  m.d_model = I("base_emb_dim");
+  m.num_heads = I("base_num_query_heads");
+  m.num_kv_heads = I("base_num_kv_heads");
+  m.head_dim = I("head_dim");
+  m.mlp_dim = I("base_mlp_dim");
+  m.num_layers = I("base_num_decoder_layers");
+  m.rope_theta = D("rope_max_timescale");
+  m.rope_llama3_scaling = B("rope_use_scaling");
+  m.rope_scaling_factor = D("rope_scaling_factor");
+  m.rope_low_freq_factor = D("rope_low_freq_factor");
+  m.rope_high_freq_factor = D("rope_high_freq_factor");
+  m.rope_original_max_position = I("rope_original_max_position");
+  m.norm_eps = D("normalization_layer_epsilon");
+  m.tie_embeddings = B("logits_via_embedding");
+  c.dtype = S("dtype");
+  c.remat_policy = S("remat_policy");
+  for (const char* k : {"decoder_layer_input", "qkv_proj", "context", "out_proj", "mlpwi", "mlpwo"})
+    c.remat_custom_save.push_back(parse_save_choice(v, k));
+
+  c.attention_type = S("attention_type");
+  c.sliding_window_size = I("sliding_window_size");
+  c.chunk_attn_window_size = I("chunk_attn_window_size");
+  c.attention_kernel = S("attention_kernel");
+
+  c.dp = I("ici_data_parallelism");
+  c.cp = I("ici_context_parallelism");
+  c.cp_ulysses = I("ici_context_usp_ulysses_parallelism");
+  c.tp = I("ici_tensor_parallelism");
+  c.cp_strategy = S("context_parallel_strategy");
+  c.cp_load_balance = B("context_parallel_load_balance");
+
+  c.dataset_type = S("dataset_type");
+  c.dataset_path = S("dataset_path");
+  c.document_separator = S("document_separator");
+  c.packing = B("packing");
+  c.max_target_length = I("max_target_length");
+  c.per_device_batch_size = I("per_device_batch_size");
+
+  c.steps = I("steps");
+  c.learning_rate = D("learning_rate");
+  c.warmup_steps_fraction = D("warmup_steps_fraction");
+  c.cosine_learning_rate_final_fraction = D("cosine_learning_rate_final_fraction");
+  c.adam_b1 = D("adam_b1");
+  c.adam_b2 = D("adam_b2");
+  c.adam_eps = D("adam_eps");
+  c.adam_weight_decay = D("adam_weight_decay");
+  c.gradient_clipping_threshold = D("gradient_clipping_threshold");
+  c.init_weights_seed = I("init_weights_seed");
+
+  c.device_memory_budget = I("device_memory_budget");
+  c.peak_tflops_per_device = D("peak_tflops_per_device");
+  c.collective_timeout_seconds = I("collective_timeout_seconds");
+  c.num_threads = I("num_threads");
+
+  c.values = std::move(v);
+  for (const auto& k : config_keys()) c.sources[k.name] = given.count(k.name) ? "config" : "default";
+  return c;
+}
+
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::vector<Layer> layers;
+  std::set<std::string> seen;
+  fs::path root_dir;
+  load_chain(path, layers, seen, root_dir);
+  Layer cmdline = parse_overrides(overrides);
+
+  std::map<std::string, ConfigValue> values;
+  std::map<std::string, std::string> sources;
+  for (const auto& l : layers) apply_layer(l, values, sources);
+  // model_name may come from any layer, the command line included.
+  std::map<std::string, ConfigValue> probe = values;
+  std::map<std::string, std::string> probe_sources;
+  apply_layer(cmdline, probe, probe_sources);
+  std::string model_name = probe.count("model_name") ? std::get<std::string>(probe["model_name"]) : "";
+  if (!model_name.empty()) {
+    fs::path model_path = model_name.ends_with(".yml") || model_name.ends_with(".yaml")
+                              ? fs::path(model_name)
+                              : root_dir / "model" / (model_name + ".yml");
+    if (!fs::exists(model_path))
+      throw ConfigError("model_name '" + model_name + "': no model file '" + model_path.string() +
+                        "' (model files live in configs/model/)");
+    Layer model{model_path.string(), {}};
+    for (const auto& kv : load_yaml_file(model_path))
+      model.entries.emplace_back(kv.first.as<std::string>(), kv.second);
+    apply_layer(model, values, sources);
+  }
+  apply_layer(cmdline, values, sources);
+
+  RunConfig c = config_from_values(values);
+  for (const auto& [k, s] : sources) c.sources[k] = s;
+  return c;
+}
+
+std::string RunConfig::to_yaml() const {
+  std::ostringstream out;
+  for (const auto& k : config_keys()) {
+    const ConfigValue& v = values.at(k.name);
+    out << k.name << ": ";
+    std::visit(
+        [&](const auto& x) {
+          using T = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<T, std::string>) {
+            YAML::Emitter e;
+            e << YAML::DoubleQuoted << x;
+            out << e.c_str();
+          } else if constexpr (std::is_same_v<T, bool>) {
+            out << (x ? "true" : "false");
+          } else if constexpr (std::is_same_v<T, double>) {
+            char buf[40];
+            std::snprintf(buf, sizeof buf, "%.17g", x);
+            std::string s = buf;
+            // Keep it a float in YAML so the type survives a reload.
+            if (s.find_first_of(".eninf") == std::string::npos) s += ".0";
+            out << s;
+          } else {
+            out << x;
+          }
+        },
+        v);
+    out << "\n";
+  }
+  return out.str();
+}
+
+namespace {
+
+void require(bool ok, const std::string& rule) {
+  if (!ok) throw ConfigError("invalid config: " + rule);
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+void validate_config(RunConfig& c, int64_t world) {
+  const LlamaConfig& m = c.model;
+  // ---- mesh
+  require(c.cp >= 1, "ici_context_parallelism must be >= 1 (got " + str(c.cp) + ")");
+  require(c.tp >= 1, "ici_tensor_parallelism must be >= 1 (got " + str(c.tp) + ")");
+  require(c.dp >= 1 || c.dp == -1, "ici_data_parallelism must be >= 1 or -1 (fill), got " + str(c.dp));
+  if (c.dp == -1) {
+    require(world % (c.cp * c.tp) == 0,
+            "ici_data_parallelism=-1 needs the world size (" + str(world) +
+                ") divisible by ici_context_parallelism * ici_tensor_parallelism (" + str(c.cp * c.tp) + ")");
+    c.dp = world / (c.cp * c.tp);
+    c.values["ici_data_parallelism"] = c.dp;
+  }
+  require(c.dp * c.cp * c.tp == world,
+          "ici_data_parallelism * ici_context_parallelism * ici_tensor_parallelism = " + str(c.dp) + " * " +
+              str(c.cp) + " * " + str(c.tp) + " = " + str(c.dp * c.cp * c.tp) +
+              " must equal the number of ranks (" + str(world) + ")");
+
+  // ---- strategy
+  const std::string& s = c.cp_strategy;
+  require(s == "all_gather" || s == "ulysses" || s == "ring" || s == "usp" || s == "auto",
+          "context_parallel_strategy must be all_gather|ulysses|ring|usp|auto (got '" + s + "')");
+  require(s != "auto", "context_parallel_strategy=auto must be resolved by the planner before validation");
+  if (s == "usp") {
+    require(c.cp_ulysses >= 1 && c.cp % c.cp_ulysses == 0,
+            "ici_context_usp_ulysses_parallelism (" + str(c.cp_ulysses) +
+                ") must divide ici_context_parallelism (" + str(c.cp) + ")");
+  } else if (s == "ulysses") {
+    require(c.cp_ulysses == 1 || c.cp_ulysses == c.cp,
+            "ici_context_usp_ulysses_parallelism is for usp; with ulysses all of cp is all-to-all (leave it at 1)");
+    c.cp_ulysses = c.cp;
+  } else {
+    require(c.cp_ulysses == 1, "ici_context_usp_ulysses_parallelism is only used by "
+                               "context_parallel_strategy=usp (got " + str(c.cp_ulysses) + " with " + s + ")");
+  }
+
+  // ---- model shape
+  require(m.vocab_size >= 1 && m.d_model >= 1 && m.num_heads >= 1 && m.num_kv_heads >= 1 &&
+              m.head_dim >= 2 && m.mlp_dim >= 1 && m.num_layers >= 1,
+          "model dimensions (vocab_size, base_emb_dim, heads, head_dim, base_mlp_dim, layers) must be positive");
+  require(m.head_dim % 2 == 0, "head_dim must be even (RoPE rotates halves), got " + str(m.head_dim));
+  require(m.num_heads % m.num_kv_heads == 0,
+          "base_num_query_heads (" + str(m.num_heads) + ") must be divisible by base_num_kv_heads (" +
+              str(m.num_kv_heads) + ") (GQA)");
+  require(m.num_heads % c.tp == 0, "base_num_query_heads (" + str(m.num_heads) +
+                                       ") must be divisible by ici_tensor_parallelism (" + str(c.tp) + ")");
+  require(m.num_kv_heads % c.tp == 0, "base_num_kv_heads (" + str(m.num_kv_heads) +
+                                          ") must be divisible by ici_tensor_parallelism (" + str(c.tp) + ")");
+  require(m.mlp_dim % c.tp == 0, "base_mlp_dim (" + str(m.mlp_dim) +
+                                     ") must be divisible by ici_tensor_parallelism (" + str(c.tp) + ")");
+  if (c.cp_ulysses > 1) {
+    int64_t h = m.num_heads / c.tp, g = m.num_kv_heads / c.tp, u = c.cp_ulysses;
+    require(h % u == 0, "ulysses all-to-all needs the query heads per tp rank (" + str(h) +
+                            ") divisible by the ulysses degree (" + str(u) + ")");
+    require(g % u == 0 || u % g == 0, "ulysses all-to-all needs the KV heads per tp rank (" + str(g) +
+                                          ") divisible by the ulysses degree (" + str(u) +
+                                          ") or dividing it (KV heads replicated)");
+  }
+  require(c.dtype == "float32" || c.dtype == "fp32",
+          "dtype must be float32 (bf16 compute is not implemented yet), got '" + c.dtype + "'");
+  {
+    const std::string& r = c.remat_policy;
+    require(r == "none" || r == "minimal" || r == "save_context" || r == "full" || r == "custom",
+            "remat_policy must be none|minimal|save_context|full|custom (got '" + r + "')");
+    require(r != "custom" || c.remat_custom_save[0],
+            "remat_policy=custom needs decoder_layer_input: device (the layer input is the recompute boundary)");
+  }
+
+  // ---- attention
+  const std::string& a = c.attention_type;
+  require(a == "full" || a == "causal" || a == "local" || a == "chunked",
+          "attention_type must be full|causal|local|chunked (got '" + a + "')");
+  require(a != "local" || c.sliding_window_size > 0,
+          "attention_type=local needs sliding_window_size > 0 (got " + str(c.sliding_window_size) + ")");
+  require(a != "chunked" || c.chunk_attn_window_size > 0,
+          "attention_type=chunked needs chunk_attn_window_size > 0 (got " + str(c.chunk_attn_window_size) + ")");
+  require(c.sliding_window_size >= 0 && c.chunk_attn_window_size >= 0, "window sizes must be >= 0");
+  require(c.attention_kernel == "fast" || c.attention_kernel == "reference",
+          "attention_kernel must be fast|reference (got '" + c.attention_kernel + "')");
+
+  // ---- sequence and layout
+  require(c.max_target_length >= 2, "max_target_length must be >= 2 (got " + str(c.max_target_length) + ")");
+  require(c.max_target_length % c.cp == 0, "max_target_length (" + str(c.max_target_length) +
+                                               ") must be divisible by ici_context_parallelism (" + str(c.cp) + ")");
+  if (c.cp_load_balance && c.cp > 1) {
+    // zigzag: 2 * cp chunks, each cp rank holds chunks i and 2cp-1-i.
+    require(c.max_target_length % (2 * c.cp) == 0,
+            "context_parallel_load_balance (zigzag) needs max_target_length (" + str(c.max_target_length) +
+                ") divisible by 2 * ici_context_parallelism (" + str(2 * c.cp) + ")");
+  }
+  require(c.per_device_batch_size >= 1, "per_device_batch_size must be >= 1");
+
+  // ---- data
+  const std::string& d = c.dataset_type;
+  require(d == "text" || d == "binary" || d == "synthetic",
+          "dataset_type must be text|binary|synthetic (got '" + d + "')");
+  require(d == "synthetic" || !c.dataset_path.empty(), "dataset_path must be set for dataset_type=" + d);
+  require(d != "text" || m.vocab_size >= 259,
+          "dataset_type=text (byte tokenizer: 256 bytes + BOS, EOS, PAD) needs vocab_size >= 259 (got " +
+              str(m.vocab_size) + ")");
+
+  // ---- optimisation
+  require(c.steps >= 1, "steps must be >= 1 (got " + str(c.steps) + ")");
+  require(c.learning_rate >= 0, "learning_rate must be >= 0");
+  require(c.warmup_steps_fraction >= 0 && c.warmup_steps_fraction <= 1, "warmup_steps_fraction must be in [0, 1]");
+  require(c.cosine_learning_rate_final_fraction >= 0 && c.cosine_learning_rate_final_fraction <= 1,
+          "cosine_learning_rate_final_fraction must be in [0, 1]");
+  require(c.adam_b1 >= 0 && c.adam_b1 < 1 && c.adam_b2 >= 0 && c.adam_b2 < 1, "adam_b1 and adam_b2 must be in [0, 1)");
+  require(c.adam_eps > 0, "adam_eps must be > 0");
+  require(c.adam_weight_decay >= 0, "adam_weight_decay must be >= 0");
+  require(c.gradient_clipping_threshold >= 0, "gradient_clipping_threshold must be >= 0 (0 = off)");
+  require(c.init_weights_seed >= 0, "init_weights_seed must be >= 0");
+
+  // ---- run and system
+  require(c.checkpoint_period >= 0, "checkpoint_period must be >= 0 (0 = only at the end)");
+  require(c.log_period >= 1, "log_period must be >= 1");
+  require(c.device_memory_budget >= 0, "device_memory_budget must be >= 0 (0 = unlimited)");
+  require(c.peak_tflops_per_device >= 0, "peak_tflops_per_device must be >= 0 (0 = measure)");
+  require(c.collective_timeout_seconds >= 1, "collective_timeout_seconds must be >= 1");
+  require(c.num_threads >= 0, "num_threads must be >= 0 (0 = OpenMP default)");
+  require(!c.run_name.empty(), "run_name must not be empty");
+}
+
+}  // namespace longctx

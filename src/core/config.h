@@ -1,0 +1,135 @@
+#pragma once
+// The run configuration: one YAML file (configs/base.yml documents every key
+// with its default), recipes that inherit from it with `base_config:`, an
+// optional model-shape file picked by `model_name:`, and `key=value`
+// overrides from the command line. Key names follow MaxText where one exists.
+//
+// Precedence, lowest first:
+//   built-in defaults (== configs/base.yml, a test keeps them equal)
+//   < the base_config chain, root first (each file overrides its parent)
+//   < configs/model/<model_name>.yml (the model shape; MaxText order)
+//   < key=value overrides
+//
+// Usage:
+//   RunConfig cfg = load_config("configs/demo.yml", {"steps=10"});
+//   validate_config(cfg, world_size);   // every rule, before any work
+//   cfg.model.d_model; cfg.steps; cfg.get<int64_t>("steps");
+//
+// Every error is a ConfigError naming the file/key and the broken rule; an
+// unknown key suggests the nearest valid one. The planner (src/plan) reads
+// configs through the same functions.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/error.h"
+#include "model/llama_config.h"
+
+namespace longctx {
+
+// One configuration value. Integers stay integers (steps: 10), floats accept
+// integers (learning_rate: 1), booleans are YAML booleans.
+using ConfigValue = std::variant<int64_t, double, bool, std::string>;
+
+// The schema: every valid key, its type (the default's alternative) and default.
+struct ConfigKey {
+  const char* name;
+  ConfigValue default_value;
+  const char* help;  // one line; configs/base.yml carries the longer comment
+};
+const std::vector<ConfigKey>& config_keys();
+
+// The parsed configuration. Typed fields for what the engine reads; every key
+// (including these) is also in `values`, for get<T>() and for saving.
+struct RunConfig {
+  // ---- run / output
+  std::string run_name;               // run_name
+  std::string base_output_directory;  // base_output_directory
+  std::string checkpoint_dir;         // checkpoint_dir ("" = <base_output_directory>/<run_name>/checkpoints)
+  std::string metrics_file;           // metrics_file ("" = <base_output_directory>/<run_name>/metrics.jsonl)
+  bool enable_checkpointing = true;   // enable_checkpointing
+  int64_t checkpoint_period = 0;      // checkpoint_period (0 = only at the end)
+  bool resume = true;                 // resume: continue from the latest complete checkpoint
+  int64_t log_period = 1;             // log_period
+
+  // ---- model
+  std::string model_name;             // model_name (configs/model/<name>.yml; "" = keys below)
+  LlamaConfig model;                  // base_emb_dim, base_num_query_heads, ...
+  std::string dtype;                  // dtype (float32 only today)
+  std::string remat_policy;           // remat_policy: none|minimal|save_context|full|custom
+  // custom remat: true = save ("device"), false = recompute ("remat"), in
+  // SavePoint order: decoder_layer_input, qkv_proj, context, out_proj, mlpwi, mlpwo.
+  std::vector<bool> remat_custom_save;
+
+  // ---- attention
+  std::string attention_type;         // attention_type: full|causal|local|chunked
+  int64_t sliding_window_size = 0;    // sliding_window_size (local)
+  int64_t chunk_attn_window_size = 0; // chunk_attn_window_size (chunked)
+  std::string attention_kernel;       // attention_kernel: fast|reference
+
+  // ---- parallelism (dp x cp x tp == world size; cp = ulysses x ring)
+  int64_t dp = 1;                     // ici_data_parallelism (-1 in the file = fill the rest)
+  int64_t cp = 1;                     // ici_context_parallelism
+  int64_t cp_ulysses = 1;             // ici_context_usp_ulysses_parallelism (usp only)
+  int64_t tp = 1;                     // ici_tensor_parallelism
+  std::string cp_strategy;            // context_parallel_strategy: all_gather|ulysses|ring|usp|auto
+  bool cp_load_balance = true;        // context_parallel_load_balance: zigzag (true) or contiguous
+
+  // ---- data
+  std::string dataset_type;           // dataset_type: text|binary|synthetic
+  std::string dataset_path;           // dataset_path: file or directory
+  std::string document_separator;     // document_separator ("" = one document per file)
+  bool packing = true;                // packing
+  int64_t max_target_length = 0;      // max_target_length (tokens per sequence)
+  int64_t per_device_batch_size = 1;  // per_device_batch_size (sequences per dp replica per step)
+
+  // ---- optimisation
+  int64_t steps = 0;                  // steps
+  double learning_rate = 0;           // learning_rate (peak)
+  double warmup_steps_fraction = 0;   // warmup_steps_fraction
+  double cosine_learning_rate_final_fraction = 0;  // cosine_learning_rate_final_fraction
+  double adam_b1 = 0, adam_b2 = 0, adam_eps = 0, adam_weight_decay = 0;
+  double gradient_clipping_threshold = 0;  // gradient_clipping_threshold (0 = off)
+  int64_t init_weights_seed = 0;      // init_weights_seed (also seeds synthetic data)
+
+  // ---- system
+  int64_t device_memory_budget = 0;   // device_memory_budget (bytes; 0 = unlimited)
+  double peak_tflops_per_device = 0;  // peak_tflops_per_device (0 = measure a GEMM at start-up)
+  int64_t collective_timeout_seconds = 0;  // collective_timeout_seconds
+  int64_t num_threads = 0;            // num_threads (0 = OpenMP default)
+
+  // Derived by validate_config().
+  int64_t ring() const { return cp / cp_ulysses; }
+
+  std::map<std::string, ConfigValue> values;  // every key, final values
+  // Where each key's value came from ("default", a file path, "command line").
+  std::map<std::string, std::string> sources;
+
+  template <typename T>
+  T get(const std::string& key) const;  // ConfigError if missing or of another type
+  // The final configuration as YAML (every key), loadable by load_config.
+  std::string to_yaml() const;
+};
+
+// Reads `path` (following base_config and model_name) and applies overrides
+// of the form key=value (value parsed as YAML). Checks key names and types.
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from an in-memory map (tests, checkpoints).
+RunConfig config_from_values(const std::map<std::string, ConfigValue>& values);
+
+// Every rule that does not need the data: mesh product vs world size,
+// divisibility of sequence and heads, strategy constraints, ranges. Resolves
+// ici_data_parallelism = -1. Throws ConfigError naming the rule. Call it on
+// every rank before any work. context_parallel_strategy == "auto" must be
+// resolved (apps/train.cpp asks the planner) before this is called.
+void validate_config(RunConfig& config, int64_t world_size);
+
+// Parses "123", "64MiB", "2GiB", "1.5GB"-style byte counts (ConfigError otherwise).
+int64_t parse_bytes(const std::string& text);
+
+// Levenshtein distance (for "did you mean" suggestions).
+int64_t edit_distance(const std::string& a, const std::string& b);
+
+}  // namespace longctx
