@@ -1,0 +1,153 @@
+#pragma once
+// A small communicator over MPI-3 (DESIGN.md section 3, src/comm).
+//
+// Every operation is posted non-blocking and completed by one watched wait,
+// so that (1) a rank stuck longer than collective_timeout_seconds on one
+// operation prints which one and aborts the job instead of hanging, and
+// (2) the time a rank spends blocked is measured per operation kind: that is
+// the communication a benchmark reports as "exposed" (time hidden behind
+// compute never reaches a wait).
+//
+// Byte counters, per communicator and per operation kind, count the payload
+// this rank logically sends to and receives from OTHER ranks (never itself),
+// independent of MPI's internal algorithm. With P = size(), n = bytes per rank:
+//   send / recv          n to / from the peer
+//   all_gather(n)        sent n*(P-1), received n*(P-1)
+//   all_to_all(n)        sent n*(P-1), received n*(P-1)   (n = one block)
+//   reduce_scatter(n)    sent n*(P-1), received n*(P-1)   (n = one output block)
+//   all_reduce(n)        sent 2*n*(P-1)/P, received the same (ring algorithm),
+//                        integer division
+//   barrier              0
+// The planner (src/plan) reuses these formulas.
+#include <mpi.h>
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <atomic>
+
+namespace longctx {
+
+enum class CommOp { send, recv, all_gather, all_to_all, reduce_scatter, all_reduce, barrier };
+constexpr int kNumCommOps = 7;
+const char* comm_op_name(CommOp op);
+
+struct CommOpCounters {
+  int64_t calls = 0;
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  double wait_seconds = 0.0;  // time blocked in wait() for this kind
+};
+
+struct CommCounters {
+  std::array<CommOpCounters, kNumCommOps> op{};
+  const CommOpCounters& operator[](CommOp o) const { return op[static_cast<int>(o)]; }
+  CommOpCounters& operator[](CommOp o) { return op[static_cast<int>(o)]; }
+  CommCounters& operator+=(const CommCounters& other);
+  int64_t bytes_sent() const;
+  int64_t bytes_received() const;
+  double wait_seconds() const;
+};
+
+// Seconds a rank may wait on one operation before the job is aborted
+// (collective_timeout_seconds; default 600). Process-wide.
+void set_collective_timeout_seconds(double seconds);
+double collective_timeout_seconds();
+// What happens on a timeout: by default print the message on stderr and
+// MPI_Abort. Tests install a handler that returns; wait() then cancels the
+// request and throws Error(message).
+using WatchdogHandler = void (*)(const std::string& message);
+void set_watchdog_handler(WatchdogHandler handler);  // nullptr restores the default
+
+// One posted operation. Move-only; complete it with Communicator::wait.
+class Request {
+ public:
+  Request() = default;
+  Request(Request&& other) noexcept { *this = std::move(other); }
+  Request& operator=(Request&& other) noexcept;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request();  // an active request at destruction is a bug: waits for it
+  bool active() const { return req_ != MPI_REQUEST_NULL; }
+
+ private:
+  friend class Communicator;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  CommOp op_ = CommOp::barrier;
+  int peer_ = -1;
+  const class Communicator* comm_ = nullptr;
+};
+
+class Communicator {
+ public:
+  // A duplicate of MPI_COMM_WORLD.
+  static Communicator world(const std::string& name = "world");
+  // Takes ownership of `comm` (freed by the destructor).
+  Communicator(MPI_Comm comm, std::string name);
+  ~Communicator();
+  Communicator(Communicator&& other) noexcept;
+  Communicator& operator=(Communicator&& other) noexcept;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  MPI_Comm raw() const { return comm_; }
+
+  // Point to point. Tags must be < 32768 (the MPI minimum of MPI_TAG_UB).
+  Request isend(const void* data, size_t bytes, int dest, int tag) const;
+  Request irecv(void* data, size_t bytes, int source, int tag) const;
+  void wait(Request& request) const;  // watched; no-op on an inactive request
+  void send(const void* data, size_t bytes, int dest, int tag) const;
+  void recv(void* data, size_t bytes, int source, int tag) const;
+
+  // Collectives (blocking, watched). Buffers are rank-major blocks.
+  // recv [P][bytes_per_rank]; send is this rank's block.
+  void all_gather(const void* send, void* recv, size_t bytes_per_rank) const;
+  // send [P][bytes_per_rank]: block j goes to rank j; recv [P][bytes_per_rank]: block i came from rank i.
+  void all_to_all(const void* send, void* recv, size_t bytes_per_rank) const;
+  // send [P][count] fp32; recv [count] = sum over ranks of their block rank().
+  void reduce_scatter_sum(const float* send, float* recv, size_t count_per_rank) const;
+  // In place.
+  void all_reduce_sum(float* data, size_t count) const;
+  void all_reduce_sum(double* data, size_t count) const;
+  void all_reduce_sum(int64_t* data, size_t count) const;
+  void all_reduce_max(double* data, size_t count) const;
+  void all_reduce_max(int64_t* data, size_t count) const;
+  void barrier() const;
+
+  CommCounters counters() const;
+  void reset_counters() const;
+
+ private:
+  void all_reduce(void* data, size_t count, MPI_Datatype type, size_t elem_bytes, MPI_Op op) const;
+  void count(CommOp op, int64_t sent, int64_t received) const;
+  void finish(Request& request, CommOp op, int peer) const;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+  mutable std::mutex mu_;  // guards counters_: waits may run on helper threads
+  mutable CommCounters counters_;
+};
+
+// While alive, a helper thread drives MPI progress every few tens of
+// microseconds (Open MPI only moves non-blocking transfers inside MPI calls),
+// so a transfer posted before a long compute really happens during it. The
+// thread sleeps between polls and costs little CPU. Needs MPI_THREAD_MULTIPLE.
+class ProgressPump {
+ public:
+  ProgressPump();
+  ~ProgressPump();
+  ProgressPump(const ProgressPump&) = delete;
+  ProgressPump& operator=(const ProgressPump&) = delete;
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace longctx
