@@ -1,0 +1,149 @@
+#include "plan/hardware.h"
+
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "core/error.h"
+
+namespace longctx {
+
+namespace fs = std::filesystem;
+
+double HardwareProfile::peak_flops(DType dtype) const {
+  double peak = dtype == DType::bf16 ? peak_flops_bf16 : peak_flops_fp32;
+  if (peak <= 0)
+    throw ConfigError("hardware profile '" + name + "' has no peak FLOP/s for " +
+                      dtype_name(dtype) + "; choose another dtype or profile");
+  return peak;
+}
+
+namespace {
+
+// Every numeric field with its YAML key, so that load and save cannot drift.
+struct Field {
+  const char* key;
+  double HardwareProfile::*real;
+  int64_t HardwareProfile::*integer;
+};
+const std::vector<Field>& fields() {
+  using H = HardwareProfile;
+  static const std::vector<Field> f = {
+      {"peak_flops_bf16", &H::peak_flops_bf16, nullptr},
+      {"peak_flops_fp32", &H::peak_flops_fp32, nullptr},
+      {"matmul_efficiency", &H::matmul_efficiency, nullptr},
+      {"attention_efficiency", &H::attention_efficiency, nullptr},
+      {"memory_bytes", nullptr, &H::memory_bytes},
+      {"memory_bandwidth", &H::memory_bandwidth, nullptr},
+      {"devices_per_node", nullptr, &H::devices_per_node},
+      {"link_bandwidth", &H::link_bandwidth, nullptr},
+      {"links_per_device", nullptr, &H::links_per_device},
+      {"p2p_bandwidth", &H::p2p_bandwidth, nullptr},
+      {"collective_bandwidth", &H::collective_bandwidth, nullptr},
+      {"all_to_all_bandwidth", &H::all_to_all_bandwidth, nullptr},
+      {"latency", &H::latency, nullptr},
+      {"inter_node_bandwidth", &H::inter_node_bandwidth, nullptr},
+      {"inter_node_latency", &H::inter_node_latency, nullptr},
+  };
+  return f;
+}
+
+std::string executable_dir() {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : exe.parent_path().string();
+}
+
+}  // namespace
+
+std::string default_hardware_dir() {
+  // The command runs from the repository root or from a build directory
+  // beside configs/ (build/longctx, build-*/tests/unit/...).
+  std::vector<fs::path> candidates = {fs::current_path() / "configs/hardware"};
+  for (fs::path p = executable_dir(); !p.empty() && p != p.root_path(); p = p.parent_path())
+    candidates.push_back(p / "configs/hardware");
+  for (const fs::path& c : candidates)
+    if (fs::is_directory(c)) return c.string();
+  return "configs/hardware";
+}
+
+HardwareProfile load_hardware_profile(const std::string& name_or_path,
+                                      const std::string& search_dir) {
+  fs::path path = name_or_path;
+  if (path.extension() != ".yml") {
+    path = fs::path(search_dir.empty() ? default_hardware_dir() : search_dir) / (name_or_path + ".yml");
+  }
+  if (!fs::exists(path)) {
+    std::string known;
+    if (fs::is_directory(path.parent_path()))
+      for (const auto& e : fs::directory_iterator(path.parent_path()))
+        if (e.path().extension() == ".yml") known += " " + e.path().stem().string();
+    throw ConfigError("hardware profile '" + name_or_path + "' not found at " + path.string() +
+                      (known.empty() ? "" : "; known profiles:" + known) +
+                      (name_or_path == "cpu-local" ? "; run `longctx plan --measure` first" : ""));
+  }
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path.string());
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("hardware profile " + path.string() + ": " + e.what());
+  }
+  HardwareProfile h;
+  h.name = root["name"] ? root["name"].as<std::string>() : path.stem().string();
+  if (root["description"]) h.description = root["description"].as<std::string>();
+  if (root["topology"]) h.topology = root["topology"].as<std::string>();
+  for (const auto& kv : root) {
+    std::string key = kv.first.as<std::string>();
+    if (key == "name" || key == "description" || key == "topology" || key == "sources") continue;
+    bool known = false;
+    for (const Field& f : fields())
+      if (key == f.key) {
+        known = true;
+        try {
+          if (f.real) h.*f.real = kv.second.as<double>();
+          else h.*f.integer = static_cast<int64_t>(kv.second.as<double>());
+        } catch (const YAML::Exception&) {
+          throw ConfigError("hardware profile " + path.string() + ": '" + key + "' must be a number");
+        }
+      }
+    if (!known) throw ConfigError("hardware profile " + path.string() + ": unknown key '" + key + "'");
+  }
+  if (root["sources"])
+    for (const auto& kv : root["sources"])
+      h.sources[kv.first.as<std::string>()] = kv.second.as<std::string>();
+  if (h.memory_bytes <= 0 || h.p2p_bandwidth <= 0 || h.collective_bandwidth <= 0 ||
+      h.all_to_all_bandwidth <= 0 || h.memory_bandwidth <= 0)
+    throw ConfigError("hardware profile " + path.string() +
+                      ": memory_bytes, memory_bandwidth, p2p_bandwidth, collective_bandwidth and "
+                      "all_to_all_bandwidth must all be > 0");
+  return h;
+}
+
+void save_hardware_profile(const HardwareProfile& h, const std::string& path) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << h.name;
+  out << YAML::Key << "description" << YAML::Value << h.description;
+  out << YAML::Key << "topology" << YAML::Value << h.topology;
+  for (const Field& f : fields()) {
+    out << YAML::Key << f.key << YAML::Value;
+    if (f.real) out << h.*f.real;
+    else out << h.*f.integer;
+  }
+  out << YAML::Key << "sources" << YAML::Value << YAML::BeginMap;
+  for (const auto& [k, v] : h.sources) out << YAML::Key << k << YAML::Value << v;
+  out << YAML::EndMap << YAML::EndMap;
+  fs::path tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    if (!f) throw ConfigError("cannot write hardware profile to " + path);
+    f << "# Written by `longctx plan --measure`; numbers in SI units (bytes, bytes/s, FLOP/s, s).\n"
+      << out.c_str() << "\n";
+  }
+  fs::rename(tmp, path);
+}
+
+}  // namespace longctx

@@ -1,0 +1,56 @@
+#pragma once
+// What the planner knows about a device and its interconnect. Datasheet
+// profiles live in configs/hardware/<name>.yml with the source of every
+// number; `cpu-local` is measured on this machine by `longctx plan --measure`.
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace longctx {
+
+struct HardwareProfile {
+  std::string name;
+  std::string description;
+
+  // Compute, per device. A dtype whose peak is 0 is not supported.
+  double peak_flops_bf16 = 0;  // FLOP/s (dense matmul)
+  double peak_flops_fp32 = 0;
+  // Fractions of the peak that GEMMs and the attention kernel reach in
+  // practice: 1 for a measured GEMM peak, assumptions for datasheet peaks.
+  double matmul_efficiency = 1.0;
+  double attention_efficiency = 0.5;
+
+  // Memory, per device.
+  int64_t memory_bytes = 0;
+  double memory_bandwidth = 0;  // bytes/s, for elementwise ops and the optimizer
+
+  // Interconnect. Groups of at most devices_per_node devices use the fast
+  // (intra-node) numbers, larger groups the inter-node ones.
+  std::string topology;
+  int64_t devices_per_node = 1;
+  double link_bandwidth = 0;   // bytes/s per link, one direction (informative)
+  int64_t links_per_device = 0;
+  double p2p_bandwidth = 0;         // bytes/s of one send + recv pair (ring step)
+  double collective_bandwidth = 0;  // bytes/s per device for all-gather / reduce-scatter / all-reduce
+  double all_to_all_bandwidth = 0;  // bytes/s per device for all-to-all
+  double latency = 0;               // seconds per message / collective step
+  double inter_node_bandwidth = 0;  // bytes/s per device across nodes (0: one node only)
+  double inter_node_latency = 0;
+
+  // field name -> where its number comes from (URL, measurement, assumption).
+  std::map<std::string, std::string> sources;
+
+  double peak_flops(DType dtype) const;  // ConfigError when the dtype has no peak
+};
+
+// Loads configs/hardware/<name>.yml (name may also be a path to a .yml file).
+// `search_dir` defaults to the configs/hardware directory of the source tree.
+HardwareProfile load_hardware_profile(const std::string& name_or_path,
+                                      const std::string& search_dir = "");
+void save_hardware_profile(const HardwareProfile& profile, const std::string& path);
+// The configs/hardware directory this build was configured from.
+std::string default_hardware_dir();
+
+}  // namespace longctx

@@ -1,0 +1,109 @@
+#pragma once
+// The planner: predicts, for one run configuration on one hardware profile,
+// the memory, communication, FLOPs and step time of every context-parallel
+// strategy (and every ulysses x ring factorization for usp), and recommends
+// one. `longctx plan` prints it; `train` with context_parallel_strategy=auto
+// calls recommend().
+//
+// It reads the same RunConfig as train (src/core/config.h) and depends only
+// on core plus header-only vocabulary (LlamaConfig, MaskSpec). Its formulas
+// mirror what the engine allocates (src/model: MemoryTracker categories) and
+// sends (src/comm byte counters), so that tests can compare them exactly.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "plan/hardware.h"
+
+namespace longctx {
+
+// One memory line per device: category is a MemCategory name
+// (parameters, gradients, optimizer, activations, communication, scratch).
+struct MemoryLine {
+  std::string category;
+  std::string name;  // tensor name, e.g. "qkv_proj (32 layers)"
+  int64_t bytes = 0;
+};
+
+// One communication line per device per step. op is a CommOp name (send,
+// recv, all_gather, all_to_all, reduce_scatter, all_reduce); bytes follow
+// the counters' conventions in src/comm/communicator.h.
+struct CommLine {
+  std::string op;
+  std::string axis;  // mesh axis: cp, ulysses, ring, tp, dp (replicas)
+  std::string what;  // e.g. "K,V forward"
+  int64_t calls = 0;
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  double seconds = 0;         // predicted transfer time
+  double hidden_seconds = 0;  // of which overlapped with compute
+};
+
+// The prediction for one strategy and factorization at one mesh.
+struct StrategyPlan {
+  std::string strategy;  // all_gather | ulysses | ring | usp
+  int64_t dp = 1, cp = 1, ulysses = 1, ring = 1, tp = 1;
+  std::string remat_policy;
+  bool valid = true;
+  std::string invalid_reason;  // the rule this factorization breaks
+
+  std::vector<MemoryLine> memory;
+  int64_t memory_total = 0;   // peak bytes per device
+  int64_t device_memory = 0;  // what the device has (or the configured budget)
+  bool fits = false;
+
+  std::vector<CommLine> comm;
+  int64_t comm_bytes_sent = 0;
+
+  // Per device per step.
+  double model_flops = 0;     // 6 N tokens + attention (what MFU counts)
+  double hardware_flops = 0;  // model_flops + rematerialisation
+  int64_t attention_pairs = 0;       // unmasked (q, kv) pairs x heads x batch, this device (max)
+  double load_imbalance = 1.0;       // max / mean pairs over the cp ranks
+
+  double compute_seconds = 0;
+  double comm_seconds = 0;          // all transfers
+  double hidden_comm_seconds = 0;   // overlapped with compute
+  double step_seconds = 0;          // compute + exposed communication
+  double tokens_per_second = 0;     // per device
+  double mfu = 0;                   // model_flops / step_seconds / peak
+
+  std::string advice;  // when it does not fit: which remat policy or cp would
+};
+
+struct PlanRecommendation {
+  bool found = false;
+  std::string strategy;
+  int64_t cp = 1, ulysses = 1;
+  std::string remat_policy;
+  std::string reason;  // one line, in the users' terms
+  StrategyPlan plan;
+};
+
+struct PlanOptions {
+  int64_t devices = 0;        // total devices; 0 = dp * cp * tp from the config
+  int64_t device_memory = 0;  // bytes; 0 = the profile's (or device_memory_budget if set)
+};
+
+struct PlanReport {
+  std::string hardware;
+  int64_t devices = 0;
+  std::vector<StrategyPlan> candidates;  // every strategy x factorization at the config's cp
+  PlanRecommendation recommendation;
+};
+
+// Every strategy (and usp factorization) at the config's mesh, plus the recommendation.
+PlanReport make_plan(const RunConfig& config, const HardwareProfile& hw, const PlanOptions& options);
+
+// The prediction for exactly the strategy, ulysses degree and remat policy in `config`.
+StrategyPlan plan_strategy(const RunConfig& config, const HardwareProfile& hw,
+                           const PlanOptions& options);
+
+// The recommended configuration: the smallest cp that fits (searched only
+// when ici_data_parallelism is -1, i.e. the mesh is not pinned), the fastest
+// strategy there, the configured remat policy unless nothing fits with it.
+PlanRecommendation recommend(const RunConfig& config, const HardwareProfile& hw,
+                             const PlanOptions& options = {});
+
+}  // namespace longctx
