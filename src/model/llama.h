@@ -140,8 +140,9 @@ class LlamaModel {
   // forward/backward needed: what the remat policy trades against compute.
   size_t peak_activation_bytes() const;
 
+  struct Impl;  // defined in llama.cpp
+
  private:
-  struct Impl;
   LlamaConfig config_;
   ModelOptions options_;
   std::vector<NamedTensor> params_, grads_;

@@ -1,0 +1,300 @@
+// The whole model: gradients against central finite differences, remat
+// policies against each other (same gradients, ordered memory), loss
+// chunking, batching, parameter names and initialisation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "model/llama.h"
+
+using namespace longctx;
+
+namespace {
+
+LlamaConfig tiny_config(bool tied) {
+  LlamaConfig c;
+  c.vocab_size = 11;
+  c.d_model = 16;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 6;  // H * D = 24 != d_model: catches mixed-up dimensions
+  c.mlp_dim = 20;
+  c.num_layers = 2;
+  c.rope_theta = 100.0;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+// Owns the arrays a Batch points to.
+struct BatchData {
+  int64_t B, S;
+  std::vector<int32_t> tokens, targets, segments;
+  std::vector<int64_t> positions;
+  std::vector<float> weights;
+  bool with_segments = false, with_weights = false;
+
+  BatchData(int64_t b, int64_t s, int64_t vocab, uint32_t seed) : B(b), S(s) {
+    std::mt19937 gen(seed);
+    for (int64_t i = 0; i < B * S; ++i) {
+      tokens.push_back(static_cast<int32_t>(gen() % vocab));
+      targets.push_back(static_cast<int32_t>(gen() % vocab));
+      positions.push_back(i % S);
+      segments.push_back(static_cast<int32_t>((i % S) * 2 / S));  // two documents per row
+      weights.push_back(static_cast<float>(gen() % 3) * 0.5f);     // includes 0 (padding)
+    }
+  }
+  Batch batch() const {
+    Batch b;
+    b.batch = B;
+    b.seq_local = S;
+    b.tokens = tokens.data();
+    b.targets = targets.data();
+    b.positions = positions.data();
+    b.segments = with_segments ? segments.data() : nullptr;
+    b.loss_weights = with_weights ? weights.data() : nullptr;
+    return b;
+  }
+};
+
+// Larger-than-default weights so that every op works in its nonlinear range
+// and gradients are far above finite-difference noise.
+void randomise(LlamaModel& model, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (const NamedTensor& p : model.parameters()) {
+    float* v = p.local.f32();
+    const bool norm = p.local.rank == 1;
+    const float scale = norm ? 0.3f : 1.0f / std::sqrt(static_cast<float>(p.local.dim(1)));
+    for (int64_t i = 0; i < p.local.numel(); ++i) v[i] = (norm ? 1.0f : 0.0f) + scale * dist(gen);
+  }
+}
+
+std::vector<float> grads_copy(const LlamaModel& m) {
+  auto g = m.flat_gradients();
+  return {g.begin(), g.end()};
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0.0, den = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::abs(static_cast<double>(b[i])));
+  }
+  return num / den;
+}
+
+ModelOptions reference_options(RematPolicy remat = RematPolicy::full) {
+  ModelOptions o;
+  o.remat = remat;
+  o.impl = KernelImpl::reference;
+  return o;
+}
+
+// For each parameter tensor, the directional derivative along a random
+// direction: analytic (gradient . u) against central differences of the loss.
+void check_gradients(const LlamaConfig& config, const BatchData& data, ModelOptions opt) {
+  LlamaModel model(config, opt, 1);
+  randomise(model, 2);
+  const float scale = 0.01f;  // the trainer's 1 / tokens
+  model.zero_gradients();
+  model.forward_backward(data.batch(), scale);
+  std::mt19937 gen(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  double worst = 0.0;  // largest error as a fraction of the tolerance
+  for (size_t t = 0; t < model.parameters().size(); ++t) {
+    const NamedTensor& p = model.parameters()[t];
+    const float* g = model.gradients()[t].local.f32();
+    float* v = p.local.f32();
+    const int64_t n = p.local.numel();
+    std::vector<float> u(n), saved(v, v + n);
+    double analytic = 0.0, unorm = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      u[i] = dist(gen);
+      unorm += static_cast<double>(u[i]) * u[i];
+    }
+    unorm = std::sqrt(unorm);
+    for (int64_t i = 0; i < n; ++i) {
+      u[i] = static_cast<float>(u[i] / unorm);
+      analytic += static_cast<double>(g[i]) * u[i];
+    }
+    const double eps = 2e-3;
+    auto loss_at = [&](double step) {
+      for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(saved[i] + step * u[i]);
+      return scale * model.forward(data.batch()).loss_sum;
+    };
+    const double numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
+    std::copy(saved.begin(), saved.end(), v);
+    const double tolerance = 2e-3 * std::abs(numeric) + 2e-5;
+    worst = std::max(worst, std::abs(analytic - numeric) / tolerance);
+    EXPECT_NEAR(analytic, numeric, tolerance)
+        << p.name << ": analytic " << analytic << " numeric " << numeric;
+  }
+  std::printf("finite differences: worst error is %.3f of the tolerance\n", worst);
+}
+
+}  // namespace
+
+TEST(Model, ParametersHaveHuggingFaceNamesAndCount) {
+  for (bool tied : {false, true}) {
+    LlamaConfig c = tiny_config(tied);
+    LlamaModel model(c, reference_options());
+    int64_t count = 0;
+    for (const NamedTensor& p : model.parameters()) {
+      count += p.local.numel();
+      EXPECT_EQ(p.local.dim(0), p.full_shape[0]) << p.name;  // one rank: shard == full tensor
+    }
+    EXPECT_EQ(count, c.num_parameters());
+    EXPECT_EQ(static_cast<int64_t>(model.flat_parameters().size()), c.num_parameters());
+    const auto& names = model.parameters();
+    EXPECT_EQ(names.front().name, "model.embed_tokens.weight");
+    EXPECT_EQ(names[2].name, "model.layers.0.self_attn.q_proj.weight");
+    EXPECT_EQ(names[2].full_shape[0], c.num_heads * c.head_dim);
+    EXPECT_EQ(names[2].split, TpSplit::dim0);
+    EXPECT_EQ(names[5].name, "model.layers.0.self_attn.o_proj.weight");
+    EXPECT_EQ(names[5].split, TpSplit::dim1);
+    EXPECT_EQ(names.back().name, tied ? "model.norm.weight" : "lm_head.weight");
+  }
+}
+
+TEST(Model, InitIsDeterministicPerSeed) {
+  LlamaConfig c = tiny_config(false);
+  LlamaModel a(c, reference_options(), 7), b(c, reference_options(), 7), d(c, reference_options(), 8);
+  auto pa = a.flat_parameters(), pb = b.flat_parameters(), pd = d.flat_parameters();
+  EXPECT_TRUE(std::equal(pa.begin(), pa.end(), pb.begin()));
+  EXPECT_FALSE(std::equal(pa.begin(), pa.end(), pd.begin()));
+  double ss = 0.0;  // q_proj ~ N(0, 0.02)
+  const NamedTensor& q = a.parameters()[2];
+  for (int64_t i = 0; i < q.local.numel(); ++i) ss += q.local.f32()[i] * q.local.f32()[i];
+  EXPECT_NEAR(std::sqrt(ss / q.local.numel()), 0.02, 0.004);
+  EXPECT_EQ(a.parameters()[1].local.f32()[0], 1.0f);  // norm weights start at 1
+}
+
+TEST(Model, InitialLossIsLogVocab) {
+  LlamaConfig c = tiny_config(false);
+  LlamaModel model(c, reference_options(), 1);
+  BatchData data(2, 9, c.vocab_size, 4);
+  LossStats s = model.forward(data.batch());
+  EXPECT_EQ(s.weight_sum, 18.0);
+  EXPECT_NEAR(s.loss_sum / s.weight_sum, std::log(static_cast<double>(c.vocab_size)), 0.05);
+}
+
+TEST(Model, GradientsMatchFiniteDifferences) {
+  BatchData data(2, 7, 11, 5);
+  check_gradients(tiny_config(false), data, reference_options());
+}
+
+TEST(Model, GradientsMatchFiniteDifferencesTiedWithDocumentsWeightsAndScaledRope) {
+  LlamaConfig c = tiny_config(true);
+  c.rope_llama3_scaling = true;
+  c.rope_original_max_position = 16;
+  BatchData data(1, 9, c.vocab_size, 6);
+  data.with_segments = data.with_weights = true;
+  for (int64_t i = 0; i < 9; ++i) data.positions[i] = 3 * i + 100;  // global, not from 0
+  ModelOptions o = reference_options(RematPolicy::none);
+  o.loss_chunk_rows = 4;
+  check_gradients(c, data, o);
+}
+
+TEST(Model, RematPoliciesGiveSameGradientsAndOrderedMemory) {
+  LlamaConfig c = tiny_config(false);
+  c.num_layers = 3;
+  BatchData data(2, 8, c.vocab_size, 7);
+  struct Run { const char* name; std::vector<float> grads; double loss; size_t bytes; };
+  std::vector<Run> runs;
+  auto run = [&](ModelOptions o, const char* name) {
+    LlamaModel model(c, o, 3);
+    randomise(model, 4);
+    LossStats s = model.forward_backward(data.batch(), 1.0f);
+    runs.push_back({name, grads_copy(model), s.loss_sum, model.peak_activation_bytes()});
+    std::printf("remat %-14s peak activations %zu bytes\n", name, model.peak_activation_bytes());
+  };
+  run(reference_options(RematPolicy::none), "none");
+  run(reference_options(RematPolicy::minimal), "minimal");
+  run(reference_options(RematPolicy::save_context), "save_context");
+  run(reference_options(RematPolicy::full), "full");
+  ModelOptions custom = reference_options(RematPolicy::custom);
+  custom.custom_save = {true, true, false, false, true, false};  // qkv_proj and mlpwi
+  run(custom, "custom");
+  for (const Run& r : runs) {
+    EXPECT_LT(max_rel_diff(r.grads, runs[0].grads), 1e-6) << r.name;
+    EXPECT_NEAR(r.loss, runs[0].loss, 1e-6 * runs[0].loss) << r.name;
+  }
+  const size_t none = runs[0].bytes, minimal = runs[1].bytes, save_context = runs[2].bytes,
+               full = runs[3].bytes, cust = runs[4].bytes;
+  EXPECT_GT(none, minimal);
+  EXPECT_GT(minimal, save_context);  // matmul outputs outweigh the context here
+  EXPECT_GT(save_context, full);
+  EXPECT_GT(minimal, cust);
+  EXPECT_GT(cust, full);
+}
+
+TEST(Model, LossChunkingDoesNotChangeResults) {
+  LlamaConfig c = tiny_config(true);
+  BatchData data(2, 7, c.vocab_size, 8);
+  std::vector<std::vector<float>> grads;
+  std::vector<double> losses;
+  for (int64_t rows : {1, 5, 0}) {
+    ModelOptions o = reference_options();
+    o.loss_chunk_rows = rows;
+    LlamaModel model(c, o, 5);
+    randomise(model, 6);
+    losses.push_back(model.forward_backward(data.batch(), 1.0f).loss_sum);
+    grads.push_back(grads_copy(model));
+  }
+  for (size_t i = 1; i < grads.size(); ++i) {
+    EXPECT_NEAR(losses[i], losses[0], 1e-5 * losses[0]);
+    EXPECT_LT(max_rel_diff(grads[i], grads[0]), 1e-5);
+  }
+}
+
+TEST(Model, BatchOfTwoEqualsTwoBatchesOfOne) {
+  // Checks the batch strides of every view (attention reads [B, S, H, D]).
+  LlamaConfig c = tiny_config(false);
+  BatchData both(2, 6, c.vocab_size, 9);
+  LlamaModel model(c, reference_options(RematPolicy::none), 5);
+  randomise(model, 7);
+  double loss_both = model.forward_backward(both.batch(), 1.0f).loss_sum;
+  auto g_both = grads_copy(model);
+  model.zero_gradients();
+  double loss_split = 0.0;
+  for (int64_t row = 0; row < 2; ++row) {
+    Batch b = both.batch();
+    b.batch = 1;
+    b.tokens += row * 6;
+    b.targets += row * 6;
+    b.positions += row * 6;
+    loss_split += model.forward_backward(b, 1.0f).loss_sum;
+  }
+  EXPECT_NEAR(loss_both, loss_split, 1e-5 * loss_both);
+  EXPECT_LT(max_rel_diff(grads_copy(model), g_both), 1e-5);
+}
+
+TEST(Model, GradientsAccumulateAndScale) {
+  LlamaConfig c = tiny_config(false);
+  BatchData data(1, 5, c.vocab_size, 10);
+  LlamaModel model(c, reference_options(), 5);
+  model.forward_backward(data.batch(), 0.5f);
+  auto once = grads_copy(model);
+  model.forward_backward(data.batch(), 1.5f);  // accumulates: total scale 2
+  auto twice = grads_copy(model);
+  for (float& g : once) g *= 4.0f;
+  EXPECT_LT(max_rel_diff(twice, once), 1e-5);
+}
+
+TEST(Model, RejectsBadConfigs) {
+  LlamaConfig c = tiny_config(false);
+  c.num_kv_heads = 3;
+  EXPECT_THROW(LlamaModel(c, reference_options()), ConfigError);
+  ModelOptions o = reference_options(RematPolicy::custom);
+  o.custom_save[0] = false;
+  EXPECT_THROW(LlamaModel(tiny_config(false), o), ConfigError);
+  EXPECT_THROW(parse_remat_policy("nothing"), ConfigError);
+  EXPECT_EQ(parse_remat_policy("save_context"), RematPolicy::save_context);
+  BatchData data(1, 4, 11, 1);
+  data.tokens[2] = 11;
+  LlamaModel model(tiny_config(false), reference_options());
+  EXPECT_THROW(model.forward(data.batch()), DataError);
+}
