@@ -552,10 +552,10 @@ void validate_config(RunConfig& c, int64_t world) {
   require(c.max_target_length % c.cp == 0, "max_target_length (" + str(c.max_target_length) +
                                                ") must be divisible by ici_context_parallelism (" + str(c.cp) + ")");
   if (c.cp_load_balance && c.cp > 1) {
-    // zigzag: 2 * cp chunks, each cp rank holds chunks i and 2cp-1-i.
-    require(c.max_target_length % (2 * c.cp) == 0,
+    // zigzag (src/cp/layout.h): 2 * ring chunks; ring rank i holds chunks i and 2R-1-i.
+    require(c.max_target_length % (2 * c.ring()) == 0,
             "context_parallel_load_balance (zigzag) needs max_target_length (" + str(c.max_target_length) +
-                ") divisible by 2 * ici_context_parallelism (" + str(2 * c.cp) + ")");
+                ") divisible by 2 * ring (ring = ici_context_parallelism / ulysses = " + str(c.ring()) + ")");
   }
   require(c.per_device_batch_size >= 1, "per_device_batch_size must be >= 1");
 
