@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "comm/mesh.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
 
@@ -102,10 +103,12 @@ TensorView mat(float* p, int64_t rows, int64_t cols) {
 
 }  // namespace
 
+namespace {
+
 // Single-rank attention: exactly what every strategy does when cp == 1.
-class LocalAttention : public CpAttention {
+class SingleRankAttention : public CpAttention {
  public:
-  explicit LocalAttention(KernelImpl impl) : impl_(impl) {}
+  explicit SingleRankAttention(KernelImpl impl) : impl_(impl) {}
   void forward(const AttentionArgs& a, const TensorView& o, float* lse) override {
     if (impl_ == KernelImpl::reference) attention_forward_reference(a, o, lse);
     else attention_forward(a, o, lse);
@@ -130,6 +133,8 @@ class LocalAttention : public CpAttention {
   }
   KernelImpl impl_;
 };
+
+}  // namespace
 
 // ---- implementation state ------------------------------------------------------------
 
@@ -193,9 +198,9 @@ struct LlamaModel::Impl {
 
   // Row-parallel outputs and column-parallel input gradients are partial sums
   // over tp ranks.
+  const Mesh* mesh = nullptr;
   void tp_all_reduce(float* data, int64_t n) {
-    if (tp == 1) return;
-    throw ConfigError("tensor parallelism needs src/comm (Mesh), which has not landed yet");
+    if (tp > 1) mesh->tp().all_reduce_sum(data, static_cast<size_t>(n));
   }
 
   // ---- layer pieces (forward; backward reuses them to recompute) ----
@@ -233,8 +238,14 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
                       ") must be a multiple of base_num_kv_heads (" +
                       std::to_string(c.num_kv_heads) + ")");
   if (c.head_dim % 2 != 0) throw ConfigError("model: head_dim must be even for RoPE");
-  if (options.mesh != nullptr)
-    throw ConfigError("model: multi-rank runs need src/comm (Mesh), which has not landed yet");
+  if (options.mesh != nullptr) {
+    m.mesh = options.mesh;
+    m.tp = options.mesh->shape().tp;
+    m.tp_rank = options.mesh->tp_rank();
+    if (options.mesh->shape().cp > 1)
+      throw ConfigError("model: ici_context_parallelism > 1 needs the cp strategies "
+                        "(make_cp_attention), which have not landed yet");
+  }
   if (options.loss_chunk_rows < 0) throw ConfigError("model: loss_chunk_rows must be >= 0");
   const int64_t tp = m.tp;
   auto divisible = [&](int64_t n, const char* what) {
@@ -263,7 +274,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
   m.impl = options.impl;
   m.mask = options.mask;
   m.loss_chunk_rows = options.loss_chunk_rows;
-  m.attention = std::make_unique<LocalAttention>(options.impl);
+  m.attention = std::make_unique<SingleRankAttention>(options.impl);
 
   // Parameter table, Hugging Face order. Fused groups (q,k,v and gate,up)
   // are adjacent so that one GEMM computes each group.
