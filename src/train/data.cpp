@@ -1,0 +1,292 @@
+#include "train/data.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace longctx {
+
+namespace fs = std::filesystem;
+
+std::vector<int32_t> tokenize_bytes(std::string_view text) {
+  std::vector<int32_t> ids(text.size());
+  for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
+  return ids;
+}
+
+std::string detokenize_bytes(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t id : ids)
+    if (id >= 0 && id < 256) s.push_back(static_cast<char>(id));
+  return s;
+}
+
+namespace {
+
+void add_document(Corpus& c, std::string_view text) {
+  if (text.empty()) return;
+  if (c.doc_offsets.empty()) c.doc_offsets.push_back(0);
+  c.tokens.push_back(kBosId);
+  std::vector<int32_t> ids = tokenize_bytes(text);
+  c.tokens.insert(c.tokens.end(), ids.begin(), ids.end());
+  c.tokens.push_back(kEosId);
+  c.doc_offsets.push_back(static_cast<int64_t>(c.tokens.size()));
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw DataError("cannot read '" + p.string() + "'");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// splitmix64: the one hash behind synthetic data (a function of its input only).
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+constexpr char kTokenMagic[8] = {'L', 'C', 'T', 'X', 'T', 'O', 'K', '1'};
+constexpr size_t kTokenHeaderBytes = 32;
+
+}  // namespace
+
+Corpus load_text_corpus(const std::string& path, const std::string& separator) {
+  if (!fs::exists(path))
+    throw DataError("dataset_path '" + path + "' does not exist (scripts/prepare_corpus.sh makes data/kjv)");
+  std::vector<fs::path> files;
+  if (fs::is_directory(path)) {
+    for (const auto& e : fs::directory_iterator(path))
+      if (e.is_regular_file() && e.path().filename().string()[0] != '.') files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(path);
+  }
+  Corpus c;
+  for (const auto& f : files) {
+    std::string text = read_file(f);
+    if (separator.empty()) {
+      add_document(c, text);
+      continue;
+    }
+    size_t start = 0;
+    while (true) {
+      size_t at = text.find(separator, start);
+      add_document(c, std::string_view(text).substr(start, at == std::string::npos ? std::string::npos : at - start));
+      if (at == std::string::npos) break;
+      start = at + separator.size();
+    }
+  }
+  if (c.num_documents() < 1)
+    throw DataError("dataset_path '" + path + "' holds no text (every document is empty)");
+  return c;
+}
+
+void write_token_file(const std::string& path, const Corpus& corpus, int64_t vocab_size, int32_t eos_id) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw DataError("cannot write '" + path + "'");
+  char header[kTokenHeaderBytes] = {};
+  std::memcpy(header, kTokenMagic, 8);
+  uint32_t version = 1, vocab = static_cast<uint32_t>(vocab_size), eos = static_cast<uint32_t>(eos_id);
+  uint64_t n = corpus.tokens.size();
+  std::memcpy(header + 8, &version, 4);
+  std::memcpy(header + 12, &vocab, 4);
+  std::memcpy(header + 16, &eos, 4);
+  std::memcpy(header + 24, &n, 8);
+  out.write(header, sizeof header);
+  std::vector<uint32_t> ids(corpus.tokens.begin(), corpus.tokens.end());
+  out.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 4));
+  if (!out) throw DataError("writing '" + path + "' failed");
+}
+
+Corpus load_token_file(const std::string& path, int64_t vocab_size) {
+  if (!fs::is_regular_file(path)) throw DataError("token file '" + path + "' does not exist");
+  std::string bytes = read_file(path);
+  auto bad = [&](const std::string& why) { return DataError("token file '" + path + "': " + why); };
+  if (bytes.size() < kTokenHeaderBytes || std::memcmp(bytes.data(), kTokenMagic, 8) != 0)
+    throw bad("not a longctx token file (magic 'LCTXTOK1' missing)");
+  uint32_t version, vocab, eos;
+  uint64_t n;
+  std::memcpy(&version, bytes.data() + 8, 4);
+  std::memcpy(&vocab, bytes.data() + 12, 4);
+  std::memcpy(&eos, bytes.data() + 16, 4);
+  std::memcpy(&n, bytes.data() + 24, 8);
+  if (version != 1) throw bad("format version " + std::to_string(version) + " is not supported (expected 1)");
+  if (n == 0) throw bad("holds no tokens");
+  if ((bytes.size() - kTokenHeaderBytes) / 4 != n || (bytes.size() - kTokenHeaderBytes) % 4 != 0)
+    throw bad("header says " + std::to_string(n) + " ids but the file has " +
+              std::to_string(bytes.size() - kTokenHeaderBytes) + " bytes after the header (truncated or corrupt)");
+  if (vocab > vocab_size)
+    throw bad("made for vocab size " + std::to_string(vocab) + ", larger than the model's vocab_size " +
+              std::to_string(vocab_size));
+  if (eos >= vocab) throw bad("EOS id " + std::to_string(eos) + " is outside its vocab " + std::to_string(vocab));
+  Corpus c;
+  c.pad_id = static_cast<int32_t>(eos);
+  c.tokens.resize(n);
+  c.doc_offsets.push_back(0);
+  const char* p = bytes.data() + kTokenHeaderBytes;
+  for (uint64_t i = 0; i < n; ++i) {
+    uint32_t id;
+    std::memcpy(&id, p + 4 * i, 4);
+    if (id >= vocab_size)
+      throw bad("id " + std::to_string(id) + " at index " + std::to_string(i) + " is >= vocab_size " +
+                std::to_string(vocab_size));
+    c.tokens[i] = static_cast<int32_t>(id);
+    if (id == eos || i + 1 == n) c.doc_offsets.push_back(static_cast<int64_t>(i + 1));
+  }
+  return c;
+}
+
+Corpus synthetic_corpus(uint64_t seed, int64_t max_target_length, int64_t num_documents) {
+  Corpus c;
+  c.doc_offsets.push_back(0);
+  const int64_t lo = std::max<int64_t>(1, max_target_length / 4), hi = 2 * max_target_length;
+  for (int64_t d = 0; d < num_documents; ++d) {
+    uint64_t h = mix(seed * 0x100000001b3ull + static_cast<uint64_t>(d));
+    int64_t len = lo + static_cast<int64_t>(h % static_cast<uint64_t>(hi - lo + 1));
+    c.tokens.push_back(kBosId);
+    for (int64_t i = 0; i < len; ++i) c.tokens.push_back(static_cast<int32_t>(mix(h + static_cast<uint64_t>(i)) % 256));
+    c.tokens.push_back(kEosId);
+    c.doc_offsets.push_back(static_cast<int64_t>(c.tokens.size()));
+  }
+  return c;
+}
+
+Corpus load_corpus(const RunConfig& config) {
+  if (config.dataset_type == "text") return load_text_corpus(config.dataset_path, config.document_separator);
+  if (config.dataset_type == "binary") return load_token_file(config.dataset_path, config.model.vocab_size);
+  if (config.dataset_type == "synthetic")
+    return synthetic_corpus(static_cast<uint64_t>(config.init_weights_seed), config.max_target_length);
+  throw ConfigError("dataset_type must be text|binary|synthetic (got '" + config.dataset_type + "')");
+}
+
+Dataset::Dataset(Corpus corpus, int64_t max_target_length, bool packing)
+    : corpus_(std::move(corpus)), seq_len_(max_target_length), packing_(packing) {
+  const int64_t S = seq_len_;
+  if (!packing_) {
+    if (static_cast<int64_t>(corpus_.tokens.size()) < S + 1)
+      throw DataError("the corpus has " + std::to_string(corpus_.tokens.size()) +
+                      " tokens; packing=false needs at least max_target_length + 1 = " + std::to_string(S + 1));
+    return;
+  }
+  std::vector<Piece> current;
+  int64_t free = S;
+  for (int64_t d = 0; d < corpus_.num_documents(); ++d) {
+    int64_t pos = corpus_.doc_offsets[d], end = corpus_.doc_offsets[d + 1];
+    while (end - pos >= 2) {  // at least one (input, target) pair left
+      int64_t len = std::min(end - pos - 1, free);
+      current.push_back({pos, len});
+      free -= len;
+      pos += len;  // the last target is the next piece's first input
+      if (free == 0) {
+        packed_.push_back(std::move(current));
+        current.clear();
+        free = S;
+      }
+    }
+  }
+  if (!current.empty()) packed_.push_back(std::move(current));
+  if (packed_.empty()) throw DataError("the corpus has no document of two or more tokens to train on");
+}
+
+int64_t Dataset::num_sequences() const {
+  if (packing_) return static_cast<int64_t>(packed_.size());
+  return (static_cast<int64_t>(corpus_.tokens.size()) - 1) / seq_len_;
+}
+
+void Dataset::sequence(int64_t index, Sequence& out) const {
+  const int64_t S = seq_len_;
+  const int64_t k = index % num_sequences();
+  out.tokens.assign(S, corpus_.pad_id);
+  out.targets.assign(S, corpus_.pad_id);
+  out.positions.resize(S);
+  out.weights.assign(S, 0.0f);
+  const int32_t* t = corpus_.tokens.data();
+  if (!packing_) {
+    out.segments.clear();
+    for (int64_t i = 0; i < S; ++i) {
+      out.tokens[i] = t[k * S + i];
+      out.targets[i] = t[k * S + i + 1];
+      out.positions[i] = i;
+      out.weights[i] = 1.0f;
+    }
+    return;
+  }
+  out.segments.assign(S, 0);
+  int64_t slot = 0;
+  int32_t segment = 1;
+  for (const Piece& p : packed_[k]) {
+    for (int64_t i = 0; i < p.len; ++i, ++slot) {
+      out.tokens[slot] = t[p.begin + i];
+      out.targets[slot] = t[p.begin + i + 1];
+      out.positions[slot] = i;
+      out.segments[slot] = segment;
+      out.weights[slot] = 1.0f;
+    }
+    ++segment;
+  }
+  // Padding: its own segment 0, positions counting on (never attended by real tokens).
+  for (int64_t i = 0; slot < S; ++slot, ++i) out.positions[slot] = i;
+}
+
+Batch LocalBatch::view() const {
+  Batch b;
+  b.batch = batch;
+  b.seq_local = seq_local;
+  b.tokens = tokens.data();
+  b.targets = targets.data();
+  b.positions = positions.data();
+  b.segments = segments.empty() ? nullptr : segments.data();
+  b.loss_weights = weights.data();
+  return b;
+}
+
+LocalBatch make_local_batch(const Dataset& data, int64_t first_sequence, int64_t batch_per_replica, int64_t dp,
+                            int64_t dp_rank, const CpLayout& layout, int cp_rank, const MaskSpec& mask) {
+  const int64_t S = data.seq_len(), L = layout.local_len(), B = batch_per_replica;
+  check_shape(layout.seq_len() == S, "make_local_batch: layout length differs from max_target_length");
+  LocalBatch out;
+  out.batch = B;
+  out.seq_local = L;
+  out.tokens.resize(B * L);
+  out.targets.resize(B * L);
+  out.positions.resize(B * L);
+  out.weights.resize(B * L);
+  if (data.packing()) out.segments.resize(B * L);
+  const CpLayout whole(LayoutKind::contiguous, S, 1);
+  MaskSpec pair_mask = mask;
+  pair_mask.same_segment = data.packing();
+  Sequence seq;
+  for (int64_t r = 0; r < dp; ++r) {
+    for (int64_t b = 0; b < B; ++b) {
+      data.sequence(first_sequence + r * B + b, seq);
+      for (float w : seq.weights) out.global_target_tokens += static_cast<int64_t>(w);
+      out.global_unmasked_pairs += unmasked_pairs_per_rank(whole, pair_mask, seq.positions.data(),
+                                                           data.packing() ? seq.segments.data() : nullptr, 1)[0];
+      if (r != dp_rank) continue;
+      layout.shard(cp_rank, seq.tokens.data(), out.tokens.data() + b * L, 1);
+      layout.shard(cp_rank, seq.targets.data(), out.targets.data() + b * L, 1);
+      layout.shard(cp_rank, seq.positions.data(), out.positions.data() + b * L, 1);
+      layout.shard(cp_rank, seq.weights.data(), out.weights.data() + b * L, 1);
+      if (data.packing()) layout.shard(cp_rank, seq.segments.data(), out.segments.data() + b * L, 1);
+    }
+  }
+  return out;
+}
+
+MaskSpec mask_from_config(const RunConfig& c) {
+  if (c.attention_type == "full") return MaskSpec::full();
+  if (c.attention_type == "causal") return MaskSpec::causal();
+  if (c.attention_type == "local") return MaskSpec::local(c.sliding_window_size - 1, 0);
+  if (c.attention_type == "chunked") return MaskSpec::chunked(c.chunk_attn_window_size);
+  throw ConfigError("attention_type must be full|causal|local|chunked (got '" + c.attention_type + "')");
+}
+
+}  // namespace longctx

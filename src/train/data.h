@@ -1,0 +1,135 @@
+#pragma once
+// Training data: byte-level tokenizer, corpus loading (text or pre-tokenized
+// binary or synthetic), packing into max_target_length sequences, and the
+// per-rank batch (sharded across dp, laid out per the CP layout).
+//
+// A corpus is a list of documents, each a token sequence. Text documents are
+// BOS + bytes + EOS. Sequence k of the dataset is a pure function of k (the
+// packing is computed once at load), so the data cursor is just "sequences
+// consumed": resuming, even with another dp, continues exactly.
+//
+// One training sequence of S = max_target_length slots pairs inputs with
+// next-token targets:
+//   packing: true   documents are cut into pieces of at most S+1 tokens and
+//                   packed greedily; each piece of L+1 tokens gives L slots
+//                   (inputs t0..t_{L-1}, targets t1..t_L) with positions
+//                   0..L-1 and its own segment id (1, 2, ...). A document that
+//                   does not fit continues in the next sequence. Trailing
+//                   slots are PAD with segment 0 and loss weight 0.
+//   packing: false  the documents concatenated into one stream, cut into
+//                   windows of S+1 tokens overlapping by one; positions 0..S-1,
+//                   no segment ids (plain causal attention across documents).
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/config.h"
+#include "cp/layout.h"
+#include "kernels/attention.h"
+#include "model/llama.h"
+
+namespace longctx {
+
+// ---- byte-level tokenizer ----------------------------------------------------
+constexpr int32_t kBosId = 256;
+constexpr int32_t kEosId = 257;
+constexpr int32_t kPadId = 258;
+constexpr int64_t kByteVocabSize = 259;
+
+std::vector<int32_t> tokenize_bytes(std::string_view text);  // bytes only, no BOS/EOS
+std::string detokenize_bytes(const std::vector<int32_t>& ids);  // special ids dropped
+
+// ---- corpus --------------------------------------------------------------------
+struct Corpus {
+  std::vector<int32_t> tokens;        // every document, concatenated
+  std::vector<int64_t> doc_offsets;   // [num_documents + 1]
+  int32_t pad_id = kPadId;            // input id of padding slots (binary files: their EOS)
+  int64_t num_documents() const { return static_cast<int64_t>(doc_offsets.size()) - 1; }
+};
+
+// A text file, or a directory whose regular files (sorted by name, hidden
+// files skipped) are the documents. A non-empty separator splits each file
+// into several documents; empty pieces are dropped. DataError when the path
+// is missing or no document has any byte.
+Corpus load_text_corpus(const std::string& path, const std::string& separator);
+
+// Pre-tokenized binary file, little-endian, 32-byte header:
+//   bytes 0..7   magic "LCTXTOK1"
+//   bytes 8..11  uint32 format version (1)
+//   bytes 12..15 uint32 vocab size the ids were made for
+//   bytes 16..19 uint32 EOS id (ends every document; also the input of padding slots)
+//   bytes 20..23 uint32 reserved (0)
+//   bytes 24..31 uint64 number of ids n
+//   then n uint32 ids, documents separated by (ending with) EOS.
+// DataError on a bad magic/version, a size that does not match n, n == 0,
+// or an id >= vocab_size (the model's).
+Corpus load_token_file(const std::string& path, int64_t vocab_size);
+// Writes the corpus (each document should end with eos_id).
+void write_token_file(const std::string& path, const Corpus& corpus, int64_t vocab_size,
+                      int32_t eos_id = kEosId);
+
+// Random documents of random bytes (BOS + bytes + EOS), lengths in
+// [S/4, 2S], a function of seed only: for tests and benchmarks.
+Corpus synthetic_corpus(uint64_t seed, int64_t max_target_length, int64_t num_documents = 64);
+
+// The corpus the config names (dataset_type, dataset_path, ...).
+Corpus load_corpus(const RunConfig& config);
+
+// ---- packed sequences ----------------------------------------------------------
+struct Sequence {  // one full sequence, [S] each
+  std::vector<int32_t> tokens, targets;
+  std::vector<int64_t> positions;
+  std::vector<int32_t> segments;  // empty when not packing
+  std::vector<float> weights;     // 1 for real targets, 0 for padding
+};
+
+class Dataset {
+ public:
+  Dataset(Corpus corpus, int64_t max_target_length, bool packing);
+
+  int64_t seq_len() const { return seq_len_; }
+  bool packing() const { return packing_; }
+  // Sequences per epoch; index k >= that wraps around (next epoch).
+  int64_t num_sequences() const;
+  void sequence(int64_t index, Sequence& out) const;
+  const Corpus& corpus() const { return corpus_; }
+
+ private:
+  struct Piece {  // corpus.tokens[begin, begin + len + 1) -> len slots
+    int64_t begin;
+    int64_t len;
+  };
+  Corpus corpus_;
+  int64_t seq_len_;
+  bool packing_;
+  std::vector<std::vector<Piece>> packed_;  // packing: pieces of each sequence
+};
+
+// ---- this rank's batch -----------------------------------------------------------
+// The per_device_batch_size sequences of one dp replica, in this cp rank's
+// layout. Arrays are [B, S_local]; view() is what LlamaModel takes.
+struct LocalBatch {
+  int64_t batch = 0, seq_local = 0;
+  std::vector<int32_t> tokens, targets;
+  std::vector<int64_t> positions;
+  std::vector<int32_t> segments;  // empty when not packing
+  std::vector<float> weights;
+  // Over the GLOBAL batch (every dp replica, full sequences):
+  int64_t global_target_tokens = 0;  // sum of weights: the loss normaliser
+  int64_t global_unmasked_pairs = 0; // (q, kv) pairs allowed by the mask, one head
+  Batch view() const;
+};
+
+// Builds the batch of step `first_sequence` .. for dp rank `dp_rank`: global
+// batch = sequences [first_sequence, first_sequence + B * dp); replica r takes
+// B consecutive ones from first_sequence + r * B.
+LocalBatch make_local_batch(const Dataset& data, int64_t first_sequence, int64_t batch_per_replica,
+                            int64_t dp, int64_t dp_rank, const CpLayout& layout, int cp_rank,
+                            const MaskSpec& mask);
+
+// The attention mask the config asks for (segments AND-ed by the model when
+// the batch carries them).
+MaskSpec mask_from_config(const RunConfig& config);
+
+}  // namespace longctx
