@@ -34,8 +34,47 @@ class CpAttention {
                         const TensorView& dv) = 0;
 };
 
-// The strategy over the mesh's context-parallel group (ulysses x ring axes).
-// With cp == 1 every strategy is the plain kernel.
-std::unique_ptr<CpAttention> make_cp_attention(CpStrategy strategy, const Mesh& mesh);
+// Tuning knobs; the defaults suit the CPU engine.
+struct CpOptions {
+  // ring/usp: K,V shards travel in chunks of about this many tokens (double
+  // buffered), bounding ring memory to a few chunks instead of whole shards.
+  int64_t ring_chunk_tokens = 512;
+};
+
+// The strategy over the mesh's context-parallel group: all_gather, ulysses
+// and ring use mesh.cp() as one group, usp uses mesh.ulysses() for the
+// all-to-all and mesh.ring() for the ring. With cp == 1 every strategy is the
+// plain kernel. The mesh must outlive the returned object. Head and sequence
+// rules (e.g. ulysses degree vs heads) are checked at each call, with the
+// shapes: ConfigError naming the rule.
+//
+// Communication per rank per call (bytes, fp32 = 4; P = group size; B batch;
+// L = S/cp local tokens; H, G = local q and kv heads; D head dim;
+// seg = 4 if the mask uses segments else 0; all counted as in
+// src/comm/communicator.h):
+//   all_gather  forward  all_gather: (P-1)*B*L*(8*G*D + 8 + seg)
+//               backward the same, plus reduce_scatter (P-1)*B*L*8*G*D
+//   ulysses     (Hu = H/P; Gu = G/P if P divides G, else 1: KV heads replicated)
+//               forward  all_to_all (P-1)*B*L*4*(Hu + 2*Gu)*D   (q, k, v)
+//                        all_to_all (P-1)*B*L*4*Hu*(D + 1)      (o, lse back)
+//                        all_gather (P-1)*B*L*(8 + seg)         (positions, segments)
+//               backward all_to_all (P-1)*B*L*4*((2*Hu + 2*Gu)*D + 2*Hu)  (q, k, v, dout, lse, delta)
+//                        all_to_all (P-1)*B*L*4*(Hu + 2*Gu)*D   (dq, dk, dv back)
+//                        all_gather (P-1)*B*L*(8 + seg)
+//   ring        every call all_gathers the shard summaries: (P-1)*B*n*32 bytes,
+//               n = chunks per shard (cp_ring_chunks). Then for every (kv
+//               owner o != q rank r, chunk c) whose mask is not empty:
+//               forward  send/recv B*len_c*(8*G*D + 8 + seg) (K, V, positions)
+//               backward the same, plus B*len_c*8*G*D back to the owner (dK, dV)
+//               Fully masked (rank, chunk) pairs move nothing.
+//   usp         ulysses over mesh.ulysses() with H, G, and ring over
+//               mesh.ring() with Hu, Gu heads and U*L tokens.
+std::unique_ptr<CpAttention> make_cp_attention(CpStrategy strategy, const Mesh& mesh,
+                                               const CpOptions& options = {});
+
+// Chunks per ring shard of `local_tokens` tokens: ceil(local / chunk_tokens),
+// at least 2 (so each zigzag half is its own chunk) and even, at most
+// local_tokens.
+int64_t cp_ring_chunks(int64_t local_tokens, int64_t chunk_tokens);
 
 }  // namespace longctx

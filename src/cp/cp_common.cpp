@@ -1,0 +1,149 @@
+// The factory, LocalAttention, and helpers shared by the strategies.
+#include <algorithm>
+#include <cstring>
+
+#include "comm/mesh.h"
+#include "core/error.h"
+#include "cp/strategies.h"
+
+namespace longctx {
+
+CpStrategy parse_cp_strategy(const std::string& name) {
+  if (name == "all_gather") return CpStrategy::all_gather;
+  if (name == "ulysses") return CpStrategy::ulysses;
+  if (name == "ring") return CpStrategy::ring;
+  if (name == "usp") return CpStrategy::usp;
+  throw ConfigError("unknown context_parallel_strategy '" + name +
+                    "': expected all_gather, ulysses, ring or usp");
+}
+
+const char* cp_strategy_name(CpStrategy s) {
+  switch (s) {
+    case CpStrategy::all_gather: return "all_gather";
+    case CpStrategy::ulysses: return "ulysses";
+    case CpStrategy::ring: return "ring";
+    case CpStrategy::usp: return "usp";
+  }
+  return "?";
+}
+
+int64_t cp_ring_chunks(int64_t local_tokens, int64_t chunk_tokens) {
+  if (chunk_tokens < 1) throw ConfigError("ring_chunk_tokens must be >= 1");
+  int64_t n = std::max<int64_t>(2, (local_tokens + chunk_tokens - 1) / chunk_tokens);
+  n += n % 2;
+  return std::min(n, std::max<int64_t>(local_tokens, 1));
+}
+
+std::unique_ptr<CpAttention> make_cp_attention(CpStrategy strategy, const Mesh& mesh,
+                                               const CpOptions& options) {
+  if (mesh.cp().size() == 1) return std::make_unique<LocalAttention>();
+  switch (strategy) {
+    case CpStrategy::all_gather: return std::make_unique<AllGatherAttention>(mesh.cp());
+    case CpStrategy::ulysses:
+      return std::make_unique<UlyssesAttention>(mesh.cp(), std::make_unique<LocalAttention>());
+    case CpStrategy::ring:
+      return std::make_unique<RingAttention>(mesh.cp(), options.ring_chunk_tokens);
+    case CpStrategy::usp: {
+      std::unique_ptr<CpAttentionImpl> inner;
+      if (mesh.ring().size() == 1)
+        inner = std::make_unique<LocalAttention>();
+      else
+        inner = std::make_unique<RingAttention>(mesh.ring(), options.ring_chunk_tokens);
+      if (mesh.ulysses().size() == 1) return inner;
+      return std::make_unique<UlyssesAttention>(mesh.ulysses(), std::move(inner));
+    }
+  }
+  throw ConfigError("unknown context-parallel strategy");
+}
+
+void CpAttentionImpl::backward(const AttentionArgs& local, const TensorView& o, const float* lse,
+                               const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                               const TensorView& dv) {
+  LocalDims d = check_local_args(local);
+  Buffer delta(MemCategory::scratch, "cp delta", d.B * d.L * d.H * sizeof(float));  // [B, L, H]
+  attention_delta(o, dout, delta.as<float>());
+  backward_with_delta(local, dout, lse, delta.as<float>(), dq, dk, dv);
+}
+
+void LocalAttention::forward(const AttentionArgs& local, const TensorView& o, float* lse) {
+  attention_forward(local, o, lse);
+}
+
+void LocalAttention::backward_with_delta(const AttentionArgs& local, const TensorView& dout,
+                                         const float* lse, const float* delta,
+                                         const TensorView& dq, const TensorView& dk,
+                                         const TensorView& dv) {
+  zero_view(dq);
+  zero_view(dk);
+  zero_view(dv);
+  attention_backward(local, dout, lse, delta, dq, dk, dv);
+}
+
+LocalDims check_local_args(const AttentionArgs& a) {
+  check_shape(a.q.rank == 4 && a.k.rank == 4 && a.v.rank == 4,
+              "cp attention: q, k, v must be [B, S_local, heads, D]");
+  check_shape(a.q.dtype == DType::f32 && a.k.dtype == DType::f32 && a.v.dtype == DType::f32,
+              "cp attention: fp32 only");
+  LocalDims d{a.q.dim(0), a.q.dim(1), a.q.dim(2), a.k.dim(2), a.q.dim(3)};
+  check_shape(a.k.dim(0) == d.B && a.k.dim(1) == d.L && a.v.dim(1) == d.L && a.v.dim(2) == d.G &&
+                  a.k.dim(3) == d.D && a.v.dim(3) == d.D,
+              "cp attention is self-attention: q " + a.q.shape_string() + ", k " +
+                  a.k.shape_string() + " and v " + a.v.shape_string() +
+                  " must hold the same local tokens");
+  check_shape(a.q.stride[3] == 1 && a.k.stride[3] == 1 && a.v.stride[3] == 1,
+              "cp attention: the head dim must be contiguous");
+  check_shape(d.G > 0 && d.H % d.G == 0, "cp attention: q heads (" + std::to_string(d.H) +
+                                             ") must be a multiple of kv heads (" +
+                                             std::to_string(d.G) + ")");
+  check_shape(a.q_pos && a.kv_pos, "cp attention: positions are required");
+  check_shape(std::equal(a.q_pos, a.q_pos + d.B * d.L, a.kv_pos),
+              "cp attention is self-attention: kv positions must equal q positions");
+  if (a.mask.same_segment) {
+    check_shape(a.q_seg && a.kv_seg, "cp attention: the mask needs segment ids");
+    check_shape(std::equal(a.q_seg, a.q_seg + d.B * d.L, a.kv_seg),
+                "cp attention is self-attention: kv segments must equal q segments");
+  }
+  return d;
+}
+
+void zero_view(const TensorView& v) {
+  check_shape(v.rank == 4 && v.dtype == DType::f32 && v.stride[3] == 1, "zero_view: fp32 [B,S,H,D]");
+  for (int64_t b = 0; b < v.dim(0); ++b)
+    for (int64_t s = 0; s < v.dim(1); ++s)
+      for (int64_t h = 0; h < v.dim(2); ++h)
+        std::memset(v.at<float>({b, s, h}), 0, v.dim(3) * sizeof(float));
+}
+
+namespace {
+
+// [X, Y, row] -> [Y, X, row]
+Buffer transpose_blocks(Buffer in, int64_t X, int64_t Y, size_t row_bytes, MemCategory category) {
+  if (X == 1 || Y == 1) return in;
+  Buffer out(category, "cp transpose", in.size());
+  const char* src = in.as<char>();
+  char* dst = out.as<char>();
+  for (int64_t x = 0; x < X; ++x)
+    for (int64_t y = 0; y < Y; ++y)
+      std::memcpy(dst + (y * X + x) * row_bytes, src + (x * Y + y) * row_bytes, row_bytes);
+  return out;
+}
+
+}  // namespace
+
+Buffer rank_major_to_batch_major(Buffer in, int P, int64_t B, int64_t L, size_t row_bytes) {
+  return transpose_blocks(std::move(in), P, B, L * row_bytes, MemCategory::communication);
+}
+
+Buffer batch_major_to_rank_major(Buffer in, int P, int64_t B, int64_t L, size_t row_bytes) {
+  return transpose_blocks(std::move(in), B, P, L * row_bytes, MemCategory::communication);
+}
+
+Buffer gather_tokens(const Communicator& comm, const void* local, int64_t B, int64_t L,
+                     size_t row_bytes, const char* name) {
+  const int P = comm.size();
+  Buffer all(MemCategory::communication, name, P * B * L * row_bytes);  // [P, B, L, row]
+  comm.all_gather(local, all.data(), B * L * row_bytes);
+  return rank_major_to_batch_major(std::move(all), P, B, L, row_bytes);
+}
+
+}  // namespace longctx
