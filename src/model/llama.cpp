@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "comm/mesh.h"
+#include "core/timer.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
 
@@ -194,13 +195,17 @@ struct LlamaModel::Impl {
   std::unique_ptr<CpAttention> attention;
   std::unique_ptr<Workspace> ws;
   size_t peak_bytes = 0;
+  StepProfile profile;
   const Batch* batch = nullptr;  // the batch of the current call
 
   // Row-parallel outputs and column-parallel input gradients are partial sums
   // over tp ranks.
   const Mesh* mesh = nullptr;
   void tp_all_reduce(float* data, int64_t n) {
-    if (tp > 1) mesh->tp().all_reduce_sum(data, static_cast<size_t>(n));
+    if (tp == 1) return;
+    Timer t;
+    mesh->tp().all_reduce_sum(data, static_cast<size_t>(n));
+    profile.tp_comm += t.seconds();
   }
 
   // ---- layer pieces (forward; backward reuses them to recompute) ----
@@ -378,10 +383,22 @@ void LlamaModel::zero_gradients() {
 }
 
 size_t LlamaModel::peak_activation_bytes() const { return impl_->peak_bytes; }
+const StepProfile& LlamaModel::last_step_profile() const { return impl_->profile; }
 
 // ---- forward / backward -------------------------------------------------------------
 
 namespace {
+
+// Adds the seconds of its scope to one StepProfile field.
+class ProfileScope {
+ public:
+  explicit ProfileScope(double& field) : field_(field) {}
+  ~ProfileScope() { field_ += timer_.seconds(); }
+
+ private:
+  double& field_;
+  Timer timer_;
+};
 
 // The pieces of a step, over the model's state. Kept in one place so that
 // forward and the recomputation in backward run literally the same code.
@@ -397,11 +414,24 @@ struct Step {
   float* grad(int i) const { return Gr[i].local.f32(); }
   float* x(int64_t l) const { return w.x[l].as<float>(); }
 
+  template <typename F>
+  void elementwise(F&& f) {
+    ProfileScope p(m.profile.elementwise);
+    f();
+  }
+  void matmul(bool ta, bool tb, int64_t M, int64_t Nc, int64_t K, float alpha, const float* A,
+              int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    ProfileScope p(m.profile.matmul);
+    gemm_f32(ta, tb, M, Nc, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+
   void norm1(int64_t l) {
+    ProfileScope p(m.profile.elementwise);
     rmsnorm_forward(mat(x(l), N, m.d), param(m.layer[l].attn_norm), m.eps,
                     mat(w.normed.as<float>(), N, m.d));
   }
   void norm2(int64_t l) {
+    ProfileScope p(m.profile.elementwise);
     rmsnorm_forward(mat(w.x2.at(l), N, m.d), param(m.layer[l].mlp_norm), m.eps,
                     mat(w.normed.as<float>(), N, m.d));
   }
@@ -412,11 +442,11 @@ struct Step {
   // qkv = h1 Wqkv^T, then RoPE on q and k. Needs normed = h1.
   void project_qkv(int64_t l) {
     float* qkv = w.qkv.at(l);
-    gemm_f32(false, true, N, m.qkv_cols, m.d, 1.0f, w.normed.as<float>(), m.d,
+    matmul(false, true, N, m.qkv_cols, m.d, 1.0f, w.normed.as<float>(), m.d,
              param(m.layer[l].q), m.d, 0.0f, qkv, m.qkv_cols);
-    const float* c = w.rope_cos.as<float>();
-    const float* s = w.rope_sin.as<float>();
-    rope_forward(heads(qkv, 0, m.Hl + m.Gl), c, s);  // q and k heads are adjacent
+    ProfileScope p(m.profile.elementwise);
+    rope_forward(heads(qkv, 0, m.Hl + m.Gl), w.rope_cos.as<float>(),
+                 w.rope_sin.as<float>());  // q and k heads are adjacent
   }
   AttentionArgs attention_args(int64_t l) const {
     AttentionArgs a;
@@ -427,19 +457,20 @@ struct Step {
     return TensorView(ctx, DType::f32, {b.batch, b.seq_local, m.Hl, m.D});
   }
   void attend(int64_t l) {
+    ProfileScope p(m.profile.attention);
     m.attention->forward(attention_args(l), context_view(w.ctx.at(l)), w.lse.at(l));
   }
   // x2 = x + ctx Wo^T (row-parallel: partial sums all-reduced over tp).
   void out_proj(int64_t l) {
     float* x2 = w.x2.at(l);
-    gemm_f32(false, true, N, m.d, m.Hl * m.D, 1.0f, w.ctx.at(l), m.Hl * m.D,
+    matmul(false, true, N, m.d, m.Hl * m.D, 1.0f, w.ctx.at(l), m.Hl * m.D,
              param(m.layer[l].o), m.Hl * m.D, 0.0f, x2, m.d);
     m.tp_all_reduce(x2, N * m.d);
     add_into(x2, x(l));
   }
   // gu = h2 Wgu^T. Needs normed = h2.
   void mlp_in(int64_t l) {
-    gemm_f32(false, true, N, 2 * m.Fl, m.d, 1.0f, w.normed.as<float>(), m.d,
+    matmul(false, true, N, 2 * m.Fl, m.d, 1.0f, w.normed.as<float>(), m.d,
              param(m.layer[l].gate), m.d, 0.0f, w.gu.at(l), 2 * m.Fl);
   }
   TensorView gate(int64_t l) const {
@@ -448,16 +479,20 @@ struct Step {
   TensorView up(int64_t l) const {
     return TensorView::strided(w.gu.at(l) + m.Fl, DType::f32, {N, m.Fl}, {2 * m.Fl, 1});
   }
-  void swiglu(int64_t l) { swiglu_forward(gate(l), up(l), mat(w.act.as<float>(), N, m.Fl)); }
+  void swiglu(int64_t l) {
+    ProfileScope p(m.profile.elementwise);
+    swiglu_forward(gate(l), up(l), mat(w.act.as<float>(), N, m.Fl));
+  }
   // x[l+1] = x2 + act Wdown^T (row-parallel).
   void mlp_out(int64_t l) {
     float* y = x(l + 1);
-    gemm_f32(false, true, N, m.d, m.Fl, 1.0f, w.act.as<float>(), m.Fl, param(m.layer[l].down),
+    matmul(false, true, N, m.d, m.Fl, 1.0f, w.act.as<float>(), m.Fl, param(m.layer[l].down),
              m.Fl, 0.0f, y, m.d);
     m.tp_all_reduce(y, N * m.d);
     add_into(y, w.x2.at(l));
   }
   void add_into(float* dst, const float* src) const {
+    ProfileScope p(m.profile.elementwise);
     const int64_t n = N * m.d;
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
@@ -477,6 +512,7 @@ struct Step {
   // Final norm, LM head and cross-entropy, a chunk of rows at a time; with
   // training, the LM head and final norm gradients and dresid = dL/dx[L].
   double loss_head(bool training, float grad_scale) {
+    ProfileScope p(m.profile.loss);
     const int64_t R = w.head_in.size() / (4 * m.d);
     float* W = param(m.lm_head);
     float* x_last = x(m.L);
@@ -517,39 +553,48 @@ struct Step {
     float* act = w.act.as<float>();    // [N, Fl]
     float* dnorm = w.dnorm.as<float>();
     // MLP: down projection, SwiGLU (in place over gu), gate/up projection.
-    gemm_f32(true, false, m.d, m.Fl, N, 1.0f, dy, m.d, act, m.Fl, 1.0f, grad(li.down), m.Fl);
-    gemm_f32(false, false, N, m.Fl, m.d, 1.0f, dy, m.d, param(li.down), m.Fl, 0.0f, act, m.Fl);
-    swiglu_backward(gate(l), up(l), mat(act, N, m.Fl), gate(l), up(l));
+    matmul(true, false, m.d, m.Fl, N, 1.0f, dy, m.d, act, m.Fl, 1.0f, grad(li.down), m.Fl);
+    matmul(false, false, N, m.Fl, m.d, 1.0f, dy, m.d, param(li.down), m.Fl, 0.0f, act, m.Fl);
+    elementwise([&] { swiglu_backward(gate(l), up(l), mat(act, N, m.Fl), gate(l), up(l)); });
     float* dgu = w.gu.at(l);
-    gemm_f32(true, false, 2 * m.Fl, m.d, N, 1.0f, dgu, 2 * m.Fl, w.normed.as<float>(), m.d, 1.0f,
+    matmul(true, false, 2 * m.Fl, m.d, N, 1.0f, dgu, 2 * m.Fl, w.normed.as<float>(), m.d, 1.0f,
              grad(li.gate), m.d);
-    gemm_f32(false, false, N, m.d, 2 * m.Fl, 1.0f, dgu, 2 * m.Fl, param(li.gate), m.d, 0.0f,
+    matmul(false, false, N, m.d, 2 * m.Fl, 1.0f, dgu, 2 * m.Fl, param(li.gate), m.d, 0.0f,
              dnorm, m.d);
     m.tp_all_reduce(dnorm, N * m.d);
-    rmsnorm_backward(mat(w.x2.at(l), N, m.d), param(li.mlp_norm), m.eps, mat(dnorm, N, m.d),
-                     mat(dy, N, m.d), grad(li.mlp_norm));  // dy is now dL/dx2
+    elementwise([&] {
+      rmsnorm_backward(mat(w.x2.at(l), N, m.d), param(li.mlp_norm), m.eps, mat(dnorm, N, m.d),
+                       mat(dy, N, m.d), grad(li.mlp_norm));  // dy is now dL/dx2
+    });
 
     // Attention: output projection, attention, RoPE, q/k/v projection.
     const int64_t hd = m.Hl * m.D;
     float* ctx = w.ctx.at(l);
     float* dctx = w.dctx.as<float>();
-    gemm_f32(true, false, m.d, hd, N, 1.0f, dy, m.d, ctx, hd, 1.0f, grad(li.o), hd);
-    gemm_f32(false, false, N, hd, m.d, 1.0f, dy, m.d, param(li.o), hd, 0.0f, dctx, hd);
+    matmul(true, false, m.d, hd, N, 1.0f, dy, m.d, ctx, hd, 1.0f, grad(li.o), hd);
+    matmul(false, false, N, hd, m.d, 1.0f, dy, m.d, param(li.o), hd, 0.0f, dctx, hd);
     float* dqkv = w.dqkv.as<float>();
     AttentionArgs a = attention_args(l);
     AttentionArgs da;
     m.attention_args(dqkv, da);
-    m.attention->backward(a, context_view(ctx), w.lse.at(l), context_view(dctx), da.q, da.k,
-                          da.v);
-    rope_backward(heads(dqkv, 0, m.Hl + m.Gl), w.rope_cos.as<float>(), w.rope_sin.as<float>());
+    {
+      ProfileScope p(m.profile.attention);
+      m.attention->backward(a, context_view(ctx), w.lse.at(l), context_view(dctx), da.q, da.k,
+                            da.v);
+    }
+    elementwise([&] {
+      rope_backward(heads(dqkv, 0, m.Hl + m.Gl), w.rope_cos.as<float>(), w.rope_sin.as<float>());
+    });
     norm1(l);  // normed = h1 again
-    gemm_f32(true, false, m.qkv_cols, m.d, N, 1.0f, dqkv, m.qkv_cols, w.normed.as<float>(), m.d,
+    matmul(true, false, m.qkv_cols, m.d, N, 1.0f, dqkv, m.qkv_cols, w.normed.as<float>(), m.d,
              1.0f, grad(li.q), m.d);
-    gemm_f32(false, false, N, m.d, m.qkv_cols, 1.0f, dqkv, m.qkv_cols, param(li.q), m.d, 0.0f,
+    matmul(false, false, N, m.d, m.qkv_cols, 1.0f, dqkv, m.qkv_cols, param(li.q), m.d, 0.0f,
              dnorm, m.d);
     m.tp_all_reduce(dnorm, N * m.d);
-    rmsnorm_backward(mat(x(l), N, m.d), param(li.attn_norm), m.eps, mat(dnorm, N, m.d),
-                     mat(dy, N, m.d), grad(li.attn_norm));  // dy is now dL/dx[l]
+    elementwise([&] {
+      rmsnorm_backward(mat(x(l), N, m.d), param(li.attn_norm), m.eps, mat(dnorm, N, m.d),
+                       mat(dy, N, m.d), grad(li.attn_norm));  // dy is now dL/dx[l]
+    });
   }
 };
 
@@ -607,9 +652,12 @@ static LossStats run(LlamaModel::Impl& m, const std::vector<NamedTensor>& P,
   m.peak_bytes = w.bytes;
   m.batch = &b;
   Step s{m, P, Gr, w, b, N};
+  m.profile = StepProfile{};
 
-  rope_table(m.rope, m.D, b.positions, N, w.rope_cos.as<float>(), w.rope_sin.as<float>());
-  embedding_forward(b.tokens, N, s.param(m.embed), m.V, mat(s.x(0), N, m.d));
+  s.elementwise([&] {
+    rope_table(m.rope, m.D, b.positions, N, w.rope_cos.as<float>(), w.rope_sin.as<float>());
+    embedding_forward(b.tokens, N, s.param(m.embed), m.V, mat(s.x(0), N, m.d));
+  });
   for (int64_t l = 0; l < m.L; ++l) s.forward_layer(l);
 
   LossStats out;
@@ -623,7 +671,9 @@ static LossStats run(LlamaModel::Impl& m, const std::vector<NamedTensor>& P,
   if (!training) return out;
 
   for (int64_t l = m.L - 1; l >= 0; --l) s.backward_layer(l);
-  embedding_backward(b.tokens, N, mat(w.dresid.as<float>(), N, m.d), s.grad(m.embed), m.V);
+  s.elementwise([&] {
+    embedding_backward(b.tokens, N, mat(w.dresid.as<float>(), N, m.d), s.grad(m.embed), m.V);
+  });
   m.batch = nullptr;
   return out;
 }

@@ -86,6 +86,17 @@ struct LossStats {
   double weight_sum = 0.0;  // sum of weights (tokens counted)
 };
 
+// Where the last forward/backward spent its wall-clock seconds (recomputation
+// included), for benchmarks and profiling.
+struct StepProfile {
+  double matmul = 0.0;       // q/k/v, o, gate/up, down projections and their gradients
+  double attention = 0.0;    // the CP attention (kernel and its communication)
+  double loss = 0.0;         // final norm, LM head, cross-entropy and their gradients
+  double elementwise = 0.0;  // embedding, norms, RoPE, SwiGLU, residual adds
+  double tp_comm = 0.0;      // tensor-parallel all-reduces
+  double total() const { return matmul + attention + loss + elementwise + tp_comm; }
+};
+
 // How a full tensor is cut over the tp ranks.
 enum class TpSplit {
   none,  // replicated: every tp rank holds the full tensor
@@ -139,6 +150,7 @@ class LlamaModel {
   // Bytes of activation buffers (saved tensors + scratch) the last
   // forward/backward needed: what the remat policy trades against compute.
   size_t peak_activation_bytes() const;
+  const StepProfile& last_step_profile() const;
 
   struct Impl;  // defined in llama.cpp
 
