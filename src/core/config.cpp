@@ -494,14 +494,13 @@ void validate_config(RunConfig& c, int64_t world) {
     require(c.cp_ulysses >= 1 && c.cp % c.cp_ulysses == 0,
             "ici_context_usp_ulysses_parallelism (" + str(c.cp_ulysses) +
                 ") must divide ici_context_parallelism (" + str(c.cp) + ")");
-  } else if (s == "ulysses") {
-    require(c.cp_ulysses == 1 || c.cp_ulysses == c.cp,
-            "ici_context_usp_ulysses_parallelism is for usp; with ulysses all of cp is all-to-all (leave it at 1)");
-    c.cp_ulysses = c.cp;
   } else {
     require(c.cp_ulysses == 1, "ici_context_usp_ulysses_parallelism is only used by "
                                "context_parallel_strategy=usp (got " + str(c.cp_ulysses) + " with " + s + ")");
   }
+  // Ranks that exchange heads by all-to-all: all of cp for ulysses, the
+  // ulysses factor for usp.
+  const int64_t a2a = s == "ulysses" ? c.cp : c.cp_ulysses;
 
   // ---- model shape
   require(m.vocab_size >= 1 && m.d_model >= 1 && m.num_heads >= 1 && m.num_kv_heads >= 1 &&
@@ -517,8 +516,8 @@ void validate_config(RunConfig& c, int64_t world) {
                                           ") must be divisible by ici_tensor_parallelism (" + str(c.tp) + ")");
   require(m.mlp_dim % c.tp == 0, "base_mlp_dim (" + str(m.mlp_dim) +
                                      ") must be divisible by ici_tensor_parallelism (" + str(c.tp) + ")");
-  if (c.cp_ulysses > 1) {
-    int64_t h = m.num_heads / c.tp, g = m.num_kv_heads / c.tp, u = c.cp_ulysses;
+  if (a2a > 1) {
+    int64_t h = m.num_heads / c.tp, g = m.num_kv_heads / c.tp, u = a2a;
     require(h % u == 0, "ulysses all-to-all needs the query heads per tp rank (" + str(h) +
                             ") divisible by the ulysses degree (" + str(u) + ")");
     require(g % u == 0 || u % g == 0, "ulysses all-to-all needs the KV heads per tp rank (" + str(g) +

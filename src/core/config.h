@@ -72,7 +72,7 @@ struct RunConfig {
   // ---- parallelism (dp x cp x tp == world size; cp = ulysses x ring)
   int64_t dp = 1;                     // ici_data_parallelism (-1 in the file = fill the rest)
   int64_t cp = 1;                     // ici_context_parallelism
-  int64_t cp_ulysses = 1;             // ici_context_usp_ulysses_parallelism (usp only)
+  int64_t cp_ulysses = 1;             // ici_context_usp_ulysses_parallelism (usp only; 1 otherwise)
   int64_t tp = 1;                     // ici_tensor_parallelism
   std::string cp_strategy;            // context_parallel_strategy: all_gather|ulysses|ring|usp|auto
   bool cp_load_balance = true;        // context_parallel_load_balance: zigzag (true) or contiguous
@@ -100,7 +100,8 @@ struct RunConfig {
   int64_t collective_timeout_seconds = 0;  // collective_timeout_seconds
   int64_t num_threads = 0;            // num_threads (0 = OpenMP default)
 
-  // Derived by validate_config().
+  // The ring factor of cp (the mesh's ring axis, src/comm/mesh.h): cp for
+  // all_gather/ring/ulysses (their group is all of cp), cp / ulysses for usp.
   int64_t ring() const { return cp / cp_ulysses; }
 
   std::map<std::string, ConfigValue> values;  // every key, final values

@@ -156,9 +156,9 @@ TEST(Config, ValidationRulesNameTheRule) {
             S::npos);
   EXPECT_EQ(rule({{"ici_context_parallelism", I(4)}, {"max_target_length", I(36)},
                   {"context_parallel_load_balance", false}}, 4), "");
-  // ulysses has no ring: zigzag needs only cp | S.
-  EXPECT_EQ(rule({{"ici_context_parallelism", I(4)}, {"max_target_length", I(36)},
-                  {"context_parallel_strategy", S("ulysses")}}, 4), "");
+  // usp: the ring factor is cp / ulysses.
+  EXPECT_EQ(rule({{"ici_context_parallelism", I(4)}, {"max_target_length", I(36)}, {"ici_context_usp_ulysses_parallelism", I(2)},
+                  {"context_parallel_strategy", S("usp")}}, 4), "");
   EXPECT_NE(rule({{"ici_tensor_parallelism", I(4)}}, 4).find("base_num_kv_heads (2) must be divisible by ici_tensor"),
             S::npos);
   EXPECT_NE(rule({{"base_num_query_heads", I(6)}, {"base_num_kv_heads", I(4)}}, 1).find("GQA"), S::npos);

@@ -1,0 +1,178 @@
+#include "train/trainer.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "core/memory.h"
+#include "core/timer.h"
+#include "kernels/gemm.h"
+
+namespace longctx {
+
+namespace fs = std::filesystem;
+
+MeshShape mesh_shape_from_config(const RunConfig& c) {
+  MeshShape s;
+  s.dp = static_cast<int>(c.dp);
+  s.cp = static_cast<int>(c.cp);
+  s.ulysses = static_cast<int>(c.cp_strategy == "usp" ? c.cp_ulysses : 1);
+  s.tp = static_cast<int>(c.tp);
+  return s;
+}
+
+ModelOptions model_options_from_config(const RunConfig& c, const Mesh* mesh) {
+  ModelOptions o;
+  o.remat = parse_remat_policy(c.remat_policy);
+  for (int i = 0; i < kNumSavePoints; ++i) o.custom_save[i] = c.remat_custom_save[i];
+  o.mask = mask_from_config(c);
+  o.cp_strategy = parse_cp_strategy(c.cp_strategy);
+  o.mesh = mesh;
+  o.impl = parse_kernel_impl(c.attention_kernel);
+  return o;
+}
+
+Trainer::Trainer(const RunConfig& config, const Mesh* mesh) : config_(config), mesh_(mesh) {
+  const RunConfig& c = config_;
+  if (c.num_threads > 0) omp_set_num_threads(static_cast<int>(c.num_threads));
+  MemoryTracker::global().set_budget(static_cast<size_t>(c.device_memory_budget));
+  set_collective_timeout_seconds(static_cast<double>(c.collective_timeout_seconds));
+  if (mesh_) {
+    const MeshShape want = mesh_shape_from_config(c), got = mesh_->shape();
+    if (want.dp != got.dp || want.cp != got.cp || want.ulysses != got.ulysses || want.tp != got.tp)
+      throw ConfigError("the mesh (" + got.to_string() + ") differs from the config's (" + want.to_string() + ")");
+  } else if (c.dp * c.cp * c.tp != 1) {
+    throw ConfigError("a run without a mesh is one rank: the config asks for dp * cp * tp = " +
+                      std::to_string(c.dp * c.cp * c.tp));
+  }
+  data_ = std::make_unique<Dataset>(load_corpus(c), c.max_target_length, c.packing);
+  const int cp = static_cast<int>(c.cp), ulysses = mesh_ ? mesh_->shape().ulysses : 1;
+  layout_ = std::make_unique<CpLayout>(c.cp_load_balance && cp > 1 ? LayoutKind::zigzag : LayoutKind::contiguous,
+                                       c.max_target_length, cp, ulysses);
+  mask_ = mask_from_config(c);
+  model_ = std::make_unique<LlamaModel>(c.model, model_options_from_config(c, mesh_),
+                                        static_cast<uint64_t>(c.init_weights_seed));
+  optimizer_ = std::make_unique<AdamW>(*model_, c);
+  state_.init_weights_seed = c.init_weights_seed;
+
+  // MFU denominator: the given peak, or this rank's fp32 GEMM rate now
+  // (all ranks measure at once, so shared cores count as shared), averaged.
+  peak_tflops_ = c.peak_tflops_per_device;
+  if (peak_tflops_ <= 0) {
+    double gflops = measure_gemm_gflops(DType::f32, 1024, 0.3);
+    if (mesh_) {
+      mesh_->world().all_reduce_sum(&gflops, 1);
+      gflops /= mesh_->shape().world();
+    }
+    peak_tflops_ = gflops / 1e3;
+  }
+}
+
+Trainer::~Trainer() = default;
+
+bool Trainer::is_logger() const { return !mesh_ || mesh_->world_rank() == 0; }
+
+std::string Trainer::resume() {
+  const std::string path = latest_checkpoint(config_.checkpoint_dir);
+  if (path.empty()) return "";
+  state_ = load_checkpoint(path, *model_, *optimizer_);
+  return path;
+}
+
+std::string Trainer::save() {
+  return save_checkpoint(config_.checkpoint_dir, *model_, *optimizer_, state_, config_, mesh_);
+}
+
+StepMetrics Trainer::train_step() {
+  const RunConfig& c = config_;
+  Timer timer;
+  const int64_t dp = c.dp, dp_rank = mesh_ ? mesh_->dp_rank() : 0;
+  const int cp_rank = mesh_ ? mesh_->cp_rank() : 0;
+  LocalBatch batch = make_local_batch(*data_, state_.data_cursor, c.per_device_batch_size, dp, dp_rank, *layout_,
+                                      cp_rank, mask_);
+  if (batch.global_target_tokens == 0) throw DataError("a global batch has no target tokens (all padding)");
+
+  model_->zero_gradients();
+  LossStats local = model_->forward_backward(batch.view(), 1.0f / static_cast<float>(batch.global_target_tokens));
+  std::span<float> grads = model_->flat_gradients();
+  double loss_sums[2] = {local.loss_sum, local.weight_sum};
+  if (mesh_ && mesh_->replicas().size() > 1) {
+    mesh_->replicas().all_reduce_sum(grads.data(), grads.size());
+    mesh_->replicas().all_reduce_sum(loss_sums, 2);
+  }
+
+  StepMetrics m;
+  m.grad_norm = global_gradient_norm(model_->gradients(), mesh_);
+  if (c.gradient_clipping_threshold > 0 && m.grad_norm > c.gradient_clipping_threshold) {
+    const float scale = static_cast<float>(c.gradient_clipping_threshold / m.grad_norm);
+    for (float& g : grads) g *= scale;
+  }
+  m.learning_rate = learning_rate_at(c, state_.step);
+  optimizer_->update(*model_, m.learning_rate);
+  state_.step += 1;
+  state_.data_cursor += c.per_device_batch_size * dp;
+
+  m.step = state_.step;
+  m.loss = loss_sums[0] / loss_sums[1];
+  m.tokens = c.per_device_batch_size * dp * c.max_target_length;
+  m.flops = step_flops(c.model, m.tokens, batch.global_unmasked_pairs);
+  m.peak_memory_bytes = static_cast<int64_t>(MemoryTracker::global().peak_total());
+  if (mesh_) mesh_->world().all_reduce_max(&m.peak_memory_bytes, 1);
+  m.seconds = timer.seconds();
+  if (mesh_) mesh_->world().all_reduce_max(&m.seconds, 1);  // the slowest rank sets the pace
+  fill_rates(m, mesh_ ? mesh_->shape().world() : 1, peak_tflops_);
+  return m;
+}
+
+void Trainer::run(std::FILE* out) {
+  const RunConfig& c = config_;
+  const bool log = is_logger() && out;
+  if (c.resume) {
+    std::string from = resume();
+    if (log && !from.empty())
+      std::fprintf(out, "resumed from %s (step %lld, data cursor %lld)\n", from.c_str(),
+                   static_cast<long long>(state_.step), static_cast<long long>(state_.data_cursor));
+  }
+  std::ofstream metrics;
+  if (is_logger() && !c.metrics_file.empty()) {
+    fs::path p(c.metrics_file);
+    if (p.has_parent_path()) fs::create_directories(p.parent_path());
+    metrics.open(p, std::ios::app);
+    if (!metrics) throw ConfigError("metrics_file '" + c.metrics_file + "' cannot be opened for writing");
+  }
+  if (log) {
+    std::fprintf(out, "model %lld parameters | mesh dp=%lld cp=%lld (%s, %s) tp=%lld | S=%lld x %lld seq/replica | "
+                 "%lld sequences per epoch | peak %.3f TFLOP/s/dev (%s)\n",
+                 static_cast<long long>(c.model.num_parameters()), static_cast<long long>(c.dp),
+                 static_cast<long long>(c.cp), c.cp_strategy.c_str(), layout_kind_name(layout_->kind()),
+                 static_cast<long long>(c.tp), static_cast<long long>(c.max_target_length),
+                 static_cast<long long>(c.per_device_batch_size), static_cast<long long>(data_->num_sequences()),
+                 peak_tflops_, c.peak_tflops_per_device > 0 ? "given" : "measured fp32 GEMM");
+    std::fflush(out);
+  }
+  int64_t last_saved = -1;
+  while (state_.step < c.steps) {
+    StepMetrics m = train_step();
+    if (log && (m.step % c.log_period == 0 || m.step == c.steps || m.step == 1)) {
+      std::fprintf(out, "%s\n", step_line(m).c_str());
+      std::fflush(out);
+    }
+    if (metrics.is_open()) metrics << step_json(m) << "\n" << std::flush;
+    if (c.enable_checkpointing && c.checkpoint_period > 0 && m.step % c.checkpoint_period == 0) {
+      save();
+      last_saved = m.step;
+    }
+  }
+  if (c.enable_checkpointing && last_saved != state_.step) {
+    std::string path = save();
+    if (log) std::fprintf(out, "checkpoint %s\n", path.c_str());
+  }
+  if (log) {
+    std::fprintf(out, "memory peaks (rank 0):\n%s\n", MemoryTracker::global().report().c_str());
+    std::fflush(out);
+  }
+}
+
+}  // namespace longctx

@@ -1,0 +1,72 @@
+#pragma once
+// The training loop: data -> forward/backward -> gradient all-reduce over the
+// parameter replicas (dp x cp) -> global-norm clipping -> AdamW, with step
+// metrics, periodic checkpoints and resume.
+//
+//   Mesh mesh(MeshShape{dp, cp, ulysses, tp});       // or nullptr: one process, no MPI
+//   Trainer trainer(config, &mesh);                   // config already validated
+//   trainer.run();                                    // or trainer.train_step() in a loop
+//
+// Gradients: each rank's forward_backward is scaled by 1 / (target tokens of
+// the GLOBAL batch), then summed over mesh.replicas(): the mean loss's
+// gradient, whatever the dp and cp sizes. Same config + seed + mesh gives
+// bit-identical losses (no atomics, fixed reduction order).
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "comm/mesh.h"
+#include "core/config.h"
+#include "cp/layout.h"
+#include "model/llama.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/metrics.h"
+#include "train/optimizer.h"
+
+namespace longctx {
+
+// The mesh shape the config asks for (ulysses > 1 only for usp: the other
+// strategies use all of cp as one group).
+MeshShape mesh_shape_from_config(const RunConfig& config);
+ModelOptions model_options_from_config(const RunConfig& config, const Mesh* mesh);
+
+class Trainer {
+ public:
+  // Builds data, model (seeded init) and optimizer; applies num_threads,
+  // device_memory_budget and collective_timeout_seconds. Does not resume:
+  // run() does, or call resume() yourself.
+  Trainer(const RunConfig& config, const Mesh* mesh);
+  ~Trainer();
+
+  // Loads the latest complete checkpoint in checkpoint_dir, if any; returns its path or "".
+  std::string resume();
+  // One optimizer step on the next global batch.
+  StepMetrics train_step();
+  // resume (if config.resume), train to config.steps printing step lines on
+  // rank 0 to `out`, JSON lines to metrics_file, checkpoints every
+  // checkpoint_period steps and at the end, then the memory report.
+  void run(std::FILE* out = stdout);
+  std::string save();  // a checkpoint of the current state
+
+  int64_t step() const { return state_.step; }
+  int64_t data_cursor() const { return state_.data_cursor; }
+  LlamaModel& model() { return *model_; }
+  const RunConfig& config() const { return config_; }
+  double peak_tflops_per_device() const { return peak_tflops_; }
+
+ private:
+  bool is_logger() const;
+  RunConfig config_;
+  const Mesh* mesh_;
+  std::unique_ptr<Dataset> data_;
+  std::unique_ptr<CpLayout> layout_;
+  MaskSpec mask_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  TrainState state_;
+  double peak_tflops_ = 0;
+};
+
+}  // namespace longctx

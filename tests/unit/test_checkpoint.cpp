@@ -1,0 +1,166 @@
+// Checkpoints: CRC-32 and safetensors format, a bit-exact round trip, and
+// refusal (model untouched) of corrupt, incomplete or mismatched ones.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "train/checkpoint.h"
+
+namespace fs = std::filesystem;
+using namespace longctx;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("longctx_ckpt_" + std::to_string(::getpid()) + "_" +
+                                        testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+RunConfig tiny_config(int64_t d_model = 32) {
+  return config_from_values({{"base_emb_dim", d_model}, {"base_num_query_heads", int64_t(2)},
+                             {"base_num_kv_heads", int64_t(1)}, {"head_dim", int64_t(8)},
+                             {"base_mlp_dim", int64_t(48)}, {"base_num_decoder_layers", int64_t(1)},
+                             {"dataset_type", std::string("synthetic")}, {"max_target_length", int64_t(16)}});
+}
+
+std::vector<float> snapshot(std::span<float> s) { return {s.begin(), s.end()}; }
+
+void fill(std::span<float> s, float base) {
+  for (size_t i = 0; i < s.size(); ++i) s[i] = base + 1e-3f * static_cast<float>(i % 97);
+}
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+template <typename F>
+std::string data_error(F f) {
+  try {
+    f();
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Checkpoint, Crc32MatchesTheStandardCheckValue) {
+  EXPECT_EQ(crc32("123456789", 9), 0xCBF43926u);
+  EXPECT_EQ(crc32("", 0), 0u);
+  EXPECT_EQ(crc32("56789", 5, crc32("1234", 4)), 0xCBF43926u);  // incremental
+}
+
+TEST(Checkpoint, SafetensorsLayoutFollowsTheFormat) {
+  TempDir t;
+  HostTensor a{{2, 3}, {1, 2, 3, 4, 5, 6}}, b{{2}, {-1.5f, 7}};
+  const std::string path = (t.path / "x.safetensors").string();
+  write_safetensors(path, {{"a.weight", &a}, {"b", &b}});
+  // Parse the bytes independently: u64 header length, JSON, 8-aligned data.
+  std::string bytes = read(path);
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  EXPECT_EQ((8 + n) % 8, 0u);
+  auto header = nlohmann::json::parse(bytes.substr(8, n));
+  EXPECT_EQ(header["__metadata__"]["format"], "pt");
+  EXPECT_EQ(header["a.weight"]["dtype"], "F32");
+  EXPECT_EQ(header["a.weight"]["shape"], nlohmann::json({2, 3}));
+  auto off = header["b"]["data_offsets"].get<std::vector<size_t>>();
+  float b1;
+  std::memcpy(&b1, bytes.data() + 8 + n + off[0] + 4, 4);
+  EXPECT_EQ(b1, 7.0f);
+  auto back = read_safetensors(path);
+  EXPECT_EQ(back.at("a.weight").data, a.data);
+  EXPECT_EQ(back.at("b").shape, b.shape);
+}
+
+TEST(Checkpoint, RoundTripIsBitExactAndTheConfigIsHuggingFaces) {
+  TempDir t;
+  RunConfig c = tiny_config();
+  LlamaModel saved(c.model, ModelOptions{}, 1);
+  AdamW opt(saved, c);
+  fill(opt.exp_avg(), 0.25f);
+  fill(opt.exp_avg_sq(), 0.5f);
+  opt.set_step(7);
+  TrainState st{7, 42, 0};
+  std::string dir = save_checkpoint(t.path.string(), saved, opt, st, c, nullptr);
+  EXPECT_EQ(latest_checkpoint(t.path.string()), dir);
+
+  LlamaModel loaded(c.model, ModelOptions{}, 2);  // other weights
+  AdamW opt2(loaded, c);
+  TrainState back = load_checkpoint(dir, loaded, opt2);
+  EXPECT_EQ(back.step, 7);
+  EXPECT_EQ(back.data_cursor, 42);
+  EXPECT_EQ(opt2.step(), 7);
+  EXPECT_EQ(snapshot(loaded.flat_parameters()), snapshot(saved.flat_parameters()));
+  EXPECT_EQ(snapshot(opt2.exp_avg()), snapshot(opt.exp_avg()));
+  EXPECT_EQ(snapshot(opt2.exp_avg_sq()), snapshot(opt.exp_avg_sq()));
+
+  auto weights = read_safetensors(dir + "/model.safetensors");
+  EXPECT_TRUE(weights.count("model.embed_tokens.weight"));
+  EXPECT_TRUE(weights.count("model.layers.0.self_attn.q_proj.weight"));
+  EXPECT_EQ(weights.at("model.layers.0.mlp.gate_proj.weight").shape, (std::vector<int64_t>{48, 32}));
+  auto cfg = nlohmann::json::parse(read(dir + "/config.json"));
+  EXPECT_EQ(cfg["model_type"], "llama");
+  EXPECT_EQ(cfg["hidden_size"], 32);
+  EXPECT_EQ(cfg["num_key_value_heads"], 1);
+  EXPECT_EQ(cfg["intermediate_size"], 48);
+}
+
+TEST(Checkpoint, CorruptMissingOrMismatchedIsRefusedAndNothingIsLoaded) {
+  TempDir t;
+  RunConfig c = tiny_config();
+  LlamaModel m(c.model, ModelOptions{}, 1);
+  AdamW opt(m, c);
+  std::string dir = save_checkpoint(t.path.string(), m, opt, TrainState{3, 3, 0}, c, nullptr);
+
+  LlamaModel other(c.model, ModelOptions{}, 9);
+  AdamW opt2(other, c);
+  const std::vector<float> before = snapshot(other.flat_parameters());
+
+  // One flipped byte near the end of the weights.
+  const std::string good = read(dir + "/model.safetensors");
+  std::string bytes = good;
+  bytes[bytes.size() - 5] ^= 0x40;
+  std::ofstream(dir + "/model.safetensors", std::ios::binary | std::ios::trunc) << bytes;
+  EXPECT_NE(data_error([&] { load_checkpoint(dir, other, opt2); }).find("CRC-32"), std::string::npos);
+  EXPECT_EQ(snapshot(other.flat_parameters()), before);
+
+  std::ofstream(dir + "/model.safetensors", std::ios::binary | std::ios::trunc) << good;
+  fs::remove(dir + "/optimizer.safetensors");
+  EXPECT_NE(data_error([&] { load_checkpoint(dir, other, opt2); }).find("missing"), std::string::npos);
+
+  // A checkpoint of another model shape.
+  TempDir t2;
+  RunConfig wide = tiny_config(48);
+  LlamaModel w(wide.model, ModelOptions{}, 1);
+  AdamW wopt(w, wide);
+  std::string wdir = save_checkpoint(t2.path.string(), w, wopt, TrainState{1, 1, 0}, wide, nullptr);
+  std::string e = data_error([&] { load_checkpoint(wdir, other, opt2); });
+  EXPECT_NE(e.find("shape"), std::string::npos) << e;
+  EXPECT_EQ(snapshot(other.flat_parameters()), before);
+  EXPECT_EQ(opt2.step(), 0);
+}
+
+TEST(Checkpoint, LatestSkipsIncompleteDirectories) {
+  TempDir t;
+  RunConfig c = tiny_config();
+  LlamaModel m(c.model, ModelOptions{}, 1);
+  AdamW opt(m, c);
+  save_checkpoint(t.path.string(), m, opt, TrainState{2, 2, 0}, c, nullptr);
+  std::string five = save_checkpoint(t.path.string(), m, opt, TrainState{5, 5, 0}, c, nullptr);
+  fs::create_directories(t.path / "step_00000009");               // no manifest: a crash mid-write
+  fs::create_directories(t.path / ".step_00000011.tmp");          // never renamed
+  EXPECT_EQ(latest_checkpoint(t.path.string()), five);
+  EXPECT_EQ(latest_checkpoint((t.path / "nothing").string()), "");
+}

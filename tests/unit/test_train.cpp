@@ -1,0 +1,148 @@
+// The trainer on one process (no mesh): schedule, AdamW weight decay,
+// determinism, loss falling, and 10 steps == 5 + checkpoint + resume + 5,
+// bit for bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace longctx;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("longctx_train_" + std::to_string(::getpid()) + "_" +
+                                        testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+RunConfig tiny(const fs::path& out, std::map<std::string, ConfigValue> extra = {}) {
+  std::map<std::string, ConfigValue> v = {
+      {"base_emb_dim", int64_t(32)},        {"base_num_query_heads", int64_t(2)},
+      {"base_num_kv_heads", int64_t(1)},    {"head_dim", int64_t(16)},
+      {"base_mlp_dim", int64_t(64)},        {"base_num_decoder_layers", int64_t(2)},
+      {"dataset_type", std::string("synthetic")},
+      {"max_target_length", int64_t(32)},   {"per_device_batch_size", int64_t(2)},
+      {"steps", int64_t(10)},               {"learning_rate", 3e-3},
+      {"peak_tflops_per_device", 1.0},      {"base_output_directory", out.string()},
+      {"num_threads", int64_t(1)}};
+  for (auto& [k, x] : extra) v[k] = x;
+  RunConfig c = config_from_values(v);
+  validate_config(c, 1);
+  return c;
+}
+
+std::vector<float> params(LlamaModel& m) {
+  auto s = m.flat_parameters();
+  return {s.begin(), s.end()};
+}
+
+}  // namespace
+
+TEST(Train, ScheduleWarmsUpThenFollowsTheCosine) {
+  RunConfig c = config_from_values({{"steps", int64_t(100)}, {"learning_rate", 1.0},
+                                    {"warmup_steps_fraction", 0.1}, {"cosine_learning_rate_final_fraction", 0.1}});
+  EXPECT_DOUBLE_EQ(learning_rate_at(c, 0), 0.1);
+  EXPECT_DOUBLE_EQ(learning_rate_at(c, 9), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate_at(c, 10), 1.0);
+  EXPECT_NEAR(learning_rate_at(c, 55), 0.1 + 0.9 * 0.5, 1e-12);  // half way through the decay
+  EXPECT_NEAR(learning_rate_at(c, 100), 0.1, 1e-12);
+  for (int64_t s = 10; s < 100; ++s) EXPECT_LE(learning_rate_at(c, s + 1), learning_rate_at(c, s));
+}
+
+TEST(Train, AdamWDecaysMatricesOnly) {
+  TempDir t;
+  RunConfig c = tiny(t.path, {{"adam_weight_decay", 0.5}});
+  LlamaModel m(c.model, ModelOptions{}, 0);
+  AdamW opt(m, c);
+  std::vector<std::vector<float>> before;
+  for (const auto& p : m.parameters()) before.emplace_back(p.local.f32(), p.local.f32() + p.local.numel());
+  m.zero_gradients();
+  opt.update(m, 0.1);  // zero gradients: only the decay moves weights
+  for (size_t i = 0; i < m.parameters().size(); ++i) {
+    const auto& p = m.parameters()[i];
+    const double factor = p.local.rank == 2 ? 1.0 - 0.1 * 0.5 : 1.0;
+    for (int64_t j = 0; j < p.local.numel(); j += 7)
+      EXPECT_NEAR(p.local.f32()[j], before[i][j] * factor, 1e-7) << p.name;
+  }
+}
+
+TEST(Train, SameConfigSameLossesAndTheLossFalls) {
+  TempDir t;
+  // A corpus with a pattern worth learning.
+  fs::create_directories(t.path / "text");
+  for (int d = 0; d < 4; ++d) {
+    std::ofstream f(t.path / "text" / ("doc" + std::to_string(d) + ".txt"));
+    for (int i = 0; i < 40; ++i) f << "the quick brown fox " << d << " jumps. ";
+  }
+  RunConfig c = tiny(t.path, {{"dataset_type", std::string("text")}, {"dataset_path", (t.path / "text").string()},
+                              {"steps", int64_t(30)}, {"learning_rate", 1e-2}});
+  Trainer a(c, nullptr), b(c, nullptr);
+  std::vector<double> la, lb;
+  for (int i = 0; i < 30; ++i) {
+    la.push_back(a.train_step().loss);
+    lb.push_back(b.train_step().loss);
+  }
+  EXPECT_EQ(la, lb);  // bit-identical
+  EXPECT_NEAR(la[0], std::log(259.0), 0.3);
+  EXPECT_LT(la.back(), 0.6 * la.front()) << "first " << la.front() << " last " << la.back();
+}
+
+TEST(Train, TenStepsEqualFivePlusResumePlusFive) {
+  TempDir t;
+  RunConfig c = tiny(t.path);
+  std::vector<double> straight;
+  std::vector<float> final_straight;
+  {
+    Trainer tr(c, nullptr);
+    for (int i = 0; i < 10; ++i) straight.push_back(tr.train_step().loss);
+    final_straight = params(tr.model());
+  }
+  RunConfig r = tiny(t.path, {{"checkpoint_dir", (t.path / "ckpt").string()}});
+  {
+    Trainer first(r, nullptr);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(first.train_step().loss, straight[i]);
+    first.save();
+  }
+  Trainer second(r, nullptr);
+  EXPECT_NE(second.resume(), "");
+  EXPECT_EQ(second.step(), 5);
+  EXPECT_EQ(second.data_cursor(), 10);
+  for (int i = 5; i < 10; ++i) EXPECT_EQ(second.train_step().loss, straight[i]) << "step " << i;
+  EXPECT_EQ(params(second.model()), final_straight);
+}
+
+TEST(Train, RunWritesStepLinesMetricsAndAFinalCheckpoint) {
+  TempDir t;
+  RunConfig c = tiny(t.path, {{"steps", int64_t(4)}, {"checkpoint_period", int64_t(2)}});
+  fs::path log = t.path / "log.txt";
+  {
+    std::FILE* f = std::fopen(log.c_str(), "w");
+    Trainer(c, nullptr).run(f);
+    std::fclose(f);
+  }
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("step 4 |"), std::string::npos) << text;
+  EXPECT_NE(text.find("MFU"), std::string::npos);
+  EXPECT_NE(text.find("parameters"), std::string::npos);  // the memory report
+  std::ifstream metrics(c.metrics_file);
+  int lines = 0;
+  for (std::string l; std::getline(metrics, l);) lines += l.find("\"tflops_per_device\"") != std::string::npos;
+  EXPECT_EQ(lines, 4);
+  EXPECT_TRUE(fs::exists(fs::path(c.checkpoint_dir) / "step_00000002" / "MANIFEST.json"));
+  EXPECT_TRUE(fs::exists(fs::path(c.checkpoint_dir) / "step_00000004" / "MANIFEST.json"));
+  // A second run resumes at the end and trains nothing more.
+  Trainer again(c, nullptr);
+  again.run(nullptr);
+  EXPECT_EQ(again.step(), 4);
+}
