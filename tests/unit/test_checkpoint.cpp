@@ -27,7 +27,7 @@ struct TempDir {
 
 RunConfig tiny_config(int64_t d_model = 32) {
   return config_from_values({{"base_emb_dim", d_model}, {"base_num_query_heads", int64_t(2)},
-                             {"base_num_kv_heads", int64_t(1)}, {"head_dim", int64_t(8)},
+                             {"base_num_kv_heads", int64_t(1)}, {"head_dim", int64_t(16)},
                              {"base_mlp_dim", int64_t(48)}, {"base_num_decoder_layers", int64_t(1)},
                              {"dataset_type", std::string("synthetic")}, {"max_target_length", int64_t(16)}});
 }
