@@ -247,9 +247,6 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
     m.mesh = options.mesh;
     m.tp = options.mesh->shape().tp;
     m.tp_rank = options.mesh->tp_rank();
-    if (options.mesh->shape().cp > 1)
-      throw ConfigError("model: ici_context_parallelism > 1 needs the cp strategies "
-                        "(make_cp_attention), which have not landed yet");
   }
   if (options.loss_chunk_rows < 0) throw ConfigError("model: loss_chunk_rows must be >= 0");
   const int64_t tp = m.tp;
@@ -279,7 +276,11 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
   m.impl = options.impl;
   m.mask = options.mask;
   m.loss_chunk_rows = options.loss_chunk_rows;
-  m.attention = std::make_unique<SingleRankAttention>(options.impl);
+  // Local tokens in, local tokens out: the strategy hides the cp group.
+  if (options.mesh)
+    m.attention = make_cp_attention(options.cp_strategy, *options.mesh, options.cp_options);
+  else
+    m.attention = std::make_unique<SingleRankAttention>(options.impl);
 
   // Parameter table, Hugging Face order. Fused groups (q,k,v and gate,up)
   // are adjacent so that one GEMM computes each group.

@@ -60,6 +60,7 @@ struct ModelOptions {
   // When a Batch carries segment ids, same_segment is AND-ed in.
   MaskSpec mask = MaskSpec::causal();
   CpStrategy cp_strategy = CpStrategy::all_gather;
+  CpOptions cp_options;
   // nullptr: one rank (no cp, no tp). Must outlive the model.
   const Mesh* mesh = nullptr;
   KernelImpl impl = KernelImpl::fast;  // attention kernel: fast or float64 reference
