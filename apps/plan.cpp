@@ -1,9 +1,368 @@
+// `longctx plan CONFIG.yml [key=value ...] [--hardware NAME] [--devices N]
+//               [--device-memory BYTES] [--json]`
+// `mpiexec -n 2 longctx plan --measure [--output PATH]`
+//
+// The planning itself is src/plan (pure arithmetic). Measuring the cpu-local
+// profile runs real kernels and MPI, so it lives here, in the app layer.
+#include <mpi.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
 #include "apps/commands.h"
+#include "core/config.h"
 #include "core/error.h"
+#include "core/timer.h"
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
+#include "plan/hardware.h"
+#include "plan/planner.h"
 
 namespace longctx {
 
-// PLACEHOLDER until its issue lands.
-int run_plan(const Args&) { throw Error("'plan' is not built yet"); }
+namespace {
+
+using nlohmann::json;
+
+// ---- measuring the cpu-local profile ---------------------------------------------------
+
+// Streaming triad a = b + s c over arrays far larger than the caches: bytes/s.
+double measure_memory_bandwidth() {
+  const int64_t n = int64_t{32} << 20;  // 3 x 128 MiB
+  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    Timer t;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
+    best = std::max(best, 3.0 * 4.0 * double(n) / t.seconds());
+  }
+  return best + 0 * a[n / 2];
+}
+
+// The attention kernel's rate on a causal problem, as a fraction of `gemm_flops`.
+double measure_attention_efficiency(double gemm_flops) {
+  const int64_t S = 2048, H = 4, D = 128;
+  std::vector<float> q(S * H * D, 0.01f), k(q), v(q), o(q), dout(S * H * D, 0.02f), dq(q), dk(q), dv(q);
+  std::vector<float> lse(S * H), delta(S * H);
+  std::vector<int64_t> pos(S);
+  for (int64_t i = 0; i < S; ++i) pos[i] = i;
+  AttentionArgs a;
+  a.q = TensorView(q.data(), DType::f32, {1, S, H, D});
+  a.k = TensorView(k.data(), DType::f32, {1, S, H, D});
+  a.v = TensorView(v.data(), DType::f32, {1, S, H, D});
+  a.q_pos = a.kv_pos = pos.data();
+  a.mask = MaskSpec::causal();
+  TensorView ov(o.data(), DType::f32, {1, S, H, D}), dov(dout.data(), DType::f32, {1, S, H, D});
+  TensorView dqv(dq.data(), DType::f32, {1, S, H, D}), dkv(dk.data(), DType::f32, {1, S, H, D}),
+      dvv(dv.data(), DType::f32, {1, S, H, D});
+  const double pairs = double(S) * (S + 1) / 2 * H;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    Timer t;
+    attention_forward(a, ov, lse.data());
+    attention_delta(ov, dov, delta.data());
+    attention_backward(a, dov, lse.data(), delta.data(), dqv, dkv, dvv);
+    best = std::max(best, pairs * 14.0 * D / t.seconds());
+  }
+  return best / gemm_flops;
+}
+
+struct LinkNumbers {
+  double p2p_bandwidth, latency, all_to_all_bandwidth, collective_bandwidth;
+};
+
+// Ping-pong between ranks 0 and 1, then all-to-all and all-gather over the world.
+LinkNumbers measure_links(MPI_Comm comm) {
+  int rank, P;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &P);
+  LinkNumbers r{};
+  auto pingpong = [&](int64_t bytes, int reps) {
+    std::vector<char> buf(bytes);
+    MPI_Barrier(comm);
+    Timer t;
+    for (int i = 0; i < reps; ++i) {
+      if (rank == 0) {
+        MPI_Send(buf.data(), int(bytes), MPI_BYTE, 1, 0, comm);
+        MPI_Recv(buf.data(), int(bytes), MPI_BYTE, 1, 0, comm, MPI_STATUS_IGNORE);
+      } else if (rank == 1) {
+        MPI_Recv(buf.data(), int(bytes), MPI_BYTE, 0, 0, comm, MPI_STATUS_IGNORE);
+        MPI_Send(buf.data(), int(bytes), MPI_BYTE, 0, 0, comm);
+      }
+    }
+    double one_way = t.seconds() / (2.0 * reps);
+    MPI_Bcast(&one_way, 1, MPI_DOUBLE, 0, comm);
+    return one_way;
+  };
+  pingpong(8, 100);  // warm-up
+  r.latency = pingpong(8, 2000);
+  const int64_t big = int64_t{32} << 20;
+  pingpong(big, 2);
+  r.p2p_bandwidth = double(big) / pingpong(big, 10);
+
+  // Per-device bandwidth as the counters count it: bytes sent to others / time.
+  const int64_t block = (int64_t{64} << 20) / P;
+  std::vector<char> send(block * P), recv(block * P);
+  auto timed = [&](auto&& op) {
+    op();
+    MPI_Barrier(comm);
+    Timer t;
+    for (int i = 0; i < 5; ++i) op();
+    double s = t.seconds() / 5;
+    MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, comm);
+    return s;
+  };
+  double a2a = timed([&] {
+    MPI_Alltoall(send.data(), int(block), MPI_BYTE, recv.data(), int(block), MPI_BYTE, comm);
+  });
+  r.all_to_all_bandwidth = double(block) * (P - 1) / a2a;
+  double ag = timed([&] {
+    MPI_Allgather(send.data(), int(block), MPI_BYTE, recv.data(), int(block), MPI_BYTE, comm);
+  });
+  r.collective_bandwidth = double(block) * (P - 1) / ag;
+  return r;
+}
+
+int64_t physical_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  while (f >> key >> kib)
+    if (key == "MemTotal:") return kib * 1024;
+  return 0;
+}
+
+int run_measure(const std::string& output) {
+  int rank, P;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  if (P < 2)
+    throw ConfigError("plan --measure times communication between ranks: run it under "
+                      "`mpiexec -n 2` (or more), one rank per device you will train with");
+  // Every rank measures at once, so shared cores and memory are shared as in training.
+  MPI_Barrier(MPI_COMM_WORLD);
+  double gemm = measure_gemm_gflops(DType::f32) * 1e9;
+  MPI_Allreduce(MPI_IN_PLACE, &gemm, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  double attn = measure_attention_efficiency(gemm);
+  MPI_Allreduce(MPI_IN_PLACE, &attn, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  double bw = measure_memory_bandwidth();
+  MPI_Allreduce(MPI_IN_PLACE, &bw, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  LinkNumbers links = measure_links(MPI_COMM_WORLD);
+
+  HardwareProfile h;
+  h.name = "cpu-local";
+  const int threads = omp_get_max_threads();
+  h.description = "this machine: " + std::to_string(P) + " MPI ranks x " + std::to_string(threads) +
+                  " OpenMP threads, measured by `longctx plan --measure`";
+  h.topology = "shared memory (MPI ranks on one host)";
+  h.peak_flops_fp32 = gemm;
+  h.peak_flops_bf16 = 0;
+  h.matmul_efficiency = 1.0;
+  h.attention_efficiency = attn;
+  h.memory_bytes = physical_memory_bytes() / P;
+  h.memory_bandwidth = bw;
+  h.devices_per_node = P;
+  h.p2p_bandwidth = links.p2p_bandwidth;
+  h.collective_bandwidth = links.collective_bandwidth;
+  h.all_to_all_bandwidth = links.all_to_all_bandwidth;
+  h.latency = links.latency;
+  const std::string how = " (" + std::to_string(P) + " ranks x " + std::to_string(threads) + " threads)";
+  h.sources = {
+      {"peak_flops_fp32", "measured: oneDNN sgemm 2048^3, all ranks at once, slowest rank" + how},
+      {"peak_flops_bf16", "0: this build has no bf16 GEMM (oneDNN 2.6 sgemm only)"},
+      {"matmul_efficiency", "1: the peak above is a measured GEMM rate"},
+      {"attention_efficiency", "measured: causal attention fwd+bwd S=2048 H=4 D=128, 14 D FLOPs per pair, over the GEMM rate" + how},
+      {"memory_bytes", "/proc/meminfo MemTotal / ranks"},
+      {"memory_bandwidth", "measured: streaming triad over 384 MiB, per rank, all ranks at once" + how},
+      {"p2p_bandwidth", "measured: 32 MiB MPI ping-pong between ranks 0 and 1"},
+      {"latency", "measured: 8-byte MPI ping-pong, one way"},
+      {"all_to_all_bandwidth", "measured: MPI_Alltoall of 64 MiB, bytes sent to others per second per rank"},
+      {"collective_bandwidth", "measured: MPI_Allgather of 64 MiB, bytes sent to others per second per rank"},
+  };
+  if (rank == 0) {
+    std::string path = output.empty() ? default_hardware_dir() + "/cpu-local.yml" : output;
+    save_hardware_profile(h, path);
+    std::printf("cpu-local profile written to %s\n", path.c_str());
+    std::printf("  GEMM fp32 %.1f GFLOP/s per rank, attention at %.0f%% of it, memory %.1f GB/s per rank\n",
+                gemm / 1e9, attn * 100, bw / 1e9);
+    std::printf("  p2p %.2f GB/s, latency %.1f us, all-to-all %.2f GB/s, all-gather %.2f GB/s per rank\n",
+                links.p2p_bandwidth / 1e9, links.latency * 1e6, links.all_to_all_bandwidth / 1e9,
+                links.collective_bandwidth / 1e9);
+  }
+  return 0;
+}
+
+// ---- printing -----------------------------------------------------------------------
+
+std::string human_bytes(double b) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (b >= 1024 && u < 5) b /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, unit[u]);
+  return buf;
+}
+
+std::string seconds(double s) {
+  char buf[32];
+  if (s < 1e-3) std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  else if (s < 1) std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
+  else std::snprintf(buf, sizeof buf, "%.2f s", s);
+  return buf;
+}
+
+json to_json(const StrategyPlan& p) {
+  json j = {{"strategy", p.strategy}, {"dp", p.dp}, {"cp", p.cp}, {"ulysses", p.ulysses},
+            {"ring", p.ring}, {"tp", p.tp}, {"remat_policy", p.remat_policy}, {"valid", p.valid}};
+  if (!p.valid) {
+    j["invalid_reason"] = p.invalid_reason;
+    return j;
+  }
+  json mem = json::array();
+  for (const MemoryLine& m : p.memory)
+    mem.push_back({{"category", m.category}, {"name", m.name}, {"bytes", m.bytes}});
+  json comm = json::array();
+  for (const CommLine& c : p.comm)
+    comm.push_back({{"op", c.op}, {"axis", c.axis}, {"what", c.what}, {"calls", c.calls},
+                    {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received},
+                    {"seconds", c.seconds}, {"hidden_seconds", c.hidden_seconds}});
+  j.update({{"memory", mem}, {"memory_total_bytes", p.memory_total},
+            {"device_memory_bytes", p.device_memory}, {"fits", p.fits}, {"communication", comm},
+            {"comm_bytes_sent", p.comm_bytes_sent}, {"model_flops", p.model_flops},
+            {"hardware_flops", p.hardware_flops}, {"attention_pairs", p.attention_pairs},
+            {"load_imbalance", p.load_imbalance}, {"compute_seconds", p.compute_seconds},
+            {"comm_seconds", p.comm_seconds}, {"hidden_comm_seconds", p.hidden_comm_seconds},
+            {"step_seconds", p.step_seconds}, {"tokens_per_second_per_device", p.tokens_per_second},
+            {"mfu", p.mfu}});
+  if (!p.advice.empty()) j["advice"] = p.advice;
+  return j;
+}
+
+std::string name_of(const StrategyPlan& p) {
+  return p.strategy == "usp" ? "usp " + std::to_string(p.ulysses) + "x" + std::to_string(p.ring)
+                             : p.strategy;
+}
+
+void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
+  const StrategyPlan* any = nullptr;
+  for (const StrategyPlan& p : r.candidates)
+    if (p.valid) any = &p;
+  std::printf("plan: %s, S=%lld x batch %lld, %s mask, %s layout, dtype %s, remat %s\n",
+              c.model_name.empty() ? "model" : c.model_name.c_str(),
+              (long long)c.max_target_length, (long long)c.per_device_batch_size,
+              c.attention_type.c_str(), c.cp_load_balance ? "zigzag" : "contiguous",
+              c.dtype.c_str(), c.remat_policy.c_str());
+  if (any)
+    std::printf("      %lld x %s (%s each): dp %lld x cp %lld x tp %lld\n\n", (long long)r.devices,
+                r.hardware.c_str(), human_bytes(double(any->device_memory)).c_str(),
+                (long long)any->dp, (long long)any->cp, (long long)any->tp);
+  std::printf("%-12s %10s %6s %12s %10s %10s %10s %10s %8s %12s %6s\n", "strategy", "memory", "fits",
+              "comm sent", "compute", "comm", "hidden", "step", "imbal.", "tok/s/dev", "MFU");
+  for (const StrategyPlan& p : r.candidates) {
+    if (!p.valid) {
+      std::printf("%-12s invalid: %s\n", name_of(p).c_str(), p.invalid_reason.c_str());
+      continue;
+    }
+    std::printf("%-12s %10s %6s %12s %10s %10s %10s %10s %8.3f %12.1f %5.1f%%\n", name_of(p).c_str(),
+                human_bytes(double(p.memory_total)).c_str(), p.fits ? "yes" : "NO",
+                human_bytes(double(p.comm_bytes_sent)).c_str(), seconds(p.compute_seconds).c_str(),
+                seconds(p.comm_seconds).c_str(), seconds(p.hidden_comm_seconds).c_str(),
+                seconds(p.step_seconds).c_str(), p.load_imbalance, p.tokens_per_second, p.mfu * 100);
+  }
+  for (const StrategyPlan& p : r.candidates) {
+    if (!p.valid) continue;
+    std::printf("\n-- %s: memory per device %s of %s%s\n", name_of(p).c_str(),
+                human_bytes(double(p.memory_total)).c_str(), human_bytes(double(p.device_memory)).c_str(),
+                p.fits ? "" : (" -- does NOT fit; " + p.advice).c_str());
+    for (const MemoryLine& m : p.memory)
+      std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(),
+                  human_bytes(double(m.bytes)).c_str());
+    std::printf("   communication per device per step:\n");
+    for (const CommLine& l : p.comm)
+      std::printf("   %-14s %-8s %-38s %6lld calls  sent %10s  recv %10s  %9s%s\n", l.op.c_str(),
+                  l.axis.c_str(), l.what.c_str(), (long long)l.calls,
+                  human_bytes(double(l.bytes_sent)).c_str(), human_bytes(double(l.bytes_received)).c_str(),
+                  seconds(l.seconds).c_str(), l.hidden_seconds > 0 ? " (overlapped)" : "");
+    std::printf("   FLOPs per device: %.3g model, %.3g with remat; %lld attention pairs, imbalance %.3f\n",
+                p.model_flops, p.hardware_flops, (long long)p.attention_pairs, p.load_imbalance);
+  }
+  const PlanRecommendation& rec = r.recommendation;
+  std::printf("\nrecommendation: ");
+  if (rec.found)
+    std::printf("context_parallel_strategy=%s ici_context_parallelism=%lld%s remat_policy=%s\n  why: %s\n",
+                rec.strategy.c_str(), (long long)rec.cp,
+                rec.strategy == "usp"
+                    ? (" ici_context_usp_ulysses_parallelism=" + std::to_string(rec.ulysses)).c_str()
+                    : "",
+                rec.remat_policy.c_str(), rec.reason.c_str());
+  else
+    std::printf("none: %s\n", rec.reason.c_str());
+  std::printf("(planned in %.3f s)\n", plan_seconds);
+}
+
+}  // namespace
+
+int run_plan(const Args& args) {
+  std::string config_path, hardware = "cpu-local", output;
+  std::vector<std::string> overrides;
+  PlanOptions options;
+  bool as_json = false, measure = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) throw ConfigError("plan: " + a + " needs a value");
+      return args[++i];
+    };
+    if (a == "--json") as_json = true;
+    else if (a == "--measure") measure = true;
+    else if (a == "--output") output = value();
+    else if (a == "--hardware") hardware = value();
+    else if (a == "--devices") options.devices = std::stoll(value());
+    else if (a == "--device-memory") options.device_memory = parse_bytes(value());
+    else if (a.rfind("--", 0) == 0)
+      throw ConfigError("plan: unknown flag '" + a +
+                        "'; expected --hardware, --devices, --device-memory, --json, --measure, --output");
+    else if (a.find('=') != std::string::npos) overrides.push_back(a);
+    else if (config_path.empty()) config_path = a;
+    else throw ConfigError("plan: unexpected argument '" + a + "'");
+  }
+  if (measure) return run_measure(output);
+  if (config_path.empty())
+    throw ConfigError("usage: longctx plan CONFIG.yml [key=value ...] [--hardware NAME] "
+                      "[--devices N] [--device-memory BYTES] [--json] | plan --measure");
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) return 0;  // pure arithmetic: one rank prints
+  Timer t;
+  RunConfig config = load_config(config_path, overrides);
+  HardwareProfile hw = load_hardware_profile(hardware);
+  PlanReport report = make_plan(config, hw, options);
+  double elapsed = t.seconds();
+  if (as_json) {
+    json j;
+    j["hardware"] = report.hardware;
+    j["devices"] = report.devices;
+    j["max_target_length"] = config.max_target_length;
+    j["per_device_batch_size"] = config.per_device_batch_size;
+    j["candidates"] = json::array();
+    for (const StrategyPlan& p : report.candidates) j["candidates"].push_back(to_json(p));
+    const PlanRecommendation& rec = report.recommendation;
+    j["recommendation"] = {{"found", rec.found}, {"reason", rec.reason}};
+    if (rec.found)
+      j["recommendation"].update({{"strategy", rec.strategy}, {"cp", rec.cp}, {"ulysses", rec.ulysses},
+                                  {"remat_policy", rec.remat_policy}, {"plan", to_json(rec.plan)}});
+    j["plan_seconds"] = elapsed;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    print_text(config, report, elapsed);
+  }
+  return 0;
+}
 
 }  // namespace longctx

@@ -100,6 +100,16 @@ PlanReport make_plan(const RunConfig& config, const HardwareProfile& hw, const P
 StrategyPlan plan_strategy(const RunConfig& config, const HardwareProfile& hw,
                            const PlanOptions& options);
 
+// Communication of ONE context-parallel attention call (forward, or backward
+// when `backward`) on cp rank `cp_rank`, by operation, exactly as the
+// src/comm counters count it (byte formulas in src/cp/cp_attention.h).
+// Assumes positions 0..S-1 laid out by the config's layout (no packing
+// resets); with packed documents ring skips depend on the data.
+std::vector<CommLine> attention_call_comm(const RunConfig& config, bool backward, int64_t cp_rank);
+
+// Peak bytes one attention call allocates (tracked as communication/scratch).
+int64_t attention_workspace_bytes(const RunConfig& config);
+
 // The recommended configuration: the smallest cp that fits (searched only
 // when ici_data_parallelism is -1, i.e. the mesh is not pinned), the fastest
 // strategy there, the configured remat policy unless nothing fits with it.

@@ -1,0 +1,786 @@
+#include "plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "plan/mask_pairs.h"
+
+namespace longctx {
+
+namespace {
+
+const char* const kStrategies[] = {"all_gather", "ulysses", "ring", "usp"};
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / double(1LL << 30));
+  return buf;
+}
+
+// What each decoder layer keeps for backward (mirrors SaveSet in src/model/llama.cpp).
+struct SaveSet {
+  bool qkv = false, context = false, out_proj = false, mlpwi = false;
+};
+
+SaveSet save_set(const RunConfig& c) {
+  const std::string& r = c.remat_policy;
+  if (r == "none") return {true, true, true, true};
+  if (r == "minimal") return {true, false, true, true};
+  if (r == "save_context") return {false, true, false, false};
+  if (r == "full") return {false, false, false, false};
+  if (r == "custom") {
+    const auto& s = c.remat_custom_save;  // SavePoint order
+    if (s.size() < 5) throw ConfigError("remat_policy=custom: the per-tensor choices are missing");
+    return {s[1], s[2], s[3], s[4]};
+  }
+  throw ConfigError("remat_policy must be none|minimal|save_context|full|custom (got '" + r + "')");
+}
+
+// Policies from most to least memory; the planner escalates along it.
+const char* const kRematLadder[] = {"none", "minimal", "save_context", "full"};
+
+MaskSpec mask_of(const RunConfig& c) {
+  MaskSpec m;
+  const std::string& a = c.attention_type;
+  if (a == "full") {
+    m.kind = MaskSpec::Kind::full;
+  } else if (a == "causal") {
+    m.kind = MaskSpec::Kind::causal;
+  } else if (a == "local") {
+    if (c.sliding_window_size <= 0)
+      throw ConfigError("attention_type=local needs sliding_window_size > 0");
+    m.kind = MaskSpec::Kind::local;  // the window counts the query itself
+    m.left = c.sliding_window_size - 1;
+    m.right = 0;
+  } else if (a == "chunked") {
+    if (c.chunk_attn_window_size <= 0)
+      throw ConfigError("attention_type=chunked needs chunk_attn_window_size > 0");
+    m.kind = MaskSpec::Kind::chunked;
+    m.chunk = c.chunk_attn_window_size;
+  } else {
+    throw ConfigError("attention_type must be full|causal|local|chunked (got '" + a + "')");
+  }
+  return m;
+}
+
+DType dtype_of(const RunConfig& c) {
+  const std::string& t = c.dtype;
+  if (t == "float32" || t == "fp32") return DType::f32;
+  if (t == "bfloat16" || t == "bf16") return DType::bf16;
+  throw ConfigError("dtype must be float32 or bfloat16 (got '" + t + "')");
+}
+
+// Everything the formulas need, derived once from the config.
+struct Shape {
+  std::string strategy;
+  int64_t B, S, dp, cp, U, R, tp, devices;
+  int64_t d, V, D, L, Hl, Gl, Fl, qkv_cols;
+  int64_t N;      // tokens per device: B * S / cp
+  int64_t act;    // bytes per activation element
+  MaskSpec mask;
+  SeqLayout layout;
+  SaveSet save;
+  int64_t params_local;  // fp32 parameters on this device
+  bool segments;         // packed documents: segment ids travel with K,V
+};
+
+// Parameters per device, in the model's table order (src/model/llama.cpp):
+// embedding and norms replicated, q/k/v/gate/up split by rows, o/down by columns.
+int64_t local_parameters(const LlamaConfig& m, int64_t tp) {
+  const int64_t d = m.d_model, D = m.head_dim;
+  int64_t layer = 2 * d + (m.num_heads + 2 * m.num_kv_heads) * D * d / tp +
+                  d * m.num_heads * D / tp + 3 * m.mlp_dim * d / tp;
+  int64_t embed = m.vocab_size * d;
+  return embed + m.num_layers * layer + d + (m.tie_embeddings ? 0 : embed);
+}
+
+// The rule a (strategy, U, R) factorization breaks at this mesh, or "".
+std::string invalid_reason(const RunConfig& c, int64_t cp, int64_t U) {
+  const int64_t S = c.max_target_length, tp = c.tp;
+  const int64_t Hl = c.model.num_heads / tp, Gl = c.model.num_kv_heads / tp;
+  if (S % cp != 0) return "cp=" + str(cp) + " does not divide max_target_length=" + str(S);
+  const int64_t R = cp / U;  // zigzag cuts the sequence over the ring axis
+  if (c.cp_load_balance && R > 1 && S % (2 * R) != 0)
+    return "zigzag needs max_target_length=" + str(S) + " divisible by 2 x ring=" + str(2 * R);
+  if (U > 1) {
+    if (Hl % U != 0)
+      return "ulysses degree " + str(U) + " does not divide the " + str(Hl) + " query heads per tp rank";
+    if (Gl % U != 0 && U % Gl != 0)
+      return "ulysses degree " + str(U) + " and the " + str(Gl) +
+             " KV heads per tp rank do not divide one another";
+  }
+  return "";
+}
+
+Shape make_shape(const RunConfig& c, int64_t devices) {
+  Shape s;
+  s.strategy = c.cp_strategy;
+  s.B = c.per_device_batch_size;
+  s.S = c.max_target_length;
+  s.cp = c.cp;
+  s.tp = c.tp;
+  s.U = c.cp_strategy == "ulysses" ? c.cp : c.cp_strategy == "usp" ? c.cp_ulysses : 1;
+  s.R = c.cp / s.U;
+  s.devices = devices;
+  s.dp = devices / (c.cp * c.tp);
+  const LlamaConfig& m = c.model;
+  s.d = m.d_model;
+  s.V = m.vocab_size;
+  s.D = m.head_dim;
+  s.L = m.num_layers;
+  s.Hl = m.num_heads / c.tp;
+  s.Gl = m.num_kv_heads / c.tp;
+  s.Fl = m.mlp_dim / c.tp;
+  s.qkv_cols = (s.Hl + 2 * s.Gl) * s.D;
+  s.N = s.B * s.S / s.cp;
+  s.act = static_cast<int64_t>(dtype_size(dtype_of(c)));
+  s.mask = mask_of(c);
+  s.layout = c.cp_load_balance ? SeqLayout::zigzag : SeqLayout::contiguous;
+  s.save = save_set(c);
+  s.params_local = local_parameters(m, c.tp);
+  s.segments = c.packing;
+  return s;
+}
+
+// ---- one attention call (mirrors src/cp: byte formulas in cp_attention.h) -------------
+
+// Heads per device after the all-to-all: q heads split, KV heads split when
+// the degree divides them, else one replicated KV head.
+struct Heads {
+  int64_t H, G;
+};
+Heads heads_after_all_to_all(const Shape& s) {
+  if (s.U == 1) return {s.Hl, s.Gl};
+  return {s.Hl / s.U, s.Gl % s.U == 0 ? s.Gl / s.U : 1};
+}
+
+// Chunks per ring shard (cp_ring_chunks in src/cp/cp_common.cpp).
+int64_t ring_chunks(int64_t local_tokens, int64_t chunk_tokens) {
+  int64_t n = std::max<int64_t>(2, (local_tokens + chunk_tokens - 1) / chunk_tokens);
+  n += n % 2;
+  return std::min(n, std::max<int64_t>(local_tokens, 1));
+}
+constexpr int64_t kRingChunkTokens = 512;  // CpOptions::ring_chunk_tokens default
+
+// The ring of R ranks, each holding the tokens of one ring position (for usp,
+// its U ulysses ranks' tokens, gathered in order), cut into n chunks. Which
+// (step, chunk) pieces move is decided from each chunk's position range,
+// exactly as RingAttention's may_attend does.
+struct RingModel {
+  int64_t P = 1, L = 0, n = 0;
+  std::vector<int64_t> begin;                          // [n + 1] local token boundaries
+  std::vector<std::vector<PositionRange>> chunk;       // [P][n] positions [min, max] (max inclusive in .end)
+
+  RingModel(const Shape& s) : P(s.R), L(s.S / s.R) {
+    n = ring_chunks(L, kRingChunkTokens);
+    for (int64_t c = 0; c <= n; ++c) begin.push_back(c * L / n);
+    chunk.resize(P);
+    for (int64_t r = 0; r < P; ++r) {
+      std::vector<PositionRange> ranges = layout_ranges(s.layout, s.S, P, r);
+      auto position = [&](int64_t local) {  // local index -> global position
+        for (const PositionRange& g : ranges) {
+          if (local < g.size()) return g.begin + local;
+          local -= g.size();
+        }
+        return int64_t{-1};
+      };
+      for (int64_t c = 0; c < n; ++c)
+        chunk[r].push_back({position(begin[c]), position(begin[c + 1] - 1)});
+    }
+  }
+  int64_t len(int64_t c) const { return begin[c + 1] - begin[c]; }
+  int64_t max_len() const {
+    int64_t m = 0;
+    for (int64_t c = 0; c < n; ++c) m = std::max(m, len(c));
+    return m;
+  }
+  // Whether any query chunk of q_rank may attend chunk c of kv_rank. Chunk
+  // ranges grow with the chunk index, so the first query chunk reaching the
+  // window decides (binary search).
+  bool needs(const MaskSpec& m, int64_t q_rank, int64_t kv_rank, int64_t c) const {
+    const PositionRange& kv = chunk[kv_rank][c];  // [begin, end] inclusive
+    const int64_t inf = std::numeric_limits<int64_t>::max();
+    int64_t lo = std::numeric_limits<int64_t>::min(), hi = inf;  // need q.max >= lo, q.min <= hi
+    switch (m.kind) {
+      case MaskSpec::Kind::full: return true;
+      case MaskSpec::Kind::causal: lo = kv.begin; break;
+      case MaskSpec::Kind::local: lo = kv.begin - m.right; hi = kv.end + m.left; break;
+      case MaskSpec::Kind::chunked: lo = kv.begin; hi = (kv.end / m.chunk + 1) * m.chunk - 1; break;
+    }
+    const auto& q = chunk[q_rank];
+    auto it = std::lower_bound(q.begin(), q.end(), lo,
+                               [](const PositionRange& r, int64_t v) { return r.end < v; });
+    return it != q.end() && it->begin <= hi;
+  }
+};
+
+std::vector<CommLine> attention_call_comm(const Shape& s, bool backward, int64_t cp_rank) {
+  std::vector<CommLine> out;
+  auto add = [&](const char* op, const char* axis, const std::string& what, int64_t calls,
+                 int64_t sent, int64_t received) {
+    if (calls > 0) out.push_back({op, axis, what, calls, sent, received, 0, 0});
+  };
+  if (s.cp == 1) return out;
+  const int64_t B = s.B, D = s.D, L = s.S / s.cp, e = s.act, seg = s.segments ? 4 : 0;
+  if (s.strategy == "all_gather") {
+    const int64_t P = s.cp, G = s.Gl;
+    add("all_gather", "cp", "K,V", 1, (P - 1) * B * L * 2 * G * D * e, (P - 1) * B * L * 2 * G * D * e);
+    add("all_gather", "cp", "positions", 1, (P - 1) * B * L * 8, (P - 1) * B * L * 8);
+    if (seg) add("all_gather", "cp", "segments", 1, (P - 1) * B * L * seg, (P - 1) * B * L * seg);
+    if (backward)
+      add("reduce_scatter", "cp", "dK,dV (fp32)", 1, (P - 1) * B * L * 8 * G * D, (P - 1) * B * L * 8 * G * D);
+    return out;
+  }
+  const Heads h = heads_after_all_to_all(s);
+  if (s.U > 1) {
+    const int64_t P = s.U, Hu = h.H, Gu = h.G;
+    if (!backward) {
+      int64_t qkv = (P - 1) * B * L * e * (Hu + 2 * Gu) * D, o = (P - 1) * B * L * 4 * Hu * (D + 1);
+      add("all_to_all", "ulysses", "Q,K,V", 1, qkv, qkv);
+      add("all_to_all", "ulysses", "O,LSE back", 1, o, o);
+    } else {
+      int64_t in = (P - 1) * B * L * 4 * ((2 * Hu + 2 * Gu) * D + 2 * Hu);
+      int64_t back = (P - 1) * B * L * 4 * (Hu + 2 * Gu) * D;
+      add("all_to_all", "ulysses", "Q,K,V,dO,LSE,delta", 1, in, in);
+      add("all_to_all", "ulysses", "dQ,dK,dV back (fp32)", 1, back, back);
+    }
+    add("all_gather", "ulysses", "positions", 1, (P - 1) * B * L * 8, (P - 1) * B * L * 8);
+    if (seg) add("all_gather", "ulysses", "segments", 1, (P - 1) * B * L * seg, (P - 1) * B * L * seg);
+  }
+  if (s.R > 1) {
+    const RingModel ring(s);
+    const int64_t P = ring.P, r = cp_rank / s.U;  // cp_rank = ring_rank * U + ulysses_rank
+    add("all_gather", "ring", "chunk position ranges", 1, (P - 1) * B * ring.n * 32,
+        (P - 1) * B * ring.n * 32);
+    int64_t sends = 0, recvs = 0, sent_tokens = 0, recv_tokens = 0;
+    for (int64_t step = 1; step < P; ++step)
+      for (int64_t c = 0; c < ring.n; ++c) {
+        if (ring.needs(s.mask, (r + step) % P, r, c)) ++sends, sent_tokens += ring.len(c);
+        if (ring.needs(s.mask, r, (r - step + P) % P, c)) ++recvs, recv_tokens += ring.len(c);
+      }
+    const int64_t kv_row = 2 * h.G * D * e + 8 + seg, grad_row = 2 * h.G * D * 4;
+    add("send", "ring", "K,V chunks", sends, B * sent_tokens * kv_row, 0);
+    add("recv", "ring", "K,V chunks", recvs, 0, B * recv_tokens * kv_row);
+    if (backward) {
+      // Partial dK,dV of every received chunk go back to its owner.
+      add("send", "ring", "dK,dV back to owners (fp32)", recvs, B * recv_tokens * grad_row, 0);
+      add("recv", "ring", "dK,dV back to owners (fp32)", sends, 0, B * sent_tokens * grad_row);
+    }
+  }
+  return out;
+}
+
+// Peak bytes one attention call allocates (forward or backward, whichever is
+// larger), following the buffers of src/cp in the order they live.
+struct Workspace {
+  int64_t bytes = 0;
+  std::string what;
+};
+
+int64_t ring_call_peak(const Shape& s, const Heads& h, int64_t tokens, bool outer_delta) {
+  const RingModel ring(s);
+  const int64_t B = s.B, seg = s.segments ? 4 : 0, e = s.act;
+  const int64_t cap = B * ring.max_len() * (2 * h.G * s.D * e + 8 + seg);
+  const int64_t grad_cap = B * ring.max_len() * 2 * h.G * s.D * 4;
+  const int64_t fwd = 3 * cap + B * tokens * h.H * (s.D + 1) * 4;  // send, 2 recv; O, LSE partials
+  const int64_t bwd = 3 * cap + 3 * grad_cap + (outer_delta ? B * tokens * h.H * 4 : 0);
+  return std::max(fwd, bwd);
+}
+
+Workspace attention_workspace(const Shape& s) {
+  Workspace w;
+  const int64_t B = s.B, D = s.D, L = s.S / s.cp, e = s.act, seg = s.segments ? 4 : 0;
+  const int64_t delta = B * L * s.Hl * 4;  // CpAttentionImpl::backward's delta
+  if (s.cp == 1) {
+    w.bytes = delta;
+    w.what = "delta";
+    return w;
+  }
+  if (s.strategy == "all_gather") {
+    const int64_t kv_full = B * s.S * 2 * s.Gl * D * e, idx = B * s.S * (8 + seg);
+    const int64_t kv_local = B * L * 2 * s.Gl * D * e;
+    const int64_t fwd = kv_local + kv_full + idx;
+    const int64_t bwd = delta + kv_full + idx + B * s.S * 2 * s.Gl * D * 4 + B * L * 2 * s.Gl * D * 4;
+    w.bytes = std::max(fwd, bwd);
+    w.what = "gathered K,V [B, S, G, D] and their fp32 gradients";
+    return w;
+  }
+  const Heads h = heads_after_all_to_all(s);
+  if (s.U == 1) {  // ring
+    w.bytes = ring_call_peak(s, h, L, true);
+    w.what = "ring K,V chunks (1 send, 2 receive) and returning dK,dV";
+    return w;
+  }
+  const int64_t Sg = B * s.S / s.R;  // tokens x batch after the all-to-all
+  const int64_t Hu = h.H, Gu = h.G;
+  const int64_t inner = s.R > 1 ? ring_call_peak(s, h, s.S / s.R, false) : 0;
+  const int64_t pos = Sg * (8 + seg);
+  const int64_t rec = (Hu + 2 * Gu) * D * e, orec = Hu * (D + 1) * 4;
+  const int64_t rec_b = ((2 * Hu + 2 * Gu) * D + 2 * Hu) * 4, grec = (Hu + 2 * Gu) * D * 4;
+  const int64_t fwd = std::max({2 * Sg * rec, Sg * rec + pos + Sg * orec + Sg * Hu * 4 + inner,
+                                2 * Sg * orec + pos + Sg * Hu * 4});
+  const int64_t bwd = delta + std::max({2 * Sg * rec_b,
+                                        Sg * rec_b + pos + 2 * Sg * Hu * 4 + Sg * grec + inner,
+                                        2 * Sg * grec + pos + 2 * Sg * Hu * 4});
+  w.bytes = std::max(fwd, bwd);
+  w.what = s.R > 1 ? "all-to-all buffers [B, S/R, H/U, D] plus the inner ring's chunks"
+                   : "all-to-all buffers [B, S, H/U, D] (Q,K,V,dO in; O or dQ,dK,dV out)";
+  return w;
+}
+
+// ---- memory (mirrors LlamaModel's workspace and the trainer's buffers) ---------------
+
+void add_memory(StrategyPlan& p, const char* category, const std::string& name, int64_t bytes) {
+  if (bytes > 0) p.memory.push_back({category, name, bytes});
+}
+
+void plan_memory(const Shape& s, StrategyPlan& p) {
+  const int64_t P = s.params_local, N = s.N, e = s.act, L = s.L;
+  add_memory(p, "parameters", "model parameters (fp32)", P * 4);
+  add_memory(p, "gradients", "model gradients (fp32)", P * 4);
+  add_memory(p, "optimizer", "AdamW first and second moments (fp32)", 2 * P * 4);
+
+  // Saved per layer when the policy keeps it, else one buffer every layer reuses.
+  auto per_layer = [&](const std::string& name, bool saved, int64_t elems) {
+    int64_t copies = saved ? L : 1;
+    add_memory(p, "activations", name + " x" + str(copies), copies * elems * e);
+  };
+  add_memory(p, "activations", "x (layer input) x" + str(L + 1), (L + 1) * N * s.d * e);
+  per_layer("qkv_proj", s.save.qkv, N * s.qkv_cols);
+  per_layer("context", s.save.context, N * s.Hl * s.D);
+  per_layer("context lse", s.save.context, N * s.Hl);
+  per_layer("out_proj residual", s.save.out_proj, N * s.d);
+  per_layer("mlpwi", s.save.mlpwi, N * 2 * s.Fl);
+  add_memory(p, "activations", "normed", N * s.d * e);
+  add_memory(p, "activations", "mlp activation", N * s.Fl * e);
+  add_memory(p, "activations", "rope cos, sin", 2 * N * (s.D / 2) * e);
+  add_memory(p, "activations", "backward: d residual, d normed", 2 * N * s.d * e);
+  add_memory(p, "activations", "backward: d context", N * s.Hl * s.D * e);
+  add_memory(p, "activations", "backward: d qkv", N * s.qkv_cols * e);
+  // The loss works on row chunks whose logits stay under 64 MiB.
+  int64_t rows = std::min(N, std::max<int64_t>(1, (int64_t{64} << 20) / (4 * s.V)));
+  add_memory(p, "activations", "loss chunk hidden, d hidden, logits", rows * (2 * s.d + s.V) * e);
+
+  const Workspace ws = attention_workspace(s);
+  add_memory(p, "communication", "attention workspace (peak of one call): " + ws.what, ws.bytes);
+
+  for (const MemoryLine& m : p.memory) p.memory_total += m.bytes;
+}
+
+// ---- FLOPs and pair counts ------------------------------------------------------------
+
+struct AttentionWork {
+  // pairs[t][i]: unmasked pairs x heads x batch of ring rank i at ring step t
+  // (step 0 is the local shard). Without a ring, one step.
+  std::vector<std::vector<int64_t>> pairs;
+  int64_t max_pairs = 0;  // per device, summed over steps, on the busiest rank
+  double mean_pairs = 0;
+  std::vector<bool> step_skipped;  // every rank fully masked at this step
+};
+
+AttentionWork attention_work(const Shape& s) {
+  AttentionWork w;
+  const int64_t heads = s.B * s.Hl / s.U;  // batch rows x heads per device
+  std::vector<PositionRange> all{{0, s.S}};
+  if (s.strategy == "all_gather" || s.cp == 1) {
+    std::vector<int64_t> per(s.cp);
+    for (int64_t i = 0; i < s.cp; ++i)
+      per[i] = count_unmasked_pairs(layout_ranges(s.layout, s.S, s.cp, i), all, s.mask) * s.B * s.Hl;
+    w.pairs.push_back(per);
+  } else if (s.strategy == "ulysses") {
+    w.pairs.push_back(std::vector<int64_t>(s.cp, count_unmasked_pairs(all, all, s.mask) * heads));
+  } else {  // ring, usp: ring rank i holds the tokens of its U ulysses ranks
+    std::vector<std::vector<PositionRange>> ranges(s.R);
+    for (int64_t i = 0; i < s.R; ++i) ranges[i] = layout_ranges(s.layout, s.S, s.R, i);
+    for (int64_t t = 0; t < s.R; ++t) {
+      std::vector<int64_t> per(s.R);
+      bool any = false;
+      for (int64_t i = 0; i < s.R; ++i) {
+        per[i] = count_unmasked_pairs(ranges[i], ranges[(i - t + s.R) % s.R], s.mask) * heads;
+        any = any || per[i] > 0;
+      }
+      w.pairs.push_back(per);
+      w.step_skipped.push_back(t > 0 && !any);
+    }
+  }
+  const int64_t ranks = static_cast<int64_t>(w.pairs[0].size());
+  std::vector<int64_t> total(ranks, 0);
+  for (const auto& step : w.pairs)
+    for (int64_t i = 0; i < ranks; ++i) total[i] += step[i];
+  w.max_pairs = *std::max_element(total.begin(), total.end());
+  double sum = 0;
+  for (int64_t v : total) sum += double(v);
+  w.mean_pairs = sum / double(ranks);
+  return w;
+}
+
+// Forward matmul FLOPs per token on this device: q/k/v, o, gate/up, down, LM head.
+double matmul_flops_per_token(const Shape& s) {
+  double layer = 2.0 * s.d * s.qkv_cols + 2.0 * s.Hl * s.D * s.d + 2.0 * s.d * 2 * s.Fl +
+                 2.0 * s.Fl * s.d;
+  return s.L * layer + 2.0 * s.d * s.V;
+}
+
+// Forward FLOPs per token that the remat policy recomputes in backward.
+double remat_flops_per_token(const Shape& s) {
+  double f = 0;
+  if (!s.save.qkv) f += 2.0 * s.d * s.qkv_cols;
+  if (!s.save.out_proj) f += 2.0 * s.Hl * s.D * s.d;
+  if (!s.save.mlpwi) f += 2.0 * s.d * 2 * s.Fl;
+  return s.L * f;
+}
+
+// ---- communication (mirrors src/cp and src/comm byte counters) --------------------------
+
+struct Link {
+  double bandwidth, latency;
+};
+
+// A group of `size` devices whose members are `stride` apart in rank order.
+Link link_for(const HardwareProfile& hw, const std::string& op, int64_t size, int64_t stride) {
+  bool inter = size * stride > hw.devices_per_node && hw.inter_node_bandwidth > 0;
+  if (inter) return {hw.inter_node_bandwidth, hw.inter_node_latency};
+  double bw = op == "all_to_all" ? hw.all_to_all_bandwidth
+              : (op == "send" || op == "recv") ? hw.p2p_bandwidth
+                                               : hw.collective_bandwidth;
+  return {bw, hw.latency};
+}
+
+// One collective over a group of P ranks, `block` bytes per rank, per the
+// counters' conventions; appended `calls` times.
+void add_collective(StrategyPlan& p, const HardwareProfile& hw, const std::string& op,
+                    const std::string& axis, int64_t P, int64_t stride, const std::string& what,
+                    int64_t block, int64_t calls) {
+  if (P <= 1 || calls == 0 || block == 0) return;
+  int64_t bytes = op == "all_reduce" ? 2 * block * (P - 1) / P : block * (P - 1);
+  Link link = link_for(hw, op, P, stride);
+  CommLine c{op, axis, what, calls, bytes * calls, bytes * calls, 0, 0};
+  c.seconds = calls * (link.latency * double(P - 1) + double(bytes) / link.bandwidth);
+  p.comm.push_back(c);
+}
+
+// Adds `calls` repetitions of one attention call's lines, with transfer times.
+void add_attention_calls(const Shape& s, const HardwareProfile& hw, const std::vector<CommLine>& call,
+                         int64_t calls, const std::string& pass, StrategyPlan& p) {
+  for (const CommLine& c : call) {
+    // Group sizes and rank strides per axis (src/comm/mesh.h rank order).
+    int64_t P = c.axis == "ulysses" ? s.U : c.axis == "ring" ? s.R : s.cp;
+    int64_t stride = c.axis == "ring" ? s.tp * s.U : s.tp;
+    Link link = link_for(hw, c.op, P, stride);
+    CommLine line = c;
+    line.what = pass + ": " + c.what;
+    line.calls = c.calls * calls;
+    line.bytes_sent = c.bytes_sent * calls;
+    line.bytes_received = c.bytes_received * calls;
+    int64_t bytes = std::max(c.bytes_sent, c.bytes_received);
+    int64_t messages = c.op == "send" || c.op == "recv" ? c.calls : c.calls * (P - 1);
+    // A send and its matching recv are one transfer: time it on the send line.
+    line.seconds = c.op == "recv" ? 0.0
+                                  : calls * (link.latency * double(messages) + double(bytes) / link.bandwidth);
+    p.comm.push_back(line);
+  }
+}
+
+// ---- time -----------------------------------------------------------------------------
+
+void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w, DType dtype,
+               int64_t fwd_calls, StrategyPlan& p) {
+  const double peak = hw.peak_flops(dtype);
+  const double mm_rate = peak * hw.matmul_efficiency;
+  const double at_rate = peak * hw.attention_efficiency;
+  const double tokens = double(s.N);
+  const double mm_model = 3.0 * tokens * matmul_flops_per_token(s);
+  const double mm_remat = tokens * remat_flops_per_token(s);
+  // Per pair: forward 4 D (QK^T, PV), backward 10 D (recompute S, dV, dP, dQ, dK).
+  const double fwd_pair = 4.0 * s.D, bwd_pair = 10.0 * s.D;
+  const double pairs = double(w.max_pairs) * s.L;  // over all layers
+  p.attention_pairs = w.max_pairs * s.L;
+  p.load_imbalance = w.mean_pairs > 0 ? double(w.max_pairs) / w.mean_pairs : 1.0;
+  p.model_flops = mm_model + 3.0 * fwd_pair * pairs;  // attention as 3x forward (MaxText)
+  p.hardware_flops = mm_model + mm_remat + (fwd_pair * fwd_calls / s.L + bwd_pair) * pairs;
+
+  // Elementwise work (norms, RoPE, SwiGLU, residuals, AdamW) is bandwidth bound:
+  // roughly 3 reads + writes of each [N, d]-sized activation per layer and pass.
+  const double elementwise_bytes =
+      3.0 * tokens * s.L * (6.0 * s.d + 3.0 * s.Fl + s.qkv_cols) * s.act +
+      7.0 * 4.0 * double(s.params_local);
+  const double matmul_s = (mm_model + mm_remat) / mm_rate;
+  const double memory_s = elementwise_bytes / hw.memory_bandwidth;
+
+  double attention_s = 0;
+  for (const CommLine& c : p.comm) p.comm_seconds += c.seconds;
+  // Ring steps overlap the next shard's transfer with this step's compute;
+  // a step takes the longer of the two on the slowest rank.
+  double hidden = 0;
+  double ring_comm_total = 0;
+  for (const CommLine& c : p.comm)
+    if (c.axis == "ring") ring_comm_total += c.seconds;
+  const double per_pair = (fwd_pair * fwd_calls + bwd_pair * s.L) / at_rate;
+  if (s.R > 1 && s.strategy != "all_gather" && ring_comm_total > 0) {
+    // Each piece travels while the previous one computes (the first during
+    // the local shard), so transfers hide behind all but the last step.
+    double last = 0;
+    for (size_t t = 0; t < w.pairs.size(); ++t) {
+      double busiest = double(*std::max_element(w.pairs[t].begin(), w.pairs[t].end()));
+      attention_s += busiest * per_pair;
+      if (busiest > 0) last = busiest * per_pair;
+    }
+    hidden = std::min(ring_comm_total, attention_s - last);
+  } else {
+    attention_s = double(w.max_pairs) * per_pair;
+  }
+  p.compute_seconds = matmul_s + memory_s + attention_s;
+  p.hidden_comm_seconds = hidden;
+  for (CommLine& c : p.comm)
+    if (c.axis == "ring" && ring_comm_total > 0) c.hidden_seconds = c.seconds * hidden / ring_comm_total;
+  p.step_seconds = p.compute_seconds + p.comm_seconds - hidden;
+  p.tokens_per_second = tokens / p.step_seconds;
+  p.mfu = p.model_flops / p.step_seconds / peak;
+}
+
+int64_t device_memory(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
+  if (o.device_memory > 0) return o.device_memory;
+  if (c.device_memory_budget > 0) return c.device_memory_budget;
+  return hw.memory_bytes;
+}
+
+int64_t devices_of(const RunConfig& c, const PlanOptions& o) {
+  if (o.devices > 0) return o.devices;
+  if (c.dp == -1) return c.cp * c.tp;
+  return c.dp * c.cp * c.tp;
+}
+
+// The strategy/factorization candidates at cp: (strategy, ulysses degree).
+std::vector<std::pair<std::string, int64_t>> candidates_at(int64_t cp) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  out.push_back({"all_gather", 1});
+  out.push_back({"ulysses", cp});
+  out.push_back({"ring", 1});
+  for (int64_t u = 2; u < cp; ++u)
+    if (cp % u == 0) out.push_back({"usp", u});
+  return out;
+}
+
+RunConfig with_candidate(const RunConfig& c, int64_t cp, const std::string& strategy, int64_t U,
+                         const std::string& remat) {
+  RunConfig k = c;
+  k.cp = cp;
+  k.cp_strategy = strategy;
+  k.cp_ulysses = strategy == "usp" ? U : 1;
+  k.remat_policy = remat;
+  return k;
+}
+
+std::string fmt_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g s", s);
+  return buf;
+}
+
+}  // namespace
+
+StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
+  StrategyPlan p;
+  p.strategy = c.cp_strategy;
+  p.cp = c.cp;
+  p.tp = c.tp;
+  p.ulysses = c.cp_strategy == "ulysses" ? c.cp : c.cp_strategy == "usp" ? c.cp_ulysses : 1;
+  p.ring = c.cp / p.ulysses;
+  p.remat_policy = c.remat_policy;
+  const int64_t devices = devices_of(c, o);
+  if (devices % (c.cp * c.tp) != 0)
+    throw ConfigError(str(devices) + " devices are not divisible by ici_context_parallelism x "
+                      "ici_tensor_parallelism = " + str(c.cp * c.tp));
+  p.dp = devices / (c.cp * c.tp);
+  if (c.model.num_heads % c.tp != 0 || c.model.num_kv_heads % c.tp != 0 || c.model.mlp_dim % c.tp != 0)
+    throw ConfigError("ici_tensor_parallelism=" + str(c.tp) +
+                      " must divide the query heads, KV heads and base_mlp_dim");
+  p.invalid_reason = invalid_reason(c, c.cp, p.ulysses);
+  p.device_memory = device_memory(c, hw, o);
+  if (!p.invalid_reason.empty()) {
+    p.valid = false;
+    return p;
+  }
+  const Shape s = make_shape(c, devices);
+  plan_memory(s, p);
+  p.fits = p.memory_total <= p.device_memory;
+
+  AttentionWork w = attention_work(s);
+  // Attention forward runs once per layer, again in backward when the policy
+  // does not save the context; backward once per layer.
+  const int64_t fwd_calls = s.L * (s.save.context ? 1 : 2);
+  // The busiest cp rank (most bytes sent) stands for the device: ring ranks
+  // skip different pieces under causal and windowed masks.
+  std::vector<CommLine> fwd_call, bwd_call;
+  int64_t busiest = -1;
+  for (int64_t r = 0; r < s.cp; ++r) {
+    std::vector<CommLine> f = attention_call_comm(s, false, r), b = attention_call_comm(s, true, r);
+    int64_t bytes = 0;
+    for (const CommLine& l : f) bytes += l.bytes_sent * fwd_calls;
+    for (const CommLine& l : b) bytes += l.bytes_sent * s.L;
+    if (bytes > busiest) busiest = bytes, fwd_call = f, bwd_call = b;
+    if (s.strategy == "all_gather" || s.strategy == "ulysses") break;  // every rank the same
+  }
+  add_attention_calls(s, hw, fwd_call, fwd_calls, "attention forward", p);
+  add_attention_calls(s, hw, bwd_call, s.L, "attention backward", p);
+  // Row-parallel outputs (o, down) are all-reduced over tp in forward, the
+  // column-parallel input gradients (q/k/v, gate/up) in backward; out_proj
+  // again when the policy recomputes it.
+  const int64_t tp_calls = s.L * (4 + (s.save.out_proj ? 0 : 1));
+  add_collective(p, hw, "all_reduce", "tp", s.tp, 1, "layer outputs and input gradients",
+                 s.N * s.d * 4, tp_calls);
+  // Gradients are averaged over every rank holding the same parameters (dp x cp).
+  add_collective(p, hw, "all_reduce", "dp", s.dp * s.cp, s.tp, "gradients (fp32)",
+                 s.params_local * 4, 1);
+  for (const CommLine& line : p.comm) p.comm_bytes_sent += line.bytes_sent;
+  plan_time(s, hw, w, dtype_of(c), fwd_calls, p);
+  return p;
+}
+
+namespace {
+
+// Fastest fitting plan among the strategies at cp with `remat`, or nullptr.
+const StrategyPlan* fastest_fitting(const std::vector<StrategyPlan>& plans) {
+  const StrategyPlan* best = nullptr;
+  for (const StrategyPlan& p : plans)
+    if (p.valid && p.fits && (!best || p.step_seconds < best->step_seconds)) best = &p;
+  return best;
+}
+
+std::vector<StrategyPlan> plans_at(const RunConfig& c, const HardwareProfile& hw,
+                                   const PlanOptions& o, int64_t cp, const std::string& remat) {
+  std::vector<StrategyPlan> out;
+  for (const auto& [strategy, U] : candidates_at(cp))
+    out.push_back(plan_strategy(with_candidate(c, cp, strategy, U, remat), hw, o));
+  return out;
+}
+
+// One line, in the users' terms, on why `best` won among `plans`.
+std::string reason_for(const RunConfig& c, const StrategyPlan& best,
+                       const std::vector<StrategyPlan>& plans) {
+  const int64_t G = c.model.num_kv_heads / c.tp, H = c.model.num_heads / c.tp;
+  auto find = [&](const std::string& s) -> const StrategyPlan* {
+    for (const StrategyPlan& p : plans)
+      if (p.strategy == s) return &p;
+    return nullptr;
+  };
+  const StrategyPlan* ag = find("all_gather");
+  const StrategyPlan* ul = find("ulysses");
+  std::string why;
+  if (best.strategy == "all_gather") {
+    why = "all_gather: the gathered K,V fit in memory (" + gib(double(best.memory_total)) + " of " +
+          gib(double(best.device_memory)) + ") and it is the fastest here";
+  } else if (best.strategy == "ulysses") {
+    why = "ulysses: " + str(G) + " KV heads allow an all-to-all over all cp=" + str(best.cp) +
+          " ranks, moving less than ring" + (ag && !ag->fits ? " (gathered K,V do not fit)" : "");
+  } else if (best.strategy == "usp") {
+    why = "usp " + str(best.ulysses) + "x" + str(best.ring) + ": ulysses limited by KV heads (" +
+          str(G) + " per tp rank), so an all-to-all over " + str(best.ulysses) +
+          " (>= 2 KV heads each way) and a ring over " + str(best.ring);
+  } else {
+    bool heads_block = ul && !ul->valid;
+    why = heads_block ? "ring: heads (" + str(H) + " query, " + str(G) + " KV per tp rank) do not divide cp=" +
+                            str(best.cp) + ", and the ring hides its transfers behind compute"
+                      : "ring: fastest here, its K,V transfers hide behind compute";
+    if (ag && !ag->fits && ag->valid) why += "; gathered K,V would not fit";
+  }
+  why += " (" + fmt_seconds(best.step_seconds) + "/step, MFU " +
+         std::to_string(static_cast<int>(std::lround(best.mfu * 100))) + "%)";
+  return why;
+}
+
+// Candidate cp sizes: the configured one when the mesh is pinned, else every
+// divisor of devices / tp (dp fills the rest).
+std::vector<int64_t> cp_sizes(const RunConfig& c, int64_t devices) {
+  if (c.dp != -1) return {c.cp};
+  std::vector<int64_t> out;
+  for (int64_t cp = 1; cp <= devices / c.tp; ++cp)
+    if ((devices / c.tp) % cp == 0 && devices % c.tp == 0) out.push_back(cp);
+  return out;
+}
+
+}  // namespace
+
+std::vector<CommLine> attention_call_comm(const RunConfig& c, bool backward, int64_t cp_rank) {
+  return attention_call_comm(make_shape(c, c.cp * c.tp), backward, cp_rank);
+}
+
+int64_t attention_workspace_bytes(const RunConfig& c) {
+  return attention_workspace(make_shape(c, c.cp * c.tp)).bytes;
+}
+
+PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
+  const int64_t devices = devices_of(c, o);
+  PlanOptions opts = o;
+  opts.devices = devices;
+  // Remat policies to try: the configured one, then (only if nothing fits)
+  // the ones that save less.
+  std::vector<std::string> remats{c.remat_policy};
+  bool past = false;
+  for (const char* r : kRematLadder) {
+    if (past) remats.push_back(r);
+    past = past || c.remat_policy == r;
+  }
+  for (const std::string& remat : remats)
+    for (int64_t cp : cp_sizes(c, devices)) {
+      std::vector<StrategyPlan> plans = plans_at(c, hw, opts, cp, remat);
+      const StrategyPlan* best = fastest_fitting(plans);
+      if (!best) continue;
+      PlanRecommendation r;
+      r.found = true;
+      r.strategy = best->strategy;
+      r.cp = best->cp;
+      r.ulysses = best->ulysses;
+      r.remat_policy = remat;
+      r.plan = *best;
+      r.reason = reason_for(c, *best, plans);
+      if (cp != cp_sizes(c, devices).front())
+        r.reason = "cp=" + str(cp) + " is the smallest that fits; " + r.reason;
+      if (remat != c.remat_policy)
+        r.reason += "; remat_policy=" + remat + " because nothing fits with " + c.remat_policy;
+      return r;
+    }
+  PlanRecommendation none;
+  none.reason = "nothing fits on " + str(devices) + " devices with tp=" + str(c.tp) +
+                " at any cp and remat policy: raise ici_tensor_parallelism, add devices or shorten "
+                "max_target_length";
+  return none;
+}
+
+PlanReport make_plan(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
+  PlanReport report;
+  report.hardware = hw.name;
+  report.devices = devices_of(c, o);
+  PlanOptions opts = o;
+  opts.devices = report.devices;
+  report.candidates = plans_at(c, hw, opts, c.cp, c.remat_policy);
+  // Advice for what does not fit: the lightest remat, then the smallest larger cp.
+  for (StrategyPlan& p : report.candidates) {
+    if (!p.valid || p.fits) continue;
+    for (const char* remat : kRematLadder) {
+      StrategyPlan q = plan_strategy(with_candidate(c, p.cp, p.strategy, p.ulysses, remat), hw, opts);
+      if (q.valid && q.fits) {
+        p.advice = "fits with remat_policy=" + std::string(remat);
+        break;
+      }
+    }
+    if (!p.advice.empty()) continue;
+    for (int64_t cp = p.cp * 2; cp * c.tp <= report.devices; cp *= 2) {
+      int64_t U = p.strategy == "usp" ? p.ulysses : 1;
+      StrategyPlan q = plan_strategy(with_candidate(c, cp, p.strategy, U, c.remat_policy), hw, opts);
+      if (q.valid && q.fits) {
+        p.advice = "fits with ici_context_parallelism=" + str(cp);
+        break;
+      }
+    }
+    if (p.advice.empty()) p.advice = "does not fit with any remat policy or larger cp";
+  }
+  report.recommendation = recommend(c, hw, opts);
+  return report;
+}
+
+}  // namespace longctx
