@@ -1,9 +1,67 @@
+// `mpiexec -n N longctx train CONFIG.yml [key=value ...]`
+// Loads and checks the config on every rank (before any work), builds the
+// mesh, and runs the Trainer (src/train/trainer.h).
+#include <mpi.h>
+
+#include <cstdio>
+
 #include "apps/commands.h"
+#include "core/config.h"
 #include "core/error.h"
+#include "plan/hardware.h"
+#include "plan/planner.h"
+#include "train/trainer.h"
 
 namespace longctx {
 
-// PLACEHOLDER until its issue lands.
-int run_train(const Args&) { throw Error("'train' is not built yet"); }
+namespace {
+
+const char* kTrainUsage =
+    "usage: mpiexec -n N longctx train CONFIG.yml [key=value ...]\n"
+    "  CONFIG.yml   a recipe (e.g. configs/demo.yml); configs/base.yml lists every key\n"
+    "  key=value    overrides, e.g. steps=100 ici_context_parallelism=4\n";
+
+// context_parallel_strategy=auto: the planner (src/plan) picks the strategy,
+// the ulysses factor and (when nothing else fits) the remat policy for this
+// machine's measured profile (`longctx plan --measure` writes it).
+void resolve_auto_strategy(RunConfig& config, int rank) {
+  HardwareProfile hw;
+  try {
+    hw = load_hardware_profile("cpu-local");
+  } catch (const Error& e) {
+    throw ConfigError(std::string("context_parallel_strategy=auto needs the cpu-local hardware profile; run "
+                                  "`mpiexec -n 2 build/longctx plan --measure` first (") + e.what() + ")");
+  }
+  PlanRecommendation r = recommend(config, hw);
+  if (!r.found) throw ConfigError("context_parallel_strategy=auto: the planner found no configuration that fits: " + r.reason);
+  std::map<std::string, ConfigValue> values = config.values;
+  values["context_parallel_strategy"] = r.strategy;
+  values["ici_context_parallelism"] = r.cp;
+  values["ici_context_usp_ulysses_parallelism"] = r.strategy == "usp" ? r.ulysses : int64_t(1);
+  if (!r.remat_policy.empty()) values["remat_policy"] = r.remat_policy;
+  RunConfig resolved = config_from_values(values);
+  resolved.sources = config.sources;
+  config = resolved;
+  if (rank == 0) std::printf("auto: %s (cp=%lld) -- %s\n", r.strategy.c_str(), static_cast<long long>(r.cp), r.reason.c_str());
+}
+
+}  // namespace
+
+int run_train(const Args& args) {
+  if (args.empty() || args[0] == "-h" || args[0] == "--help") {
+    std::fputs(kTrainUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  RunConfig config = load_config(args[0], Args(args.begin() + 1, args.end()));
+  if (config.cp_strategy == "auto") resolve_auto_strategy(config, rank);
+  validate_config(config, world);
+  Mesh mesh(mesh_shape_from_config(config));
+  Trainer trainer(config, &mesh);
+  trainer.run(stdout);
+  return 0;
+}
 
 }  // namespace longctx

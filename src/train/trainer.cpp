@@ -61,6 +61,7 @@ Trainer::Trainer(const RunConfig& config, const Mesh* mesh) : config_(config), m
   // (all ranks measure at once, so shared cores count as shared), averaged.
   peak_tflops_ = c.peak_tflops_per_device;
   if (peak_tflops_ <= 0) {
+    if (mesh_) mesh_->world().barrier();  // measure together, not beside a peer's set-up
     double gflops = measure_gemm_gflops(DType::f32, 1024, 0.3);
     if (mesh_) {
       mesh_->world().all_reduce_sum(&gflops, 1);
