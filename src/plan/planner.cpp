@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 
 #include "plan/mask_pairs.h"
 
@@ -175,7 +176,10 @@ struct RingModel {
   std::vector<int64_t> begin;                          // [n + 1] local token boundaries
   std::vector<std::vector<PositionRange>> chunk;       // [P][n] positions [min, max] (max inclusive in .end)
 
-  RingModel(const Shape& s) : P(s.R), L(s.S / s.R) {
+  // [q_rank * P + kv_rank]: chunks of kv_rank that q_rank needs, and their tokens.
+  std::vector<int64_t> chunks_needed, tokens_needed;
+
+  explicit RingModel(const Shape& s) : P(s.R), L(s.S / s.R) {
     n = ring_chunks(L, kRingChunkTokens);
     for (int64_t c = 0; c <= n; ++c) begin.push_back(c * L / n);
     chunk.resize(P);
@@ -191,13 +195,14 @@ struct RingModel {
       for (int64_t c = 0; c < n; ++c)
         chunk[r].push_back({position(begin[c]), position(begin[c + 1] - 1)});
     }
+    chunks_needed.assign(P * P, 0);
+    tokens_needed.assign(P * P, 0);
+    for (int64_t q = 0; q < P; ++q)
+      for (int64_t kv = 0; kv < P; ++kv)
+        for (int64_t c = 0; q != kv && c < n; ++c)
+          if (needs(s.mask, q, kv, c)) chunks_needed[q * P + kv]++, tokens_needed[q * P + kv] += len(c);
   }
   int64_t len(int64_t c) const { return begin[c + 1] - begin[c]; }
-  int64_t max_len() const {
-    int64_t m = 0;
-    for (int64_t c = 0; c < n; ++c) m = std::max(m, len(c));
-    return m;
-  }
   // Whether any query chunk of q_rank may attend chunk c of kv_rank. Chunk
   // ranges grow with the chunk index, so the first query chunk reaching the
   // window decides (binary search).
@@ -218,7 +223,8 @@ struct RingModel {
   }
 };
 
-std::vector<CommLine> attention_call_comm(const Shape& s, bool backward, int64_t cp_rank) {
+std::vector<CommLine> attention_call_comm(const Shape& s, const RingModel* ring_model, bool backward,
+                                          int64_t cp_rank) {
   std::vector<CommLine> out;
   auto add = [&](const char* op, const char* axis, const std::string& what, int64_t calls,
                  int64_t sent, int64_t received) {
@@ -252,16 +258,15 @@ std::vector<CommLine> attention_call_comm(const Shape& s, bool backward, int64_t
     if (seg) add("all_gather", "ulysses", "segments", 1, (P - 1) * B * L * seg, (P - 1) * B * L * seg);
   }
   if (s.R > 1) {
-    const RingModel ring(s);
+    const RingModel& ring = *ring_model;
     const int64_t P = ring.P, r = cp_rank / s.U;  // cp_rank = ring_rank * U + ulysses_rank
     add("all_gather", "ring", "chunk position ranges", 1, (P - 1) * B * ring.n * 32,
         (P - 1) * B * ring.n * 32);
     int64_t sends = 0, recvs = 0, sent_tokens = 0, recv_tokens = 0;
-    for (int64_t step = 1; step < P; ++step)
-      for (int64_t c = 0; c < ring.n; ++c) {
-        if (ring.needs(s.mask, (r + step) % P, r, c)) ++sends, sent_tokens += ring.len(c);
-        if (ring.needs(s.mask, r, (r - step + P) % P, c)) ++recvs, recv_tokens += ring.len(c);
-      }
+    for (int64_t other = 0; other < P; ++other) {  // send own chunks to other, receive its
+      sends += ring.chunks_needed[other * P + r], sent_tokens += ring.tokens_needed[other * P + r];
+      recvs += ring.chunks_needed[r * P + other], recv_tokens += ring.tokens_needed[r * P + other];
+    }
     const int64_t kv_row = 2 * h.G * D * e + 8 + seg, grad_row = 2 * h.G * D * 4;
     add("send", "ring", "K,V chunks", sends, B * sent_tokens * kv_row, 0);
     add("recv", "ring", "K,V chunks", recvs, 0, B * recv_tokens * kv_row);
@@ -282,10 +287,12 @@ struct Workspace {
 };
 
 int64_t ring_call_peak(const Shape& s, const Heads& h, int64_t tokens, bool outer_delta) {
-  const RingModel ring(s);
+  const int64_t n = ring_chunks(s.S / s.R, kRingChunkTokens), local = s.S / s.R;
+  int64_t max_len = 0;
+  for (int64_t c = 0; c < n; ++c) max_len = std::max(max_len, (c + 1) * local / n - c * local / n);
   const int64_t B = s.B, seg = s.segments ? 4 : 0, e = s.act;
-  const int64_t cap = B * ring.max_len() * (2 * h.G * s.D * e + 8 + seg);
-  const int64_t grad_cap = B * ring.max_len() * 2 * h.G * s.D * 4;
+  const int64_t cap = B * max_len * (2 * h.G * s.D * e + 8 + seg);
+  const int64_t grad_cap = B * max_len * 2 * h.G * s.D * 4;
   const int64_t fwd = 3 * cap + B * tokens * h.H * (s.D + 1) * 4;  // send, 2 recv; O, LSE partials
   const int64_t bwd = 3 * cap + 3 * grad_cap + (outer_delta ? B * tokens * h.H * 4 : 0);
   return std::max(fwd, bwd);
@@ -617,8 +624,11 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
   // skip different pieces under causal and windowed masks.
   std::vector<CommLine> fwd_call, bwd_call;
   int64_t busiest = -1;
-  for (int64_t r = 0; r < s.cp; ++r) {
-    std::vector<CommLine> f = attention_call_comm(s, false, r), b = attention_call_comm(s, true, r);
+  std::unique_ptr<RingModel> ring;
+  if (s.R > 1 && s.strategy != "all_gather") ring = std::make_unique<RingModel>(s);
+  for (int64_t r = 0; r < s.cp; r += s.U) {  // ulysses ranks of one ring position move the same
+    std::vector<CommLine> f = attention_call_comm(s, ring.get(), false, r),
+                          b = attention_call_comm(s, ring.get(), true, r);
     int64_t bytes = 0;
     for (const CommLine& l : f) bytes += l.bytes_sent * fwd_calls;
     for (const CommLine& l : b) bytes += l.bytes_sent * s.L;
@@ -671,7 +681,9 @@ std::string reason_for(const RunConfig& c, const StrategyPlan& best,
   const StrategyPlan* ag = find("all_gather");
   const StrategyPlan* ul = find("ulysses");
   std::string why;
-  if (best.strategy == "all_gather") {
+  if (best.cp == 1) {
+    why = "cp=1: the whole sequence fits on one device, no context parallelism needed";
+  } else if (best.strategy == "all_gather") {
     why = "all_gather: the gathered K,V fit in memory (" + gib(double(best.memory_total)) + " of " +
           gib(double(best.device_memory)) + ") and it is the fastest here";
   } else if (best.strategy == "ulysses") {
@@ -706,7 +718,10 @@ std::vector<int64_t> cp_sizes(const RunConfig& c, int64_t devices) {
 }  // namespace
 
 std::vector<CommLine> attention_call_comm(const RunConfig& c, bool backward, int64_t cp_rank) {
-  return attention_call_comm(make_shape(c, c.cp * c.tp), backward, cp_rank);
+  const Shape s = make_shape(c, c.cp * c.tp);
+  std::unique_ptr<RingModel> ring;
+  if (s.R > 1 && s.strategy != "all_gather") ring = std::make_unique<RingModel>(s);
+  return attention_call_comm(s, ring.get(), backward, cp_rank);
 }
 
 int64_t attention_workspace_bytes(const RunConfig& c) {
