@@ -1,22 +1,362 @@
-// Fast attention: PLACEHOLDER that forwards to the reference until the
-// block-sparse kernel lands (issue 2). delta and merge are final.
-#include <cmath>
+// Block-sparse flash attention on CPUs (DESIGN.md section 2).
+//
+// Every (q block, kv block) tile of a (batch, head) is classified from the
+// bounds of its positions and segment ids before any FLOP: empty tiles are
+// skipped, full tiles skip the elementwise mask. Tiles are multiplied with
+// oneDNN GEMMs on the calling thread (gemm_f32) straight from the strided
+// views; the softmax works in base 2 (scale * log2(e) folded into the QK^T
+// GEMM) with a vectorised exp2.
+//
+// Forward: one work unit per (batch, q head, q block), running softmax over
+// its kv blocks. Backward: one unit per (batch, kv head, kv block), so that
+// a few heads over a long sequence still feed every thread; dK, dV of the
+// unit stay in per-thread accumulators, and each tile's dQ contribution is
+// added under a per-(batch, head, q block) lock. Units run heaviest first.
+#include <omp.h>
 
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <vector>
+
+#include "core/memory.h"
 #include "kernels/attention.h"
+#include "kernels/attention_tiles.h"
+#include "kernels/gemm.h"
 
 namespace longctx {
 
-AttentionBlocking attention_blocking(int64_t head_dim) { return {64, 64}; }
+using attn::BlockBounds;
+using attn::TileKind;
+
+AttentionBlocking attention_blocking(int64_t head_dim) {
+  (void)head_dim;
+  return {128, 128};
+}
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct Geometry {
+  int64_t B, Sq, Skv, H, G, D, group;
+  int64_t bq, bk, nq, nk;  // tile sizes and counts
+  float scale;             // softmax scale (natural units)
+};
+
+void check_view(const TensorView& t, const char* name) {
+  check_shape(t.rank == 4, std::string("attention: ") + name + " must be rank 4");
+  check_shape(t.dtype == DType::f32, std::string("attention: ") + name + " must be fp32");
+  check_shape(t.stride[3] == 1 || t.shape[3] <= 1,
+              std::string("attention: the head dim of ") + name + " must be contiguous");
+}
+
+void check_same_shape(const TensorView& a, const TensorView& b, const char* name) {
+  check_shape(a.shape == b.shape, std::string("attention: ") + name + " has shape " +
+                                      b.shape_string() + ", expected " + a.shape_string());
+}
+
+Geometry geometry(const AttentionArgs& a) {
+  check_view(a.q, "q");
+  check_view(a.k, "k");
+  check_view(a.v, "v");
+  Geometry g{};
+  g.B = a.q.dim(0), g.Sq = a.q.dim(1), g.H = a.q.dim(2), g.D = a.q.dim(3);
+  g.Skv = a.k.dim(1), g.G = a.k.dim(2);
+  check_shape(a.k.dim(0) == g.B && a.k.dim(3) == g.D, "attention: k must be [B, Skv, G, D] with q's B and D");
+  check_same_shape(a.k, a.v, "v");
+  check_shape(g.G > 0 && g.H % g.G == 0, "attention: query heads (" + std::to_string(g.H) +
+                                             ") must be a multiple of kv heads (" +
+                                             std::to_string(g.G) + ")");
+  check_shape(a.q_pos && a.kv_pos, "attention: positions are required");
+  check_shape(!a.mask.same_segment || (a.q_seg && a.kv_seg),
+              "attention: mask needs segment ids but none were given");
+  g.group = g.H / g.G;
+  g.scale = a.scale != 0.0f ? a.scale : static_cast<float>(1.0 / std::sqrt(double(g.D)));
+  AttentionBlocking blk = attention_blocking(g.D);
+  g.bq = blk.q_block, g.bk = blk.kv_block;
+  g.nq = (g.Sq + g.bq - 1) / g.bq, g.nk = (g.Skv + g.bk - 1) / g.bk;
+  return g;
+}
+
+// Bounds of every q and kv block of every batch row; classifies tiles.
+class TileMap {
+ public:
+  TileMap(const AttentionArgs& a, const Geometry& g) : mask_(a.mask) {
+    const bool seg = a.mask.same_segment;
+    for (int64_t b = 0; b < g.B; ++b) {
+      q_.push_back(attn::block_bounds(a.q_pos + b * g.Sq, seg ? a.q_seg + b * g.Sq : nullptr,
+                                      g.Sq, g.bq));
+      kv_.push_back(attn::block_bounds(a.kv_pos + b * g.Skv, seg ? a.kv_seg + b * g.Skv : nullptr,
+                                       g.Skv, g.bk));
+    }
+  }
+  TileKind kind(int64_t b, int64_t i, int64_t j) const {
+    return attn::classify_tile(mask_, q_[b][i], kv_[b][j]);
+  }
+
+ private:
+  MaskSpec mask_;
+  std::vector<std::vector<BlockBounds>> q_, kv_;  // [B][nq], [B][nk]
+};
+
+// A work unit: (batch, head, block) with its number of non-empty tiles.
+struct Unit {
+  int64_t b, head, block, cost;
+};
+
+// Heaviest first, so that dynamic scheduling ends with small units.
+void sort_heaviest_first(std::vector<Unit>& units) {
+  std::stable_sort(units.begin(), units.end(),
+                   [](const Unit& x, const Unit& y) { return x.cost > y.cost; });
+}
+
+// Mask the tile at (i0, j0) of batch row b when it is partial.
+void mask_partial(const AttentionArgs& a, const Geometry& g, int64_t b, int64_t i0, int64_t rows,
+                  int64_t j0, int64_t cols, float* s, int64_t ld) {
+  const bool seg = a.mask.same_segment;
+  attn::mask_tile(a.mask, s, rows, cols, ld, a.q_pos + b * g.Sq + i0, a.kv_pos + b * g.Skv + j0,
+                  seg ? a.q_seg + b * g.Sq + i0 : nullptr,
+                  seg ? a.kv_seg + b * g.Skv + j0 : nullptr);
+}
+
+void add_stats(AttentionStats* stats, const Geometry& g, int64_t partial, int64_t full) {
+  if (!stats) return;
+  stats->blocks_total += g.B * g.H * g.nq * g.nk;
+  stats->blocks_partial += partial;
+  stats->blocks_full += full;
+}
+
+void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, AttentionStats* stats) {
+  const Geometry g = geometry(a);
+  check_view(o, "o");
+  check_same_shape(a.q, o, "o");
+  const TileMap map(a, g);
+
+  std::vector<Unit> units;
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t i = 0; i < g.nq; ++i) {
+      int64_t cost = 0;
+      for (int64_t j = 0; j < g.nk; ++j) cost += map.kind(b, i, j) != TileKind::empty;
+      for (int64_t h = 0; h < g.H; ++h) units.push_back({b, h, i, cost});
+    }
+  sort_heaviest_first(units);
+
+  // Per thread: s [bq, bk] scores then probabilities, acc [bq, D], m and l [bq].
+  const int64_t per_thread = g.bq * g.bk + g.bq * g.D + 2 * g.bq;
+  const int threads = omp_get_max_threads();
+  Buffer scratch(MemCategory::scratch, "attention forward scratch",
+                 sizeof(float) * per_thread * threads);
+  const float scale_log2 = g.scale * kLog2e;
+  const int64_t n_units = static_cast<int64_t>(units.size());
+  int64_t partial = 0, full = 0;
+
+#pragma omp parallel reduction(+ : partial, full)
+  {
+    float* s = scratch.as<float>() + per_thread * omp_get_thread_num();  // [bq, bk]
+    float* acc = s + g.bq * g.bk;                                        // [bq, D]
+    float* m = acc + g.bq * g.D;   // [bq] running max (base 2)
+    float* l = m + g.bq;           // [bq] running sum
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < n_units; ++u) {
+      const Unit& unit = units[u];
+      const int64_t b = unit.b, h = unit.head, i0 = unit.block * g.bq;
+      const int64_t rows = std::min(g.bq, g.Sq - i0), kvh = h / g.group;
+      const float* qi = a.q.at<float>({b, i0, h});
+      std::fill(acc, acc + rows * g.D, 0.0f);
+      std::fill(m, m + rows, kNegInf);
+      std::fill(l, l + rows, 0.0f);
+      for (int64_t j = 0; j < g.nk; ++j) {
+        const TileKind kind = map.kind(b, unit.block, j);
+        if (kind == TileKind::empty) continue;
+        const int64_t j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
+        gemm_f32(false, true, rows, cols, g.D, scale_log2, qi, a.q.stride[1],
+                 a.k.at<float>({b, j0, kvh}), a.k.stride[1], 0.0f, s, g.bk);
+        if (kind == TileKind::partial) {
+          mask_partial(a, g, b, i0, rows, j0, cols, s, g.bk);
+          ++partial;
+        } else {
+          ++full;
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          float* sr = s + r * g.bk;
+          const float m_new = std::max(m[r], attn::row_max(sr, cols));
+          if (m_new == kNegInf) {  // nothing allowed in this row yet
+            std::fill(sr, sr + cols, 0.0f);
+            continue;
+          }
+          const float alpha = std::exp2(m[r] - m_new);  // 0 on the first allowed tile
+          l[r] = l[r] * alpha + attn::exp2_shifted_inplace(sr, cols, m_new);
+          if (alpha != 1.0f) attn::scale_row(acc + r * g.D, g.D, alpha);
+          m[r] = m_new;
+        }
+        gemm_f32(false, false, rows, g.D, cols, 1.0f, s, g.bk, a.v.at<float>({b, j0, kvh}),
+                 a.v.stride[1], 1.0f, acc, g.D);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        float* out = o.at<float>({b, i0 + r, h});
+        float* lse_r = lse + ((b * g.Sq + i0 + r) * g.H + h);
+        if (l[r] > 0.0f) {
+          const float inv = 1.0f / l[r];
+          for (int64_t x = 0; x < g.D; ++x) out[x] = acc[r * g.D + x] * inv;
+          *lse_r = (m[r] + std::log2(l[r])) * kLn2;
+        } else {  // fully masked row
+          std::fill(out, out + g.D, 0.0f);
+          *lse_r = kNegInf;
+        }
+      }
+    }
+  }
+  add_stats(stats, g, partial, full);
+}
+
+void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* lse,
+                   const float* delta, const TensorView& dq, const TensorView& dk,
+                   const TensorView& dv, AttentionStats* stats) {
+  const Geometry g = geometry(a);
+  check_view(dout, "dout");
+  check_view(dq, "dq");
+  check_view(dk, "dk");
+  check_view(dv, "dv");
+  check_same_shape(a.q, dout, "dout");
+  check_same_shape(a.q, dq, "dq");
+  check_same_shape(a.k, dk, "dk");
+  check_same_shape(a.k, dv, "dv");
+  const TileMap map(a, g);
+
+  std::vector<Unit> units;
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t j = 0; j < g.nk; ++j) {
+      int64_t cost = 0;
+      for (int64_t i = 0; i < g.nq; ++i) cost += map.kind(b, i, j) != TileKind::empty;
+      if (cost == 0) continue;  // no gradient flows through this kv block
+      for (int64_t kvh = 0; kvh < g.G; ++kvh) units.push_back({b, kvh, j, cost});
+    }
+  sort_heaviest_first(units);
+
+  // Per thread: s [bq, bk] (P), dp [bq, bk] (dP then dS), dk_acc, dv_acc [bk, D], dq_tile [bq, D].
+  const int64_t per_thread = 2 * g.bq * g.bk + 2 * g.bk * g.D + g.bq * g.D;
+  const int threads = omp_get_max_threads();
+  Buffer scratch(MemCategory::scratch, "attention backward scratch",
+                 sizeof(float) * per_thread * threads);
+  // dQ rows of one (batch, head, q block) receive tiles from many units.
+  std::unique_ptr<std::mutex[]> dq_locks(new std::mutex[g.B * g.H * g.nq]);
+  const float scale_log2 = g.scale * kLog2e;
+  const int64_t n_units = static_cast<int64_t>(units.size());
+  int64_t partial = 0, full = 0;
+
+#pragma omp parallel reduction(+ : partial, full)
+  {
+    float* s = scratch.as<float>() + per_thread * omp_get_thread_num();  // [bq, bk]
+    float* dp = s + g.bq * g.bk;                                         // [bq, bk]
+    float* dk_acc = dp + g.bq * g.bk;                                    // [bk, D]
+    float* dv_acc = dk_acc + g.bk * g.D;                                 // [bk, D]
+    float* dq_tile = dv_acc + g.bk * g.D;                                // [bq, D]
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < n_units; ++u) {
+      const Unit& unit = units[u];
+      const int64_t b = unit.b, kvh = unit.head, j0 = unit.block * g.bk;
+      const int64_t cols = std::min(g.bk, g.Skv - j0);
+      const float* kj = a.k.at<float>({b, j0, kvh});
+      const float* vj = a.v.at<float>({b, j0, kvh});
+      std::fill(dk_acc, dk_acc + cols * g.D, 0.0f);
+      std::fill(dv_acc, dv_acc + cols * g.D, 0.0f);
+      for (int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h)
+        for (int64_t i = 0; i < g.nq; ++i) {
+          const TileKind kind = map.kind(b, i, unit.block);
+          if (kind == TileKind::empty) continue;
+          const int64_t i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
+          const float* qi = a.q.at<float>({b, i0, h});
+          const float* doi = dout.at<float>({b, i0, h});
+          const int64_t row0 = (b * g.Sq + i0) * g.H + h;  // lse/delta index of row 0, stride H
+          // P = exp(S - lse), in base 2.
+          gemm_f32(false, true, rows, cols, g.D, scale_log2, qi, a.q.stride[1], kj, a.k.stride[1],
+                   0.0f, s, g.bk);
+          if (kind == TileKind::partial) {
+            mask_partial(a, g, b, i0, rows, j0, cols, s, g.bk);
+            ++partial;
+          } else {
+            ++full;
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            const float l = lse[row0 + r * g.H];
+            if (l == kNegInf) std::fill(s + r * g.bk, s + r * g.bk + cols, 0.0f);
+            else attn::exp2_shifted_inplace(s + r * g.bk, cols, l * kLog2e);
+          }
+          // dV += P^T dO
+          gemm_f32(true, false, cols, g.D, rows, 1.0f, s, g.bk, doi, dout.stride[1], 1.0f, dv_acc,
+                   g.D);
+          // dS = P * (dO V^T - delta)
+          gemm_f32(false, true, rows, cols, g.D, 1.0f, doi, dout.stride[1], vj, a.v.stride[1], 0.0f,
+                   dp, g.bk);
+          for (int64_t r = 0; r < rows; ++r)
+            attn::softmax_grad_row(s + r * g.bk, dp + r * g.bk, cols, delta[row0 + r * g.H]);
+          // dK += scale dS^T Q
+          gemm_f32(true, false, cols, g.D, rows, g.scale, dp, g.bk, qi, a.q.stride[1], 1.0f,
+                   dk_acc, g.D);
+          // dQ += scale dS K
+          gemm_f32(false, false, rows, g.D, cols, g.scale, dp, g.bk, kj, a.k.stride[1], 0.0f,
+                   dq_tile, g.D);
+          std::lock_guard<std::mutex> hold(dq_locks[(b * g.H + h) * g.nq + i]);
+          for (int64_t r = 0; r < rows; ++r) {
+            float* dst = dq.at<float>({b, i0 + r, h});
+            const float* src = dq_tile + r * g.D;
+            for (int64_t x = 0; x < g.D; ++x) dst[x] += src[x];
+          }
+        }
+      for (int64_t c = 0; c < cols; ++c) {
+        float* dkr = dk.at<float>({b, j0 + c, kvh});
+        float* dvr = dv.at<float>({b, j0 + c, kvh});
+        for (int64_t x = 0; x < g.D; ++x) {
+          dkr[x] += dk_acc[c * g.D + x];
+          dvr[x] += dv_acc[c * g.D + x];
+        }
+      }
+    }
+  }
+  add_stats(stats, g, partial, full);
+}
+
+}  // namespace
 
 void attention_forward(const AttentionArgs& args, const TensorView& o, float* lse,
                        AttentionStats* stats) {
-  attention_forward_reference(args, o, lse);
+  if (args.impl == KernelImpl::reference) return attention_forward_reference(args, o, lse);
+  forward_fast(args, o, lse, stats);
 }
 
 void attention_backward(const AttentionArgs& args, const TensorView& dout, const float* lse,
                         const float* delta, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, AttentionStats* stats) {
-  attention_backward_reference(args, dout, lse, delta, dq, dk, dv);
+  if (args.impl == KernelImpl::reference)
+    return attention_backward_reference(args, dout, lse, delta, dq, dk, dv);
+  backward_fast(args, dout, lse, delta, dq, dk, dv, stats);
+}
+
+int64_t attention_unmasked_pairs_blocked(const AttentionArgs& a) {
+  const Geometry g = geometry(a);
+  const TileMap map(a, g);
+  const bool seg = a.mask.same_segment;
+  int64_t pairs = 0;
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t i = 0; i < g.nq; ++i)
+      for (int64_t j = 0; j < g.nk; ++j) {
+        const int64_t i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
+        const int64_t j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
+        const TileKind kind = map.kind(b, i, j);
+        if (kind == TileKind::full) pairs += rows * cols;
+        if (kind != TileKind::partial) continue;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) {
+            const int64_t qi = b * g.Sq + i0 + r, kj = b * g.Skv + j0 + c;
+            pairs += seg ? a.mask.allows(a.q_pos[qi], a.kv_pos[kj], a.q_seg[qi], a.kv_seg[kj])
+                         : a.mask.allows(a.q_pos[qi], a.kv_pos[kj]);
+          }
+      }
+  return pairs * g.H;
 }
 
 void attention_delta(const TensorView& o, const TensorView& dout, float* delta) {
@@ -51,7 +391,7 @@ void attention_merge(const TensorView& o_a, float* lse_a, const TensorView& o_b,
           continue;
         }
         float m = std::max(la, lb);
-        float l = m + std::log(std::exp(la - m) + std::exp(lb - m));
+        float l = m + std::log1p(std::exp(-std::abs(la - lb)));
         float wa = std::exp(la - l), wb = std::exp(lb - l);
         for (int64_t x = 0; x < D; ++x) oa[x] = wa * oa[x] + wb * ob[x];
         lse_a[r] = l;

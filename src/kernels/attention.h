@@ -69,7 +69,8 @@ struct AttentionArgs {
 };
 
 // Counters a test or benchmark can read. Blocks are (q block, kv block) tiles
-// of one (batch, q head) pair.
+// of one (batch, q head) pair. The fast kernel ADDS to them (a caller can sum
+// over ring steps); the reference leaves them alone.
 struct AttentionStats {
   int64_t blocks_total = 0;    // all tiles
   int64_t blocks_partial = 0;  // computed with the elementwise mask
@@ -114,6 +115,10 @@ void attention_backward_reference(const AttentionArgs& args, const TensorView& d
 // Number of (q, kv) pairs the mask allows over all batches and q heads: the
 // FLOP count basis (forward 4*D per pair, backward 10*D per pair).
 int64_t attention_unmasked_pairs(const AttentionArgs& args);
+// The same count, exact, from the fast kernel's tile classification: full
+// tiles count whole, only partial tiles are checked pair by pair
+// (O(tiles + partial tiles x tile area) instead of O(Sq * Skv)).
+int64_t attention_unmasked_pairs_blocked(const AttentionArgs& args);
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 

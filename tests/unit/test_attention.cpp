@@ -1,0 +1,469 @@
+// The fast block-sparse attention kernel against the float64 reference, the
+// reference against finite differences, KV sharding + merge against the
+// unsplit result, and the tile counters against a brute-force count.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/attention.h"
+
+using namespace longctx;
+
+namespace {
+
+std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+// max |a - b| / max |b| over finite entries; an infinity must match exactly.
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0.0, den = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i])) return INFINITY;
+    if (std::isinf(b[i]) || std::isinf(a[i])) {
+      if (a[i] != b[i]) return INFINITY;
+      continue;
+    }
+    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::abs(static_cast<double>(b[i])));
+  }
+  return num / den;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+// Zigzag order of S positions over `ranks` ranks: rank r holds chunks r and
+// 2 ranks - 1 - r (DESIGN.md section 1); the ranks' pieces are concatenated.
+std::vector<int64_t> zigzag_positions(int64_t S, int64_t ranks) {
+  const int64_t chunk = S / (2 * ranks);
+  std::vector<int64_t> pos;
+  for (int64_t r = 0; r < ranks; ++r)
+    for (int64_t c : {r, 2 * ranks - 1 - r})
+      for (int64_t t = 0; t < chunk; ++t) pos.push_back(c * chunk + t);
+  return pos;
+}
+
+std::vector<int64_t> iota_positions(int64_t n, int64_t start = 0) {
+  std::vector<int64_t> p(n);
+  std::iota(p.begin(), p.end(), start);
+  return p;
+}
+
+// Segment ids of `docs` equal documents over positions in [0, total).
+std::vector<int32_t> document_ids(const std::vector<int64_t>& pos, int64_t total, int64_t docs) {
+  std::vector<int32_t> seg;
+  for (int64_t p : pos) seg.push_back(static_cast<int32_t>(p * docs / total));
+  return seg;
+}
+
+// One attention problem: B = 1 or more batch rows sharing positions.
+// Q, dO are [B, Sq, H, D] and K, V [B, Skv, G, D] inside rows padded by
+// `pad` floats per token, so every view is strided.
+struct Problem {
+  int64_t B = 1, Sq = 0, Skv = 0, H = 1, G = 1, D = 64, pad = 0;
+  MaskSpec mask = MaskSpec::causal();
+  std::vector<int64_t> q_pos, kv_pos;  // [Sq], [Skv] (same for every batch row)
+  std::vector<int32_t> q_seg, kv_seg;  // empty unless mask.same_segment
+  uint32_t seed = 1;
+
+  // Filled by init().
+  std::vector<int64_t> q_pos_b, kv_pos_b;
+  std::vector<int32_t> q_seg_b, kv_seg_b;
+  std::vector<float> q, k, v, dout;
+
+  int64_t q_row() const { return H * D + pad; }
+  int64_t kv_row() const { return G * D + pad; }
+  TensorView qview(std::vector<float>& d) const {
+    return TensorView::strided(d.data(), DType::f32, {B, Sq, H, D}, {Sq * q_row(), q_row(), D, 1});
+  }
+  TensorView kvview(std::vector<float>& d) const {
+    return TensorView::strided(d.data(), DType::f32, {B, Skv, G, D},
+                               {Skv * kv_row(), kv_row(), D, 1});
+  }
+  void init() {
+    if (q_pos.empty()) q_pos = iota_positions(Sq, Skv - Sq);  // end-aligned
+    if (kv_pos.empty()) kv_pos = iota_positions(Skv);
+    for (int64_t b = 0; b < B; ++b) {
+      q_pos_b.insert(q_pos_b.end(), q_pos.begin(), q_pos.end());
+      kv_pos_b.insert(kv_pos_b.end(), kv_pos.begin(), kv_pos.end());
+      q_seg_b.insert(q_seg_b.end(), q_seg.begin(), q_seg.end());
+      kv_seg_b.insert(kv_seg_b.end(), kv_seg.begin(), kv_seg.end());
+    }
+    q = random_vec(B * Sq * q_row(), seed, 1.5f);
+    k = random_vec(B * Skv * kv_row(), seed + 1, 1.5f);
+    v = random_vec(B * Skv * kv_row(), seed + 2);
+    dout = random_vec(B * Sq * q_row(), seed + 3);
+  }
+  AttentionArgs args(KernelImpl impl = KernelImpl::fast) {
+    AttentionArgs a;
+    a.q = qview(q);
+    a.k = kvview(k);
+    a.v = kvview(v);
+    a.q_pos = q_pos_b.data();
+    a.kv_pos = kv_pos_b.data();
+    a.q_seg = mask.same_segment ? q_seg_b.data() : nullptr;
+    a.kv_seg = mask.same_segment ? kv_seg_b.data() : nullptr;
+    a.mask = mask;
+    a.impl = impl;
+    return a;
+  }
+};
+
+struct Outputs {
+  std::vector<float> o, lse, dq, dk, dv;
+};
+
+// Forward, then backward with the REFERENCE lse and delta (so that each
+// kernel's backward is compared on the same inputs).
+Outputs run(Problem& p, KernelImpl impl, const std::vector<float>* lse_in = nullptr,
+            const std::vector<float>* delta_in = nullptr, AttentionStats* fwd_stats = nullptr,
+            AttentionStats* bwd_stats = nullptr) {
+  Outputs out;
+  out.o.assign(p.B * p.Sq * p.q_row(), 0.0f);
+  out.lse.assign(p.B * p.Sq * p.H, 0.0f);
+  AttentionArgs a = p.args(impl);
+  if (impl == KernelImpl::fast) attention_forward(a, p.qview(out.o), out.lse.data(), fwd_stats);
+  else attention_forward_reference(a, p.qview(out.o), out.lse.data());
+  std::vector<float> delta(p.B * p.Sq * p.H);
+  attention_delta(p.qview(out.o), p.qview(p.dout), delta.data());
+  out.dq.assign(p.B * p.Sq * p.q_row(), 0.0f);
+  out.dk.assign(p.B * p.Skv * p.kv_row(), 0.0f);
+  out.dv.assign(p.B * p.Skv * p.kv_row(), 0.0f);
+  const float* lse = lse_in ? lse_in->data() : out.lse.data();
+  const float* dl = delta_in ? delta_in->data() : delta.data();
+  if (impl == KernelImpl::fast)
+    attention_backward(a, p.qview(p.dout), lse, dl, p.qview(out.dq), p.kvview(out.dk),
+                       p.kvview(out.dv), bwd_stats);
+  else
+    attention_backward_reference(a, p.qview(p.dout), lse, dl, p.qview(out.dq), p.kvview(out.dk),
+                                 p.kvview(out.dv));
+  return out;
+}
+
+std::vector<float> reference_delta(Problem& p, Outputs& ref) {
+  std::vector<float> delta(p.B * p.Sq * p.H);
+  attention_delta(p.qview(ref.o), p.qview(p.dout), delta.data());
+  return delta;
+}
+
+constexpr double kTol = 2e-5;
+
+// Fast vs reference for O, LSE, dQ, dK, dV.
+void expect_matches_reference(Problem p, const std::string& what) {
+  SCOPED_TRACE(what);
+  p.init();
+  Outputs ref = run(p, KernelImpl::reference);
+  std::vector<float> delta = reference_delta(p, ref);
+  Outputs fast = run(p, KernelImpl::fast, &ref.lse, &delta);
+  EXPECT_LE(rel_err(fast.o, ref.o), kTol) << "O";
+  EXPECT_LE(rel_err(fast.lse, ref.lse), kTol) << "LSE";
+  if (p.Skv > 1) {
+    EXPECT_LE(rel_err(fast.dq, ref.dq), kTol) << "dQ";
+    EXPECT_LE(rel_err(fast.dk, ref.dk), kTol) << "dK";
+  } else {  // one key: P = 1, so dQ = dK = 0 exactly and only rounding is left
+    EXPECT_LE(max_abs_diff(fast.dq, ref.dq), 1e-5) << "dQ";
+    EXPECT_LE(max_abs_diff(fast.dk, ref.dk), 1e-5) << "dK";
+  }
+  EXPECT_LE(rel_err(fast.dv, ref.dv), kTol) << "dV";
+}
+
+Problem self_attention(int64_t S, int64_t H, int64_t G, int64_t D, MaskSpec mask,
+                       int64_t docs = 3) {
+  Problem p;
+  p.Sq = p.Skv = S, p.H = H, p.G = G, p.D = D, p.mask = mask;
+  if (mask.same_segment) {
+    p.q_pos = p.kv_pos = iota_positions(S);
+    p.q_seg = p.kv_seg = document_ids(p.q_pos, S, docs);
+  }
+  return p;
+}
+
+std::vector<MaskSpec> all_masks() {
+  std::vector<MaskSpec> masks;
+  for (const char* m : {"full", "causal", "local:37:5", "local:100", "chunked:96"})
+    for (const char* suffix : {"", "+segments"}) masks.push_back(MaskSpec::parse(std::string(m) + suffix));
+  return masks;
+}
+
+}  // namespace
+
+TEST(Attention, EveryMaskWithAndWithoutSegmentsMatchesReference) {
+  for (const MaskSpec& m : all_masks()) {
+    Problem p = self_attention(267, 2, 1, 64, m);
+    p.pad = 5;
+    expect_matches_reference(p, m.to_string());
+  }
+}
+
+TEST(Attention, GroupedQueryAttentionMatchesReference) {
+  for (int64_t G : {8, 2, 1})  // 1:1, 4:1, 8:1
+    expect_matches_reference(self_attention(130, 8, G, 32, MaskSpec::causal()),
+                             "H=8 G=" + std::to_string(G));
+}
+
+TEST(Attention, SequenceLengthsNotMultiplesOfTheBlocksMatchReference) {
+  for (int64_t S : {1, 7, 129, 267, 300})
+    expect_matches_reference(self_attention(S, 2, 2, 64, MaskSpec::parse("causal+segments")),
+                             "S=" + std::to_string(S));
+  Problem p = self_attention(1030, 1, 1, 64, MaskSpec::parse("local:300+segments"), 2);
+  p.B = 2;
+  expect_matches_reference(p, "S=1030 B=2");
+}
+
+TEST(Attention, HeadDimsMatchReference) {
+  for (int64_t D : {1, 3, 100, 128, 256}) {
+    Problem p = self_attention(150, 2, 1, D, MaskSpec::causal());
+    p.pad = 3;
+    expect_matches_reference(p, "D=" + std::to_string(D));
+  }
+}
+
+TEST(Attention, QueryAndKvLengthsDifferMatchReference) {
+  for (auto [Sq, Skv] : {std::pair<int64_t, int64_t>{200, 333}, {333, 200}, {1, 150}, {150, 1}})
+    for (const char* m : {"causal", "local:50:20", "full"}) {
+      Problem p;
+      p.Sq = Sq, p.Skv = Skv, p.H = 4, p.G = 2, p.D = 64, p.mask = MaskSpec::parse(m);
+      expect_matches_reference(p, std::to_string(Sq) + "x" + std::to_string(Skv) + " " + m);
+    }
+}
+
+TEST(Attention, ZigzagPositionsMatchReference) {
+  const int64_t S = 640;  // 8 chunks of 80: block edges do not line up with chunk edges
+  for (const char* m : {"causal", "local:100", "chunked:160", "causal+segments"}) {
+    Problem p = self_attention(S, 2, 1, 64, MaskSpec::parse(m));
+    p.q_pos = p.kv_pos = zigzag_positions(S, 4);
+    if (p.mask.same_segment) p.q_seg = p.kv_seg = document_ids(p.q_pos, S, 3);
+    expect_matches_reference(p, std::string("zigzag ") + m);
+  }
+}
+
+TEST(Attention, FullyMaskedRowsGiveZeroOutputAndNoNaN) {
+  // Segments that never match for the first half of the q rows.
+  Problem seg = self_attention(200, 2, 1, 64, MaskSpec::parse("causal+segments"));
+  for (int64_t i = 0; i < 100; ++i) seg.q_seg[i] = 99;
+  // A local window that is away from every kv position for most q rows.
+  Problem far;
+  far.Sq = 300, far.Skv = 150, far.H = 2, far.G = 2, far.mask = MaskSpec::local(10, 0);
+  far.q_pos = iota_positions(300, 100);  // rows at positions >= 160 see nothing
+  for (Problem* p : {&seg, &far}) {
+    expect_matches_reference(*p, "fully masked rows");
+    p->init();
+    Outputs fast = run(*p, KernelImpl::fast);
+    int64_t masked_rows = 0;
+    for (int64_t r = 0; r < p->Sq * p->H; ++r) {
+      if (fast.lse[r] != kNegInf) continue;
+      ++masked_rows;
+      const float* o = fast.o.data() + (r / p->H) * p->q_row() + (r % p->H) * p->D;
+      for (int64_t x = 0; x < p->D; ++x) ASSERT_EQ(o[x], 0.0f);
+    }
+    EXPECT_GT(masked_rows, 0);
+    for (const auto* t : {&fast.o, &fast.dq, &fast.dk, &fast.dv})
+      for (float x : *t) ASSERT_TRUE(std::isfinite(x));
+  }
+}
+
+TEST(Attention, BackwardAccumulatesIntoGradients) {
+  Problem p = self_attention(150, 2, 1, 64, MaskSpec::causal());
+  p.init();
+  Outputs once = run(p, KernelImpl::fast);
+  std::vector<float> delta(p.B * p.Sq * p.H);
+  attention_delta(p.qview(once.o), p.qview(p.dout), delta.data());
+  AttentionArgs a = p.args();
+  Outputs twice = once;  // add a second backward on top of the first
+  attention_backward(a, p.qview(p.dout), once.lse.data(), delta.data(), p.qview(twice.dq),
+                     p.kvview(twice.dk), p.kvview(twice.dv));
+  for (auto [t, o] : {std::pair{&twice.dq, &once.dq}, {&twice.dk, &once.dk}, {&twice.dv, &once.dv}}) {
+    std::vector<float> doubled(*o);
+    for (float& x : doubled) x *= 2;
+    EXPECT_LE(rel_err(*t, doubled), 1e-6);
+  }
+}
+
+TEST(Attention, ReferenceImplDispatchesToTheReference) {
+  Problem p = self_attention(70, 2, 1, 16, MaskSpec::causal());
+  p.init();
+  Outputs ref = run(p, KernelImpl::reference);
+  Outputs via;
+  via.o.assign(ref.o.size(), 0.0f);
+  via.lse.assign(ref.lse.size(), 0.0f);
+  AttentionStats stats;
+  attention_forward(p.args(KernelImpl::reference), p.qview(via.o), via.lse.data(), &stats);
+  EXPECT_EQ(via.o, ref.o);  // bitwise: the same code ran
+  EXPECT_EQ(via.lse, ref.lse);
+  EXPECT_EQ(stats.blocks_total, 0);
+}
+
+// Reference gradients against central differences of the reference forward,
+// loss = sum(O * W) in float64, so dout = W.
+TEST(Attention, ReferenceGradientsMatchFiniteDifferences) {
+  for (const char* m : {"causal", "local:1:1+segments", "full"}) {
+    SCOPED_TRACE(m);
+    Problem p = self_attention(5, 2, 1, 3, MaskSpec::parse(m), 2);
+    p.init();
+    auto loss = [&]() {
+      std::vector<float> o(p.B * p.Sq * p.q_row()), lse(p.B * p.Sq * p.H);
+      attention_forward_reference(p.args(), p.qview(o), lse.data());
+      double s = 0;
+      for (size_t i = 0; i < o.size(); ++i) s += static_cast<double>(o[i]) * p.dout[i];
+      return s;
+    };
+    Outputs ref = run(p, KernelImpl::reference);
+    const double eps = 1e-2;
+    for (auto [x, grad] : {std::pair{&p.q, &ref.dq}, {&p.k, &ref.dk}, {&p.v, &ref.dv}}) {
+      double err = 0, mag = 1e-30;
+      for (size_t i = 0; i < x->size(); ++i) {
+        const float keep = (*x)[i];
+        (*x)[i] = keep + eps;
+        double up = loss();
+        (*x)[i] = keep - eps;
+        double down = loss();
+        (*x)[i] = keep;
+        double fd = (up - down) / (2 * eps);
+        err = std::max(err, std::abs(fd - (*grad)[i]));
+        mag = std::max(mag, std::abs(fd));
+      }
+      EXPECT_LE(err / mag, 2e-3);
+    }
+  }
+}
+
+// Ring attention: forward on each kv shard and merge; backward on each shard
+// with the final lse and delta, summed. Both equal the unsplit result.
+TEST(Attention, KvShardsMergeToTheUnsplitResult) {
+  for (const char* m : {"causal", "local:200+segments", "full"})
+    for (int shards : {2, 3, 5, 8}) {
+      SCOPED_TRACE(std::string(m) + " shards=" + std::to_string(shards));
+      const int64_t S = 400;
+      Problem p = self_attention(S, 2, 1, 32, MaskSpec::parse(m));
+      p.q_pos = p.kv_pos = zigzag_positions(S, 2);
+      if (p.mask.same_segment) p.q_seg = p.kv_seg = document_ids(p.q_pos, S, 3);
+      p.init();
+      Outputs whole = run(p, KernelImpl::fast);
+      std::vector<float> delta(p.Sq * p.H);
+      attention_delta(p.qview(whole.o), p.qview(p.dout), delta.data());
+
+      std::vector<float> o(whole.o.size(), 0.0f), lse(whole.lse.size(), kNegInf);
+      std::vector<float> dq(whole.dq.size(), 0.0f), dk(whole.dk.size(), 0.0f),
+          dv(whole.dv.size(), 0.0f);
+      for (int s = 0; s < shards; ++s) {
+        const int64_t j0 = S * s / shards, j1 = S * (s + 1) / shards;
+        AttentionArgs a = p.args();
+        auto shard = [&](const TensorView& t, std::vector<float>& d) {
+          return TensorView::strided(d.data() + j0 * p.kv_row(), DType::f32, {1, j1 - j0, p.G, p.D},
+                                     {t.stride[0], t.stride[1], t.stride[2], 1});
+        };
+        a.k = shard(a.k, p.k);
+        a.v = shard(a.v, p.v);
+        a.kv_pos = p.kv_pos_b.data() + j0;
+        if (a.kv_seg) a.kv_seg = p.kv_seg_b.data() + j0;
+        std::vector<float> o_part(o.size()), lse_part(lse.size());
+        attention_forward(a, p.qview(o_part), lse_part.data());
+        attention_merge(p.qview(o), lse.data(), p.qview(o_part), lse_part.data());
+        attention_backward(a, p.qview(p.dout), whole.lse.data(), delta.data(), p.qview(dq),
+                           shard(a.k, dk), shard(a.v, dv));
+      }
+      EXPECT_LE(rel_err(o, whole.o), 1e-5);
+      EXPECT_LE(rel_err(lse, whole.lse), 1e-6);
+      EXPECT_LE(rel_err(dq, whole.dq), 1e-5);
+      EXPECT_LE(rel_err(dk, whole.dk), 1e-5);
+      EXPECT_LE(rel_err(dv, whole.dv), 1e-5);
+    }
+}
+
+TEST(Attention, MergeOfTwoEmptyPartsStaysEmpty) {
+  std::vector<float> oa(4, 0.0f), ob(4, 0.0f), la(1, kNegInf), lb(1, kNegInf);
+  TensorView va(oa.data(), DType::f32, {1, 1, 1, 4}), vb(ob.data(), DType::f32, {1, 1, 1, 4});
+  attention_merge(va, la.data(), vb, lb.data());
+  EXPECT_EQ(la[0], kNegInf);
+  for (float x : oa) EXPECT_EQ(x, 0.0f);
+}
+
+namespace {
+
+// Non-empty tiles of one (batch, head) by brute force over every pair.
+int64_t nonempty_tiles(Problem& p) {
+  const AttentionBlocking blk = attention_blocking(p.D);
+  int64_t count = 0;
+  for (int64_t i0 = 0; i0 < p.Sq; i0 += blk.q_block)
+    for (int64_t j0 = 0; j0 < p.Skv; j0 += blk.kv_block) {
+      bool any = false;
+      for (int64_t i = i0; i < std::min(p.Sq, i0 + blk.q_block) && !any; ++i)
+        for (int64_t j = j0; j < std::min(p.Skv, j0 + blk.kv_block) && !any; ++j)
+          any = p.mask.same_segment ? p.mask.allows(p.q_pos[i], p.kv_pos[j], p.q_seg[i], p.kv_seg[j])
+                                    : p.mask.allows(p.q_pos[i], p.kv_pos[j]);
+      count += any;
+    }
+  return count;
+}
+
+}  // namespace
+
+TEST(Attention, ComputedBlocksAreExactlyTheNonEmptyTiles) {
+  const int64_t S = 1100;
+  for (const char* m : {"causal", "local:200", "local:64:64", "chunked:300", "causal+segments",
+                        "full"}) {
+    SCOPED_TRACE(m);
+    Problem p = self_attention(S, 2, 1, 32, MaskSpec::parse(m), 4);  // 4 documents
+    p.init();
+    AttentionStats fwd, bwd;
+    run(p, KernelImpl::fast, nullptr, nullptr, &fwd, &bwd);
+    const AttentionBlocking blk = attention_blocking(p.D);
+    const int64_t tiles = ((S + blk.q_block - 1) / blk.q_block) * ((S + blk.kv_block - 1) / blk.kv_block);
+    EXPECT_EQ(fwd.blocks_total, tiles * p.H);
+    EXPECT_EQ(fwd.blocks_computed(), nonempty_tiles(p) * p.H);
+    EXPECT_EQ(bwd.blocks_computed(), fwd.blocks_computed());
+    EXPECT_EQ(bwd.blocks_full, fwd.blocks_full);
+    if (std::string(m) == "full") EXPECT_EQ(fwd.blocks_partial, 0);
+    if (std::string(m) == "causal") EXPECT_EQ(fwd.blocks_partial, ((S + blk.q_block - 1) / blk.q_block) * p.H);
+  }
+}
+
+TEST(Attention, ZigzagBlocksAreConservativeNeverWrong) {
+  const int64_t S = 1280;
+  Problem p = self_attention(S, 1, 1, 32, MaskSpec::causal());
+  p.q_pos = p.kv_pos = zigzag_positions(S, 4);
+  p.init();
+  AttentionStats stats;
+  run(p, KernelImpl::fast, nullptr, nullptr, &stats);
+  EXPECT_GE(stats.blocks_computed(), nonempty_tiles(p));
+  EXPECT_LT(stats.blocks_computed(), stats.blocks_total);  // still skips most empty tiles
+}
+
+TEST(Attention, BlockedPairCountEqualsTheNaiveCount) {
+  for (const char* m : {"causal", "local:100:7", "chunked:300", "causal+segments", "full"}) {
+    Problem p = self_attention(777, 3, 1, 16, MaskSpec::parse(m));
+    p.q_pos = p.kv_pos = zigzag_positions(776, 2);
+    p.q_pos.push_back(776), p.kv_pos.push_back(776);
+    if (p.mask.same_segment) p.q_seg = p.kv_seg = document_ids(p.q_pos, 777, 3);
+    p.init();
+    EXPECT_EQ(attention_unmasked_pairs_blocked(p.args()), attention_unmasked_pairs(p.args())) << m;
+  }
+}
+
+TEST(MaskSpec, ParsesEveryFormAndRoundTrips) {
+  EXPECT_EQ(MaskSpec::parse("local:128").left, 127);
+  EXPECT_EQ(MaskSpec::parse("local:128").right, 0);
+  EXPECT_EQ(MaskSpec::parse("local:3:4").right, 4);
+  EXPECT_EQ(MaskSpec::parse("chunked:64").chunk, 64);
+  EXPECT_TRUE(MaskSpec::parse("causal+segments").same_segment);
+  for (const char* m : {"full", "causal", "local:3:4", "chunked:64+segments"})
+    EXPECT_EQ(MaskSpec::parse(m).to_string(), m);
+}
+
+TEST(MaskSpec, RejectsMalformedMasks) {
+  for (const char* bad : {"", "causl", "local:", "local:0", "local:x", "local:-1:3", "local:2:3:4",
+                          "chunked:0", "chunked:-5", "chunked:1.5", "causal+segment",
+                          "+segments", "full+segments+segments"})
+    EXPECT_THROW(MaskSpec::parse(bad), ConfigError) << bad;
+}
