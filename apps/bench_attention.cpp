@@ -1,9 +1,200 @@
+// `longctx bench attention`: the attention kernel's FLOP rate, forward and
+// backward, against a oneDNN GEMM measured in the same run with the same
+// thread count. FLOPs count only unmasked (q, kv) pairs: forward 4 D per pair
+// per q head, backward 10 D (DESIGN.md section 4: ratios, not timings).
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
 #include "apps/commands.h"
 #include "core/error.h"
+#include "core/tensor.h"
+#include "core/timer.h"
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
 
 namespace longctx {
 
-// PLACEHOLDER until its issue lands.
-int run_bench_attention(const Args&) { throw Error("'bench_attention' is not built yet"); }
+namespace {
+
+const char* kUsage =
+    "usage: longctx bench attention [--batch B] [--seq S] [--kv-seq S] [--heads H]\n"
+    "         [--kv-heads G] [--head-dim D] [--mask full|causal|local:W|chunked:C|documents:N]\n"
+    "         [--dtype fp32] [--threads T] [--reps N] [--json]\n"
+    "  defaults: B=1 S=8192 kv-seq=S H=8 G=H D=128 causal, all threads, 3 timed reps\n"
+    "  q rows are the last S positions of the kv sequence (end-aligned);\n"
+    "  documents:N = N equal packed documents, causal within each\n";
+
+struct Flags {
+  int64_t batch = 1, seq = 8192, kv_seq = 0, heads = 8, kv_heads = 0, head_dim = 128, reps = 3;
+  std::string mask = "causal", dtype = "fp32";
+  int threads = 0;
+  bool json = false;
+};
+
+int64_t positive(const std::string& flag, const std::string& value) {
+  try {
+    size_t used = 0;
+    long long v = std::stoll(value, &used);
+    if (used == value.size() && v > 0) return v;
+  } catch (...) {
+  }
+  throw ConfigError(flag + " expects a positive integer, got '" + value + "'");
+}
+
+Flags parse_flags(const Args& args) {
+  Flags f;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--json") {
+      f.json = true;
+      continue;
+    }
+    if (i + 1 >= args.size()) throw ConfigError("bench attention: flag '" + a + "' needs a value");
+    const std::string& v = args[++i];
+    if (a == "--batch") f.batch = positive(a, v);
+    else if (a == "--seq") f.seq = positive(a, v);
+    else if (a == "--kv-seq") f.kv_seq = positive(a, v);
+    else if (a == "--heads") f.heads = positive(a, v);
+    else if (a == "--kv-heads") f.kv_heads = positive(a, v);
+    else if (a == "--head-dim") f.head_dim = positive(a, v);
+    else if (a == "--threads") f.threads = static_cast<int>(positive(a, v));
+    else if (a == "--reps") f.reps = positive(a, v);
+    else if (a == "--mask") f.mask = v;
+    else if (a == "--dtype") f.dtype = v;
+    else throw ConfigError("bench attention: unknown flag '" + a + "'\n" + kUsage);
+  }
+  if (f.kv_seq == 0) f.kv_seq = f.seq;
+  if (f.kv_heads == 0) f.kv_heads = f.heads;
+  if (f.heads % f.kv_heads != 0)
+    throw ConfigError("bench attention: --heads (" + std::to_string(f.heads) +
+                      ") must be a multiple of --kv-heads (" + std::to_string(f.kv_heads) + ")");
+  if (parse_dtype(f.dtype) != DType::f32)
+    throw ConfigError("bench attention: --dtype " + f.dtype + " is not supported yet: use fp32");
+  return f;
+}
+
+// "documents:N" is causal + same_segment over N equal documents; anything
+// else is a MaskSpec. Returns the number of documents (0 without segments).
+int64_t parse_bench_mask(const std::string& text, MaskSpec& mask) {
+  const std::string prefix = "documents:";
+  if (text.rfind(prefix, 0) != 0) {
+    mask = MaskSpec::parse(text);
+    return mask.same_segment ? 1 : 0;
+  }
+  mask = MaskSpec::causal();
+  mask.same_segment = true;
+  return positive("--mask documents:N", text.substr(prefix.size()));
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median seconds of `reps` calls after one warm-up call.
+template <typename F>
+double time_median(int64_t reps, F&& call) {
+  call();
+  std::vector<double> t;
+  for (int64_t r = 0; r < reps; ++r) {
+    Timer timer;
+    call();
+    t.push_back(timer.seconds());
+  }
+  return median(t);
+}
+
+void fill_random(const Tensor& t, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  float* p = t.f32();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = dist(gen);
+}
+
+}  // namespace
+
+int run_bench_attention(const Args& args) {
+  if (std::find(args.begin(), args.end(), "--help") != args.end()) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  const Flags f = parse_flags(args);
+  MaskSpec mask;
+  const int64_t documents = parse_bench_mask(f.mask, mask);
+  if (f.threads > 0) omp_set_num_threads(f.threads);
+  const int threads = omp_get_max_threads();
+  const int64_t B = f.batch, Sq = f.seq, Skv = f.kv_seq, H = f.heads, G = f.kv_heads, D = f.head_dim;
+
+  const auto act = MemCategory::activations;
+  Tensor q({B, Sq, H, D}, DType::f32, act, "bench q"), o({B, Sq, H, D}, DType::f32, act, "bench o");
+  Tensor dout({B, Sq, H, D}, DType::f32, act, "bench dout");
+  Tensor dq({B, Sq, H, D}, DType::f32, act, "bench dq");
+  Tensor k({B, Skv, G, D}, DType::f32, act, "bench k"), v({B, Skv, G, D}, DType::f32, act, "bench v");
+  Tensor dk({B, Skv, G, D}, DType::f32, act, "bench dk"), dv({B, Skv, G, D}, DType::f32, act, "bench dv");
+  fill_random(q, 1), fill_random(k, 2), fill_random(v, 3), fill_random(dout, 4);
+  std::vector<float> lse(B * Sq * H), delta(B * Sq * H);  // [B, Sq, H]
+
+  // kv at positions 0..Skv-1, q rows end-aligned; documents cut [0, Skv).
+  std::vector<int64_t> q_pos(B * Sq), kv_pos(B * Skv);
+  std::vector<int32_t> q_seg(B * Sq), kv_seg(B * Skv);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t j = 0; j < Skv; ++j) {
+      kv_pos[b * Skv + j] = j;
+      kv_seg[b * Skv + j] = static_cast<int32_t>(j * std::max<int64_t>(documents, 1) / Skv);
+    }
+    for (int64_t i = 0; i < Sq; ++i) {
+      const int64_t p = Skv - Sq + i;
+      q_pos[b * Sq + i] = p;
+      q_seg[b * Sq + i] = static_cast<int32_t>(std::max<int64_t>(p, 0) * std::max<int64_t>(documents, 1) / Skv);
+    }
+  }
+  AttentionArgs a;
+  a.q = q.view(), a.k = k.view(), a.v = v.view();
+  a.q_pos = q_pos.data(), a.kv_pos = kv_pos.data();
+  a.q_seg = q_seg.data(), a.kv_seg = kv_seg.data();
+  a.mask = mask;
+
+  const int64_t pairs = attention_unmasked_pairs_blocked(a);
+  const double fwd_flops = 4.0 * D * pairs, bwd_flops = 10.0 * D * pairs;
+  AttentionStats stats;
+  attention_forward(a, o.view(), lse.data(), &stats);  // also the stats of one call
+
+  const double gemm_before = measure_gemm_gflops(DType::f32);
+  const double fwd_s = time_median(f.reps, [&] { attention_forward(a, o.view(), lse.data()); });
+  attention_delta(o.view(), dout.view(), delta.data());
+  const double bwd_s = time_median(f.reps, [&] {
+    attention_backward(a, dout.view(), lse.data(), delta.data(), dq.view(), dk.view(), dv.view());
+  });
+  // The GEMM is measured on both sides, best kept: the machine may be shared.
+  const double gemm = std::max(gemm_before, measure_gemm_gflops(DType::f32));
+  const double fwd_gflops = fwd_flops / fwd_s / 1e9, bwd_gflops = bwd_flops / bwd_s / 1e9;
+
+  if (f.json) {
+    nlohmann::json j = {
+        {"batch", B}, {"seq", Sq}, {"kv_seq", Skv}, {"heads", H}, {"kv_heads", G},
+        {"head_dim", D}, {"mask", f.mask}, {"dtype", f.dtype}, {"threads", threads},
+        {"reps", f.reps}, {"pairs", pairs}, {"fwd_seconds", fwd_s}, {"bwd_seconds", bwd_s},
+        {"fwd_gflops", fwd_gflops}, {"bwd_gflops", bwd_gflops}, {"gemm_gflops", gemm},
+        {"fwd_ratio", fwd_gflops / gemm}, {"bwd_ratio", bwd_gflops / gemm},
+        {"blocks_total", stats.blocks_total}, {"blocks_partial", stats.blocks_partial},
+        {"blocks_full", stats.blocks_full}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("attention %s B=%ld Sq=%ld Skv=%ld H=%ld G=%ld D=%ld mask=%s threads=%d\n",
+              f.dtype.c_str(), B, Sq, Skv, H, G, D, f.mask.c_str(), threads);
+  std::printf("pairs %ld; tiles computed %ld of %ld (%ld with the elementwise mask)\n", pairs,
+              stats.blocks_computed(), stats.blocks_total, stats.blocks_partial);
+  std::printf("forward  %9.4f s  %7.1f GFLOP/s  %.2f x GEMM\n", fwd_s, fwd_gflops, fwd_gflops / gemm);
+  std::printf("backward %9.4f s  %7.1f GFLOP/s  %.2f x GEMM\n", bwd_s, bwd_gflops, bwd_gflops / gemm);
+  std::printf("gemm               %7.1f GFLOP/s  (oneDNN sgemm 2048^3, same threads)\n", gemm);
+  return 0;
+}
 
 }  // namespace longctx
