@@ -94,3 +94,47 @@ TEST(TrainParallel, ConfigErrorsAreRaisedOnEveryRankBeforeWork) {
   RunConfig c = config_from_values(tiny_values(1, world * 2, 1, "ring", 1));
   EXPECT_THROW(validate_config(c, world), ConfigError);  // mesh product != world: every rank agrees
 }
+
+TEST(TrainParallel, CheckpointFromAShardedMeshResumesOnOneRank) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // One directory for all ranks: rank 0's pid names it.
+  long long id = rank == 0 ? static_cast<long long>(::getpid()) : 0;
+  MPI_Bcast(&id, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("longctx_reshard_" + std::to_string(id));
+
+  RunConfig single = config_from_values(tiny_values(1, 1, 1, "all_gather", 1));
+  validate_config(single, 1);
+  std::vector<double> straight;
+  {
+    Trainer t(single, nullptr);
+    for (int i = 0; i < kSteps; ++i) straight.push_back(t.train_step().loss);
+  }
+  // First half on cp x tp (TP shards gathered into the checkpoint).
+  const int64_t tp = world % 2 == 0 ? 2 : 1, cp = world / tp;
+  auto values = tiny_values(1, cp, tp, "ring", 1);
+  values["checkpoint_dir"] = dir.string();
+  RunConfig sharded = config_from_values(values);
+  validate_config(sharded, world);
+  {
+    Mesh mesh(mesh_shape_from_config(sharded));
+    Trainer t(sharded, &mesh);
+    for (int i = 0; i < kSteps / 2; ++i) t.train_step();
+    t.save();
+  }
+  // Second half on one rank, on every rank.
+  auto one = tiny_values(1, 1, 1, "all_gather", 1);
+  one["checkpoint_dir"] = dir.string();
+  RunConfig resumed_config = config_from_values(one);
+  validate_config(resumed_config, 1);
+  Trainer resumed(resumed_config, nullptr);
+  ASSERT_NE(resumed.resume(), "");
+  EXPECT_EQ(resumed.step(), kSteps / 2);
+  for (int i = kSteps / 2; i < kSteps; ++i) {
+    double loss = resumed.train_step().loss;
+    EXPECT_LT(rel(loss, straight[i]), 1e-4) << "step " << i << ": " << loss << " vs " << straight[i];
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir);
+}

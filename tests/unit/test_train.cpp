@@ -146,3 +146,10 @@ TEST(Train, RunWritesStepLinesMetricsAndAFinalCheckpoint) {
   again.run(nullptr);
   EXPECT_EQ(again.step(), 4);
 }
+
+TEST(Train, DeviceMemoryBudgetIsEnforced) {
+  TempDir t;
+  RunConfig c = tiny(t.path, {{"device_memory_budget", int64_t(64 * 1024)}});
+  EXPECT_THROW(Trainer(c, nullptr), OutOfMemoryError);
+  MemoryTracker::global().set_budget(0);
+}
