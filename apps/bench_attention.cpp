@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -25,14 +26,15 @@ namespace {
 const char* kUsage =
     "usage: longctx bench attention [--batch B] [--seq S] [--kv-seq S] [--heads H]\n"
     "         [--kv-heads G] [--head-dim D] [--mask full|causal|local:W|chunked:C|documents:N]\n"
-    "         [--dtype fp32] [--threads T] [--reps N] [--json]\n"
+    "         [--dtype fp32] [--threads T] [--reps N] [--clock wall|cpu] [--json]\n"
     "  defaults: B=1 S=8192 kv-seq=S H=8 G=H D=128 causal, all threads, 3 timed reps\n"
     "  q rows are the last S positions of the kv sequence (end-aligned);\n"
-    "  documents:N = N equal packed documents, causal within each\n";
+    "  documents:N = N equal packed documents, causal within each;\n"
+    "  --clock cpu times by process CPU seconds / threads (steadier on a shared machine)\n";
 
 struct Flags {
   int64_t batch = 1, seq = 8192, kv_seq = 0, heads = 8, kv_heads = 0, head_dim = 128, reps = 3;
-  std::string mask = "causal", dtype = "fp32";
+  std::string mask = "causal", dtype = "fp32", clock = "wall";
   int threads = 0;
   bool json = false;
 };
@@ -67,6 +69,7 @@ Flags parse_flags(const Args& args) {
     else if (a == "--reps") f.reps = positive(a, v);
     else if (a == "--mask") f.mask = v;
     else if (a == "--dtype") f.dtype = v;
+    else if (a == "--clock") f.clock = v;
     else throw ConfigError("bench attention: unknown flag '" + a + "'\n" + kUsage);
   }
   if (f.kv_seq == 0) f.kv_seq = f.seq;
@@ -74,6 +77,8 @@ Flags parse_flags(const Args& args) {
   if (f.heads % f.kv_heads != 0)
     throw ConfigError("bench attention: --heads (" + std::to_string(f.heads) +
                       ") must be a multiple of --kv-heads (" + std::to_string(f.kv_heads) + ")");
+  if (f.clock != "wall" && f.clock != "cpu")
+    throw ConfigError("bench attention: --clock must be wall or cpu, got '" + f.clock + "'");
   if (parse_dtype(f.dtype) != DType::f32)
     throw ConfigError("bench attention: --dtype " + f.dtype + " is not supported yet: use fp32");
   return f;
@@ -97,17 +102,47 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Median seconds of `reps` calls after one warm-up call.
+// Seconds of one call: wall clock, or process CPU seconds per thread (other
+// jobs on a shared machine then slow the call less).
 template <typename F>
-double time_median(int64_t reps, F&& call) {
-  call();
-  std::vector<double> t;
-  for (int64_t r = 0; r < reps; ++r) {
+double seconds_of(bool cpu_clock, F&& call) {
+  if (!cpu_clock) {
     Timer timer;
     call();
-    t.push_back(timer.seconds());
+    return timer.seconds();
   }
+  auto cpu_now = [] {
+    timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+  };
+  const double start = cpu_now();
+  call();
+  return (cpu_now() - start) / omp_get_max_threads();
+}
+
+// Median seconds of `reps` calls after one warm-up call.
+template <typename F>
+double time_median(bool cpu_clock, int64_t reps, F&& call) {
+  call();
+  std::vector<double> t;
+  for (int64_t r = 0; r < reps; ++r) t.push_back(seconds_of(cpu_clock, call));
   return median(t);
+}
+
+// The GEMM reference: measure_gemm_gflops on the wall clock; on the CPU clock
+// the same 2048^3 product, best of 5 after a warm-up.
+double gemm_gflops(bool cpu_clock) {
+  if (!cpu_clock) return measure_gemm_gflops(DType::f32);
+  const int64_t n = 2048;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  auto once = [&] {
+    gemm_f32(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  };
+  once();
+  double best = 0.0;
+  for (int r = 0; r < 5; ++r) best = std::max(best, 2.0 * n * n * n / seconds_of(true, once) / 1e9);
+  return best;
 }
 
 void fill_random(const Tensor& t, uint32_t seed) {
@@ -165,21 +200,22 @@ int run_bench_attention(const Args& args) {
   AttentionStats stats;
   attention_forward(a, o.view(), lse.data(), &stats);  // also the stats of one call
 
-  const double gemm_before = measure_gemm_gflops(DType::f32);
-  const double fwd_s = time_median(f.reps, [&] { attention_forward(a, o.view(), lse.data()); });
+  const bool cpu_clock = f.clock == "cpu";
+  const double gemm_before = gemm_gflops(cpu_clock);
+  const double fwd_s = time_median(cpu_clock, f.reps, [&] { attention_forward(a, o.view(), lse.data()); });
   attention_delta(o.view(), dout.view(), delta.data());
-  const double bwd_s = time_median(f.reps, [&] {
+  const double bwd_s = time_median(cpu_clock, f.reps, [&] {
     attention_backward(a, dout.view(), lse.data(), delta.data(), dq.view(), dk.view(), dv.view());
   });
   // The GEMM is measured on both sides, best kept: the machine may be shared.
-  const double gemm = std::max(gemm_before, measure_gemm_gflops(DType::f32));
+  const double gemm = std::max(gemm_before, gemm_gflops(cpu_clock));
   const double fwd_gflops = fwd_flops / fwd_s / 1e9, bwd_gflops = bwd_flops / bwd_s / 1e9;
 
   if (f.json) {
     nlohmann::json j = {
         {"batch", B}, {"seq", Sq}, {"kv_seq", Skv}, {"heads", H}, {"kv_heads", G},
         {"head_dim", D}, {"mask", f.mask}, {"dtype", f.dtype}, {"threads", threads},
-        {"reps", f.reps}, {"pairs", pairs}, {"fwd_seconds", fwd_s}, {"bwd_seconds", bwd_s},
+        {"reps", f.reps}, {"clock", f.clock}, {"pairs", pairs}, {"fwd_seconds", fwd_s}, {"bwd_seconds", bwd_s},
         {"fwd_gflops", fwd_gflops}, {"bwd_gflops", bwd_gflops}, {"gemm_gflops", gemm},
         {"fwd_ratio", fwd_gflops / gemm}, {"bwd_ratio", bwd_gflops / gemm},
         {"blocks_total", stats.blocks_total}, {"blocks_partial", stats.blocks_partial},
@@ -193,7 +229,8 @@ int run_bench_attention(const Args& args) {
               stats.blocks_computed(), stats.blocks_total, stats.blocks_partial);
   std::printf("forward  %9.4f s  %7.1f GFLOP/s  %.2f x GEMM\n", fwd_s, fwd_gflops, fwd_gflops / gemm);
   std::printf("backward %9.4f s  %7.1f GFLOP/s  %.2f x GEMM\n", bwd_s, bwd_gflops, bwd_gflops / gemm);
-  std::printf("gemm               %7.1f GFLOP/s  (oneDNN sgemm 2048^3, same threads)\n", gemm);
+  std::printf("gemm               %7.1f GFLOP/s  (oneDNN sgemm 2048^3, same threads, %s clock)\n",
+              gemm, f.clock.c_str());
   return 0;
 }
 
