@@ -1,5 +1,6 @@
 // Float64 naive attention: the independent reference every fast path and
 // every context-parallel strategy is tested against. Also the mask parser.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -165,6 +166,9 @@ void attention_backward_reference(const AttentionArgs& a, const TensorView& dout
                                   const TensorView& dk, const TensorView& dv) {
   Dims d = check_args(a);
   std::vector<double> dqi(d.D);
+  // dK, dV sum over every q row (and every head of the group): in float64
+  // too, added to the caller's fp32 buffers once at the end.
+  std::vector<double> dk_sum(d.B * d.Skv * d.G * d.D, 0.0), dv_sum(dk_sum.size(), 0.0);
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.H; ++h)
       for (int64_t i = 0; i < d.Sq; ++i) {
@@ -186,16 +190,28 @@ void attention_backward_reference(const AttentionArgs& a, const TensorView& dout
           }
           double p = std::exp(dot * d.scale - l);
           double ds = p * (dp - dl);
-          float* dkj = dk.at<float>({b, j, g});
-          float* dvj = dv.at<float>({b, j, g});
+          double* dkj = dk_sum.data() + ((b * d.Skv + j) * d.G + g) * d.D;
+          double* dvj = dv_sum.data() + ((b * d.Skv + j) * d.G + g) * d.D;
           for (int64_t x = 0; x < d.D; ++x) {
             dqi[x] += ds * d.scale * kj[x];
-            dkj[x] += static_cast<float>(ds * d.scale * qi[x]);
-            dvj[x] += static_cast<float>(p * doi[x]);
+            dkj[x] += ds * d.scale * qi[x];
+            dvj[x] += p * doi[x];
           }
         }
         float* dqp = dq.at<float>({b, i, h});
         for (int64_t x = 0; x < d.D; ++x) dqp[x] += static_cast<float>(dqi[x]);
+      }
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t j = 0; j < d.Skv; ++j)
+      for (int64_t g = 0; g < d.G; ++g) {
+        const double* dks = dk_sum.data() + ((b * d.Skv + j) * d.G + g) * d.D;
+        const double* dvs = dv_sum.data() + ((b * d.Skv + j) * d.G + g) * d.D;
+        float* dkj = dk.at<float>({b, j, g});
+        float* dvj = dv.at<float>({b, j, g});
+        for (int64_t x = 0; x < d.D; ++x) {
+          dkj[x] += static_cast<float>(dks[x]);
+          dvj[x] += static_cast<float>(dvs[x]);
+        }
       }
 }
 
