@@ -29,8 +29,7 @@ void resolve_auto_strategy(RunConfig& config, int rank) {
   try {
     hw = load_hardware_profile("cpu-local");
   } catch (const Error& e) {
-    throw ConfigError(std::string("context_parallel_strategy=auto needs the cpu-local hardware profile; run "
-                                  "`mpiexec -n 2 build/longctx plan --measure` first (") + e.what() + ")");
+    throw ConfigError(std::string("context_parallel_strategy=auto: ") + e.what());
   }
   PlanRecommendation r = recommend(config, hw);
   if (!r.found) throw ConfigError("context_parallel_strategy=auto: the planner found no configuration that fits: " + r.reason);
