@@ -210,3 +210,16 @@ TEST(Ops, Bf16ViewsAreRejectedUntilImplemented) {
                                TensorView(y.data(), DType::f32, {2, 3})),
                ShapeError);
 }
+
+TEST(Ops, SwigluAndCrossEntropySaturateWithoutNaN) {
+  std::vector<float> g = {-200.0f, -90.0f, 0.0f, 90.0f, 200.0f}, u(5, 2.0f), a(5);
+  swiglu_forward(TensorView(g.data(), DType::f32, {1, 5}), TensorView(u.data(), DType::f32, {1, 5}),
+                 TensorView(a.data(), DType::f32, {1, 5}));
+  std::vector<float> want = {0.0f, 0.0f, 0.0f, 180.0f, 400.0f};
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(a[i], want[i], 1e-4f * std::abs(want[i]) + 1e-30f);
+  std::vector<float> z = {1000.0f, -1000.0f, 0.0f};
+  std::vector<int32_t> t = {1};
+  const double loss = cross_entropy(TensorView(z.data(), DType::f32, {1, 3}), t.data(), nullptr,
+                                    1.0f, nullptr);
+  EXPECT_NEAR(loss, 2000.0, 1e-3);
+}
