@@ -467,3 +467,21 @@ TEST(MaskSpec, RejectsMalformedMasks) {
                           "+segments", "full+segments+segments"})
     EXPECT_THROW(MaskSpec::parse(bad), ConfigError) << bad;
 }
+
+TEST(Attention, RejectsShapesItCannotRun) {
+  Problem p = self_attention(10, 3, 2, 8, MaskSpec::causal());  // 3 % 2 != 0
+  p.init();
+  std::vector<float> o(p.q.size()), lse(p.Sq * p.H);
+  EXPECT_THROW(attention_forward(p.args(), p.qview(o), lse.data()), ShapeError);
+
+  Problem s = self_attention(10, 2, 1, 8, MaskSpec::parse("causal+segments"));
+  s.init();
+  AttentionArgs no_segments = s.args();
+  no_segments.q_seg = no_segments.kv_seg = nullptr;
+  std::vector<float> o2(s.q.size()), lse2(s.Sq * s.H);
+  EXPECT_THROW(attention_forward(no_segments, s.qview(o2), lse2.data()), ShapeError);
+
+  AttentionArgs strided_head = s.args();  // head dim with stride 2
+  strided_head.q.stride[3] = 2;
+  EXPECT_THROW(attention_forward(strided_head, s.qview(o2), lse2.data()), ShapeError);
+}
