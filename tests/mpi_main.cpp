@@ -1,10 +1,31 @@
-// gtest main for MPI tests: every rank runs every test; only rank 0 prints.
-// A failing rank aborts the job so that peers never wait on it.
+// gtest main for MPI tests: every rank runs every test; rank 0 prints the
+// usual report, other ranks print only their failed assertions, tagged with
+// their rank. The exit status is non-zero on every rank if any rank failed.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdio>
+#include <string>
+
 namespace {
-class QuietOnOtherRanks : public testing::EmptyTestEventListener {};
+class FailuresOnlyOnOtherRanks : public testing::EmptyTestEventListener {
+ public:
+  explicit FailuresOnlyOnOtherRanks(int rank) : rank_(rank) {}
+  // (gtest holds its own lock during OnTestPartResult: remember the name here.)
+  void OnTestStart(const testing::TestInfo& t) override {
+    test_ = std::string(t.test_suite_name()) + "." + t.name();
+  }
+  void OnTestPartResult(const testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s %s:%d\n%s\n", rank_, test_.c_str(),
+                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+    std::fflush(stderr);
+  }
+
+ private:
+  int rank_;
+  std::string test_;
+};
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -16,7 +37,7 @@ int main(int argc, char** argv) {
   if (rank != 0) {
     auto& listeners = testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new QuietOnOtherRanks);
+    listeners.Append(new FailuresOnlyOnOtherRanks(rank));
   }
   int failed = RUN_ALL_TESTS();
   int any_failed = 0;

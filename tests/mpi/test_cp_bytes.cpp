@@ -1,0 +1,162 @@
+// ranks: 2 4
+// Byte counters after one forward + backward equal the formulas documented in
+// src/cp/cp_attention.h, recomputed here from the shapes (and, for ring, from
+// an exact pair-by-pair scan of which (rank, chunk) pieces the mask touches).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "comm/mesh.h"
+#include "cp/cp_selfcheck.h"
+
+namespace longctx {
+namespace {
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+CpCheckCase base_case(CpStrategy s, const char* mask) {
+  CpCheckCase c;
+  c.strategy = s;
+  c.mask = MaskSpec::parse(mask);
+  c.batch = 2;
+  c.seq_len = 64;
+  c.heads = 8;
+  c.kv_heads = 2;
+  c.head_dim = 8;
+  c.options.ring_chunk_tokens = 4;
+  return c;
+}
+
+TEST(CpBytes, AllGather) {
+  const int64_t P = world_size();
+  Mesh mesh(1, P, 1, 1);
+  for (const char* mask : {"causal", "causal+segments"}) {
+    CpCheckCase c = base_case(CpStrategy::all_gather, mask);
+    CpCheckResult r = check_cp_strategy(mesh, c);
+    const int64_t L = c.seq_len / P, seg = c.mask.same_segment ? 4 : 0;
+    const int64_t gathered = 2 * (P - 1) * c.batch * L * (8 * c.kv_heads * c.head_dim + 8 + seg);
+    EXPECT_EQ(r.counters[CommOp::all_gather].bytes_sent, gathered) << mask;
+    EXPECT_EQ(r.counters[CommOp::all_gather].bytes_received, gathered) << mask;
+    const int64_t scattered = (P - 1) * c.batch * L * 8 * c.kv_heads * c.head_dim;
+    EXPECT_EQ(r.counters[CommOp::reduce_scatter].bytes_sent, scattered) << mask;
+    EXPECT_EQ(r.counters.bytes_sent(), gathered + scattered) << mask;
+  }
+}
+
+TEST(CpBytes, Ulysses) {
+  const int64_t P = world_size();
+  Mesh mesh(1, P, 1, 1);
+  for (int64_t kv_heads : {8, 2, 1}) {
+    CpCheckCase c = base_case(CpStrategy::ulysses, "causal");
+    c.kv_heads = kv_heads;
+    CpCheckResult r = check_cp_strategy(mesh, c);
+    const int64_t L = c.seq_len / P, D = c.head_dim, Hu = c.heads / P;
+    const int64_t Gu = kv_heads % P == 0 ? kv_heads / P : 1;
+    const int64_t floats_per_token = (Hu + 2 * Gu) * D + Hu * (D + 1)          // forward
+                                     + (2 * Hu + 2 * Gu) * D + 2 * Hu          // backward in
+                                     + (Hu + 2 * Gu) * D;                      // backward out
+    EXPECT_EQ(r.counters[CommOp::all_to_all].bytes_sent, (P - 1) * c.batch * L * 4 * floats_per_token)
+        << "G=" << kv_heads;
+    EXPECT_EQ(r.counters[CommOp::all_gather].bytes_sent, 2 * (P - 1) * c.batch * L * 8)
+        << "G=" << kv_heads;
+    EXPECT_EQ(r.counters[CommOp::all_to_all].bytes_received, r.counters[CommOp::all_to_all].bytes_sent);
+  }
+}
+
+// Ring bytes from an exact scan: piece (q rank, kv rank, chunk) moves iff some
+// pair of tokens in it is allowed by the mask.
+struct RingExpectation {
+  int64_t sent = 0, received = 0, pieces = 0;
+};
+
+RingExpectation expected_ring_bytes(const CpCheckCase& c, int P, int rank) {
+  CpProblem p = make_cp_problem(c);
+  CpLayout layout(c.layout, c.seq_len, P);
+  const int64_t L = layout.local_len(), n = cp_ring_chunks(L, c.options.ring_chunk_tokens);
+  const int64_t seg = c.mask.same_segment ? 4 : 0, kv_row = 8 * c.kv_heads * c.head_dim;
+  auto piece_needed = [&](int q_rank, int kv_rank, int64_t chunk) {
+    const auto& qi = layout.token_indices(q_rank);
+    const auto& ki = layout.token_indices(kv_rank);
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t i : qi)
+        for (int64_t j = chunk * L / n; j < (chunk + 1) * L / n; ++j) {
+          int64_t qg = b * c.seq_len + i, kg = b * c.seq_len + ki[j];
+          if (c.mask.allows(p.pos[qg], p.pos[kg], p.seg[qg], p.seg[kg])) return true;
+        }
+    return false;
+  };
+  RingExpectation e;
+  // Shard summaries, all-gathered once per call (forward and backward).
+  e.sent = e.received = 2 * (P - 1) * c.batch * n * 32;
+  for (int s = 1; s < P; ++s)
+    for (int64_t ch = 0; ch < n; ++ch) {
+      const int64_t len = (ch + 1) * L / n - ch * L / n;
+      if (piece_needed((rank + s) % P, rank, ch)) {  // my chunk goes out, its dK, dV come back
+        e.sent += 2 * c.batch * len * (kv_row + 8 + seg);
+        e.received += c.batch * len * kv_row;
+      }
+      if (piece_needed(rank, (rank - s + P) % P, ch)) {  // a chunk comes in, its dK, dV go back
+        e.received += 2 * c.batch * len * (kv_row + 8 + seg);
+        e.sent += c.batch * len * kv_row;
+        ++e.pieces;
+      }
+    }
+  return e;
+}
+
+TEST(CpBytes, Ring) {
+  const int P = world_size();
+  Mesh mesh(1, P, 1, 1);
+  for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::zigzag})
+    for (const char* mask : {"full", "causal", "local:3", "causal+segments"}) {
+      CpCheckCase c = base_case(CpStrategy::ring, mask);
+      c.layout = layout;
+      CpCheckResult r = check_cp_strategy(mesh, c);
+      EXPECT_LE(r.max_error(), 2e-5);
+      RingExpectation e = expected_ring_bytes(c, P, mesh.cp_rank());
+      if (!c.mask.same_segment) {
+        EXPECT_EQ(r.counters.bytes_sent(), e.sent) << layout_kind_name(layout) << " " << mask;
+        EXPECT_EQ(r.counters.bytes_received(), e.received) << layout_kind_name(layout) << " " << mask;
+      } else {
+        // Positions restart per document, so chunk ranges are conservative:
+        // at least the exact pieces move, at most all of them.
+        EXPECT_GE(r.counters.bytes_sent(), e.sent) << layout_kind_name(layout);
+        EXPECT_GE(r.counters.bytes_received(), e.received) << layout_kind_name(layout);
+        const int64_t L = c.seq_len / P, n = cp_ring_chunks(L, c.options.ring_chunk_tokens);
+        const int64_t kv_row = 8 * c.kv_heads * c.head_dim;
+        const int64_t everything = 2 * (P - 1) * c.batch * n * 32 +
+                                   (P - 1) * c.batch * L * (2 * (kv_row + 8 + 4) + kv_row);
+        EXPECT_LE(r.counters.bytes_sent(), everything) << layout_kind_name(layout);
+      }
+    }
+}
+
+// A window shorter than a chunk: a contiguous rank needs only the last chunk
+// of its left neighbour, so every other piece, and every step s >= 2, moves
+// nothing. Rank r receives that one chunk twice (forward, backward) unless it
+// is rank 0, and the dK, dV of its own last chunk back from rank r+1 unless
+// it is the last rank.
+TEST(CpBytes, SlidingWindowSkipsRingSteps) {
+  const int P = world_size();
+  Mesh mesh(1, P, 1, 1);
+  CpCheckCase c = base_case(CpStrategy::ring, "local:3");
+  CpCheckResult r = check_cp_strategy(mesh, c);
+  EXPECT_LE(r.max_error(), 2e-5);
+  const int rank = mesh.cp_rank();
+  const int64_t L = c.seq_len / P, n = cp_ring_chunks(L, c.options.ring_chunk_tokens);
+  const int64_t len = L - (n - 1) * L / n;  // the last chunk
+  const int64_t kv = c.batch * len * (8 * c.kv_heads * c.head_dim + 8);
+  const int64_t grad = c.batch * len * 8 * c.kv_heads * c.head_dim;
+  EXPECT_EQ(r.counters[CommOp::recv].calls, (rank > 0 ? 2 : 0) + (rank < P - 1 ? 1 : 0));
+  EXPECT_EQ(r.counters[CommOp::recv].bytes_received,
+            (rank > 0 ? 2 * kv : 0) + (rank < P - 1 ? grad : 0));
+  EXPECT_EQ(r.counters[CommOp::send].bytes_sent,
+            (rank < P - 1 ? 2 * kv : 0) + (rank > 0 ? grad : 0));
+}
+
+}  // namespace
+}  // namespace longctx
