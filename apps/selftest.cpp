@@ -77,7 +77,7 @@ int run_selftest(const Args& args) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   SelftestFlags f = parse_flags(args, world);
-  validate_mesh(MeshShape{world / f.cp, f.cp, f.ulysses > 0 ? f.ulysses : 1, 1}, world);
+  validate_mesh(MeshShape{std::max(1, world / f.cp), f.cp, f.ulysses > 0 ? f.ulysses : 1, 1}, world);
 
   // (strategy, ulysses degree of the mesh) to run.
   std::vector<std::pair<CpStrategy, int>> runs;

@@ -1,0 +1,67 @@
+// Bad configurations, run through the real `longctx` binary under mpiexec on
+// 2 ranks: each must exit non-zero within 30 s on every rank, each rank
+// printing one line that names the broken rule (never a hang).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace {
+
+struct RunResult {
+  int status;
+  std::string output;
+};
+
+RunResult run_longctx(const std::string& flags) {
+  const auto exe = std::filesystem::canonical("/proc/self/exe").parent_path().parent_path() / "longctx";
+  const std::string cmd = "OMP_NUM_THREADS=1 timeout 30 mpiexec --oversubscribe --allow-run-as-root "
+                          "--bind-to none -n 2 " + exe.string() + " " + flags + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  RunResult r{-1, ""};
+  std::array<char, 4096> buf;
+  while (fgets(buf.data(), buf.size(), pipe)) r.output += buf.data();
+  r.status = pclose(pipe);
+  return r;
+}
+
+void expect_rule(const std::string& flags, const std::string& rule) {
+  RunResult r = run_longctx(flags);
+  SCOPED_TRACE(flags + "\n" + r.output);
+  ASSERT_NE(r.status, 0);
+  EXPECT_NE(WEXITSTATUS(r.status), 124) << "timed out";
+  for (int rank : {0, 1}) {
+    const std::string line = "longctx: error (rank " + std::to_string(rank) + "): ";
+    const size_t at = r.output.find(line);
+    ASSERT_NE(at, std::string::npos);
+    const std::string message = r.output.substr(at, r.output.find('\n', at) - at);
+    EXPECT_NE(message.find(rule), std::string::npos) << message;
+  }
+}
+
+TEST(ConfigErrors, CpMustDivideSequence) {
+  expect_rule("selftest --seq 31", "cp (2) must divide the sequence length (31)");
+}
+
+TEST(ConfigErrors, ZigzagNeedsTwiceRingChunks) {
+  expect_rule("selftest --seq 34 --layout zigzag", "2 x ring (4) must divide the sequence length (34)");
+}
+
+TEST(ConfigErrors, UlyssesDegreeVersusHeads) {
+  expect_rule("selftest --strategy ulysses --heads 3 --kv-heads 3 --mask causal",
+              "ulysses degree (2) must divide the query heads (3)");
+  expect_rule("selftest --strategy ulysses --heads 6 --kv-heads 3 --mask causal",
+              "the kv heads (3) and the ulysses degree (2) must divide one another");
+}
+
+TEST(ConfigErrors, MeshProductMustEqualWorld) {
+  expect_rule("selftest --cp 3", "dp x cp x tp = 1 x 3 x 1 = 3 but the job has 2 ranks");
+}
+
+TEST(ConfigErrors, UnknownStrategy) {
+  expect_rule("selftest --strategy spiral", "unknown context_parallel_strategy 'spiral'");
+}
+
+}  // namespace
