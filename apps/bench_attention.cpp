@@ -26,14 +26,16 @@ namespace {
 const char* kUsage =
     "usage: longctx bench attention [--batch B] [--seq S] [--kv-seq S] [--heads H]\n"
     "         [--kv-heads G] [--head-dim D] [--mask full|causal|local:W|chunked:C|documents:N]\n"
-    "         [--dtype fp32] [--threads T] [--reps N] [--clock wall|cpu] [--json]\n"
-    "  defaults: B=1 S=8192 kv-seq=S H=8 G=H D=128 causal, all threads, 3 timed reps\n"
+    "         [--dtype fp32] [--threads T] [--reps N] [--warmup N]\n"
+    "         [--clock wall|cpu] [--json]\n"
+    "  defaults: B=1 S=8192 kv-seq=S H=8 G=H D=128 causal, all threads, 1 warm-up call, 3 timed\n"
     "  q rows are the last S positions of the kv sequence (end-aligned);\n"
     "  documents:N = N equal packed documents, causal within each;\n"
     "  --clock cpu times by process CPU seconds / threads (steadier on a shared machine)\n";
 
 struct Flags {
-  int64_t batch = 1, seq = 8192, kv_seq = 0, heads = 8, kv_heads = 0, head_dim = 128, reps = 3;
+  int64_t batch = 1, seq = 8192, kv_seq = 0, heads = 8, kv_heads = 0, head_dim = 128;
+  int64_t reps = 3, warmup = 1;
   std::string mask = "causal", dtype = "fp32", clock = "wall";
   int threads = 0;
   bool json = false;
@@ -67,6 +69,7 @@ Flags parse_flags(const Args& args) {
     else if (a == "--head-dim") f.head_dim = positive(a, v);
     else if (a == "--threads") f.threads = static_cast<int>(positive(a, v));
     else if (a == "--reps") f.reps = positive(a, v);
+    else if (a == "--warmup") f.warmup = v == "0" ? 0 : positive(a, v);
     else if (a == "--mask") f.mask = v;
     else if (a == "--dtype") f.dtype = v;
     else if (a == "--clock") f.clock = v;
@@ -121,14 +124,14 @@ double seconds_of(bool cpu_clock, F&& call) {
   return (cpu_now() - start) / omp_get_max_threads();
 }
 
-// Median and fastest seconds of `reps` calls after one warm-up call (the
+// Median and fastest seconds of `reps` calls after `warmup` calls (the
 // fastest is what a shared machine's noise disturbs least).
 struct Timing {
   double median, best;
 };
 template <typename F>
-Timing time_calls(bool cpu_clock, int64_t reps, F&& call) {
-  call();
+Timing time_calls(bool cpu_clock, int64_t warmup, int64_t reps, F&& call) {
+  for (int64_t w = 0; w < warmup; ++w) call();
   std::vector<double> t;
   for (int64_t r = 0; r < reps; ++r) t.push_back(seconds_of(cpu_clock, call));
   return {median(t), *std::min_element(t.begin(), t.end())};
@@ -206,9 +209,10 @@ int run_bench_attention(const Args& args) {
 
   const bool cpu_clock = f.clock == "cpu";
   const double gemm_before = gemm_gflops(cpu_clock);
-  const Timing fwd = time_calls(cpu_clock, f.reps, [&] { attention_forward(a, o.view(), lse.data()); });
+  const Timing fwd = time_calls(cpu_clock, f.warmup, f.reps,
+                                [&] { attention_forward(a, o.view(), lse.data()); });
   attention_delta(o.view(), dout.view(), delta.data());
-  const Timing bwd = time_calls(cpu_clock, f.reps, [&] {
+  const Timing bwd = time_calls(cpu_clock, f.warmup, f.reps, [&] {
     attention_backward(a, dout.view(), lse.data(), delta.data(), dq.view(), dk.view(), dv.view());
   });
   // The GEMM is measured on both sides, best kept: the machine may be shared.
@@ -220,7 +224,8 @@ int run_bench_attention(const Args& args) {
     nlohmann::json j = {
         {"batch", B}, {"seq", Sq}, {"kv_seq", Skv}, {"heads", H}, {"kv_heads", G},
         {"head_dim", D}, {"mask", f.mask}, {"dtype", f.dtype}, {"threads", threads},
-        {"reps", f.reps}, {"clock", f.clock}, {"pairs", pairs}, {"fwd_seconds", fwd.median}, {"bwd_seconds", bwd.median},
+        {"reps", f.reps}, {"warmup", f.warmup}, {"clock", f.clock}, {"pairs", pairs},
+        {"fwd_seconds", fwd.median}, {"bwd_seconds", bwd.median},
         {"fwd_best_gflops", fwd_best}, {"bwd_best_gflops", bwd_best},
         {"fwd_gflops", fwd_gflops}, {"bwd_gflops", bwd_gflops}, {"gemm_gflops", gemm},
         {"fwd_ratio", fwd_gflops / gemm}, {"bwd_ratio", bwd_gflops / gemm},
@@ -233,7 +238,7 @@ int run_bench_attention(const Args& args) {
               f.dtype.c_str(), B, Sq, Skv, H, G, D, f.mask.c_str(), threads);
   std::printf("pairs %ld; tiles computed %ld of %ld (%ld with the elementwise mask)\n", pairs,
               stats.blocks_computed(), stats.blocks_total, stats.blocks_partial);
-  std::printf("median of %ld after a warm-up (fastest in brackets)\n", f.reps);
+  std::printf("median of %ld after %ld warm-up (fastest in brackets)\n", f.reps, f.warmup);
   std::printf("forward  %9.4f s  %7.1f GFLOP/s  %.2f x GEMM  (%.1f, %.2f)\n", fwd.median, fwd_gflops,
               fwd_gflops / gemm, fwd_best, fwd_best / gemm);
   std::printf("backward %9.4f s  %7.1f GFLOP/s  %.2f x GEMM  (%.1f, %.2f)\n", bwd.median, bwd_gflops,

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates attention_cpu.json (one JSON object per run) and attention_cpu.md
 # (the table) from `longctx bench attention`. Usage:
-#   bench/results/attention_cpu.sh [path/to/longctx]     (default: build/longctx)
-# Takes about 5 minutes on 2 idle cores. On a shared machine the ratios to the
+#   [CLOCK=cpu] bench/results/attention_cpu.sh [path/to/longctx]   (default: build/longctx)
+# Takes about 5 minutes on 2 idle cores. CLOCK=cpu times by process CPU
+# seconds (see `longctx bench attention --help`), steadier when shared. On a shared machine the ratios to the
 # same-run GEMM are the numbers to read; `uptime` is recorded beside them.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -11,7 +12,7 @@ json="$here/attention_cpu.json"
 md="$here/attention_cpu.md"
 : > "$json"
 
-run() { "$bin" bench attention --json "$@" | tee -a "$json"; }
+run() { "$bin" bench attention --json --clock "${CLOCK:-wall}" "$@" | tee -a "$json"; }
 
 # The issue's targets: D=128, H=G=8, S=8192, causal, 1 thread; H=2, S=16384 on 1 and 2 threads.
 run --threads 1 --heads 8 --seq 8192 --mask causal
@@ -20,7 +21,8 @@ run --threads 2 --heads 2 --seq 16384 --mask causal
 # Every mask over S = 4096..32768 (2 threads, H=G=2, D=128).
 for seq in 4096 8192 16384 32768; do
   for mask in full causal local:1024 chunked:2048 documents:8; do
-    run --threads 2 --heads 2 --seq "$seq" --mask "$mask" --reps 1
+    warmup=1; [ "$seq" -ge 16384 ] && warmup=0  # a warm-up matters little at this size
+    run --threads 2 --heads 2 --seq "$seq" --mask "$mask" --reps 1 --warmup "$warmup"
   done
 done
 
@@ -35,7 +37,8 @@ out = ["# Attention kernel on CPU (fp32)", "",
        "Load when the table was written: `" + sys.argv[3].strip() + "`", "",
        "FLOPs count unmasked (q, kv) pairs only: forward 4 D, backward 10 D per pair per q head. "
        "Ratios are over a oneDNN sgemm 2048^3 measured in the same run with the same threads "
-       "(best of a measurement before and after). Times are medians after one warm-up; "
+       "(best of a measurement before and after). Clock: " + rows[0]["clock"] + ". "
+       "Times are medians after one warm-up (none for S >= 16384 in the mask table); "
        "the best columns use the fastest call (least disturbed on a shared machine).", "",
        "| S | mask | H | G | D | threads | pairs | tiles computed / total | fwd s | fwd GFLOP/s | fwd / GEMM | bwd s | bwd GFLOP/s | bwd / GEMM | GEMM GFLOP/s | best fwd / GEMM | best bwd / GEMM |",
        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
