@@ -1,6 +1,8 @@
 // `longctx plan CONFIG.yml [key=value ...] [--hardware NAME] [--devices N]
 //               [--device-memory BYTES] [--json]`
 // `mpiexec -n 2 longctx plan --measure [--output PATH]`
+// `mpiexec -n N longctx plan CONFIG.yml [key=value ...] --validate [--steps N] [--markdown FILE]`
+//    runs real train steps and compares the predicted step time with them
 //
 // The planning itself is src/plan (pure arithmetic). Measuring the cpu-local
 // profile runs real kernels and MPI, so it lives here, in the app layer.
@@ -10,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -20,6 +23,8 @@
 #include "core/timer.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
+#include "kernels/ops.h"
+#include "train/trainer.h"
 #include "plan/hardware.h"
 #include "plan/planner.h"
 
@@ -32,11 +37,11 @@ using nlohmann::json;
 // ---- measuring the cpu-local profile ---------------------------------------------------
 
 // Streaming triad a = b + s c over arrays far larger than the caches: bytes/s.
-double measure_memory_bandwidth() {
-  const int64_t n = int64_t{32} << 20;  // 3 x 128 MiB
+double measure_memory_bandwidth(bool quick) {
+  const int64_t n = int64_t{quick ? 8 : 32} << 20;  // 3 x 32 or 3 x 128 MiB
   std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
   double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
+  for (int rep = 0; rep < (quick ? 3 : 5); ++rep) {
     Timer t;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
@@ -45,25 +50,27 @@ double measure_memory_bandwidth() {
   return best + 0 * a[n / 2];
 }
 
-// The attention kernel's rate on a causal problem, as a fraction of `gemm_flops`.
-double measure_attention_efficiency(double gemm_flops) {
-  const int64_t S = 2048, H = 4, D = 128;
-  std::vector<float> q(S * H * D, 0.01f), k(q), v(q), o(q), dout(S * H * D, 0.02f), dq(q), dk(q), dv(q);
+// The attention kernel's rate on a causal problem (forward, delta, backward;
+// 14 D FLOPs per unmasked pair), as a fraction of `gemm_flops`.
+double measure_attention_efficiency(double gemm_flops, int64_t S, int64_t D, int reps) {
+  const int64_t H = 4, G = 2;
+  std::vector<float> q(S * H * D, 0.01f), k(S * G * D, 0.01f), v(k), o(q), dout(S * H * D, 0.02f), dq(q),
+      dk(k), dv(k);
   std::vector<float> lse(S * H), delta(S * H);
   std::vector<int64_t> pos(S);
   for (int64_t i = 0; i < S; ++i) pos[i] = i;
   AttentionArgs a;
   a.q = TensorView(q.data(), DType::f32, {1, S, H, D});
-  a.k = TensorView(k.data(), DType::f32, {1, S, H, D});
-  a.v = TensorView(v.data(), DType::f32, {1, S, H, D});
+  a.k = TensorView(k.data(), DType::f32, {1, S, G, D});
+  a.v = TensorView(v.data(), DType::f32, {1, S, G, D});
   a.q_pos = a.kv_pos = pos.data();
   a.mask = MaskSpec::causal();
   TensorView ov(o.data(), DType::f32, {1, S, H, D}), dov(dout.data(), DType::f32, {1, S, H, D});
-  TensorView dqv(dq.data(), DType::f32, {1, S, H, D}), dkv(dk.data(), DType::f32, {1, S, H, D}),
-      dvv(dv.data(), DType::f32, {1, S, H, D});
+  TensorView dqv(dq.data(), DType::f32, {1, S, H, D}), dkv(dk.data(), DType::f32, {1, S, G, D}),
+      dvv(dv.data(), DType::f32, {1, S, G, D});
   const double pairs = double(S) * (S + 1) / 2 * H;
   double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < reps; ++rep) {
     Timer t;
     attention_forward(a, ov, lse.data());
     attention_delta(ov, dov, delta.data());
@@ -73,12 +80,58 @@ double measure_attention_efficiency(double gemm_flops) {
   return best / gemm_flops;
 }
 
+// One decoder layer's elementwise kernels, forward and backward as
+// src/model runs them (norms, RoPE, residual adds, SwiGLU, with the norm and
+// SwiGLU recomputed in backward), plus the cross-entropy of the same tokens
+// and an AdamW update: bytes counted as the planner counts them
+// (src/plan/planner.cpp plan_time, 3 passes per layer), over the seconds.
+double measure_elementwise_bandwidth(int64_t N, int reps) {
+  const int64_t d = 512, H = 8, G = 2, D = 64, F = 1536, V = 259, params = int64_t{1} << 21;
+  std::vector<float> x(N * d, 0.5f), y(N * d), dy(N * d, 0.01f), dx(N * d), w(d, 1.0f), dw(d);
+  std::vector<float> qk(N * (H + G) * D, 0.1f), cs(N * D / 2, 0.9f), sn(N * D / 2, 0.1f);
+  std::vector<float> gu(N * 2 * F, 0.1f), act(N * F), logits(N * V, 0.01f);
+  std::vector<int32_t> targets(N, 7);
+  std::vector<float> p(params, 0.1f), g(params, 0.01f), m(params), vv(params);
+  auto mat = [](std::vector<float>& b, int64_t r, int64_t c) { return TensorView(b.data(), DType::f32, {r, c}); };
+  TensorView heads = TensorView(qk.data(), DType::f32, {N, H + G, D});
+  TensorView gate = TensorView::strided(gu.data(), DType::f32, {N, F}, {2 * F, 1});
+  TensorView up = TensorView::strided(gu.data() + F, DType::f32, {N, F}, {2 * F, 1});
+  auto add = [&] {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < N * d; ++i) y[i] += x[i];
+  };
+  const double layer_pass = 2.0 * 2 * d + 2.0 * (H + G) * D + 3.0 * F + 2.0 * 3 * d;
+  const double bytes = (N * (3.0 * layer_pass + 4.0 * V) + 7.0 * params) * 4;
+  double best = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    Timer t;
+    for (int i = 0; i < 2; ++i) rmsnorm_forward(mat(x, N, d), w.data(), 1e-5, mat(y, N, d));  // forward
+    rope_forward(heads, cs.data(), sn.data());
+    add();
+    swiglu_forward(gate, up, mat(act, N, F));
+    add();
+    rmsnorm_forward(mat(x, N, d), w.data(), 1e-5, mat(y, N, d));  // backward: recompute
+    swiglu_forward(gate, up, mat(act, N, F));
+    swiglu_backward(gate, up, mat(act, N, F), gate, up);
+    rmsnorm_backward(mat(x, N, d), w.data(), 1e-5, mat(dy, N, d), mat(dx, N, d), dw.data());
+    rope_backward(heads, cs.data(), sn.data());
+    rmsnorm_forward(mat(x, N, d), w.data(), 1e-5, mat(y, N, d));
+    rmsnorm_backward(mat(x, N, d), w.data(), 1e-5, mat(dy, N, d), mat(dx, N, d), dw.data());
+    TensorView z = mat(logits, N, V);
+    cross_entropy(z, targets.data(), nullptr, 1.0f, &z);
+    AdamWParams h;
+    adamw_update(p.data(), g.data(), m.data(), vv.data(), params, h);
+    best = std::max(best, bytes / t.seconds());
+  }
+  return best;
+}
+
 struct LinkNumbers {
   double p2p_bandwidth, latency, all_to_all_bandwidth, collective_bandwidth;
 };
 
 // Ping-pong between ranks 0 and 1, then all-to-all and all-gather over the world.
-LinkNumbers measure_links(MPI_Comm comm) {
+LinkNumbers measure_links(MPI_Comm comm, bool quick) {
   int rank, P;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &P);
@@ -101,13 +154,13 @@ LinkNumbers measure_links(MPI_Comm comm) {
     return one_way;
   };
   pingpong(8, 100);  // warm-up
-  r.latency = pingpong(8, 2000);
-  const int64_t big = int64_t{32} << 20;
+  r.latency = pingpong(8, quick ? 300 : 2000);
+  const int64_t big = int64_t{quick ? 4 : 32} << 20;
   pingpong(big, 2);
-  r.p2p_bandwidth = double(big) / pingpong(big, 10);
+  r.p2p_bandwidth = double(big) / pingpong(big, quick ? 4 : 10);
 
   // Per-device bandwidth as the counters count it: bytes sent to others / time.
-  const int64_t block = (int64_t{64} << 20) / P;
+  const int64_t block = (int64_t{quick ? 8 : 64} << 20) / P;
   std::vector<char> send(block * P), recv(block * P);
   auto timed = [&](auto&& op) {
     op();
@@ -138,6 +191,80 @@ int64_t physical_memory_bytes() {
   return 0;
 }
 
+}  // namespace
+
+// Collective over MPI_COMM_WORLD; every rank returns the same profile. With
+// one rank there is nothing to time between ranks: the link numbers are
+// placeholders (a one-rank plan has no communication).
+HardwareProfile measure_cpu_local_profile(bool quick) {
+  int rank, P;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  // Every rank measures at once, so shared cores and memory are shared as in training.
+  MPI_Barrier(MPI_COMM_WORLD);
+  const int64_t gemm_n = quick ? 1024 : 2048;
+  double gemm = measure_gemm_gflops(DType::f32, gemm_n, quick ? 0.2 : 0.5) * 1e9;
+  MPI_Allreduce(MPI_IN_PLACE, &gemm, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  std::map<int64_t, double> attention;
+  for (int64_t D : {16, 32, 64, 128}) {
+    double e = measure_attention_efficiency(gemm, quick ? 1024 : 2048, D, quick ? 1 : 3);
+    MPI_Allreduce(MPI_IN_PLACE, &e, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+    attention[D] = e;
+  }
+  double elementwise = measure_elementwise_bandwidth(quick ? 512 : 2048, quick ? 2 : 4);
+  MPI_Allreduce(MPI_IN_PLACE, &elementwise, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  double bw = measure_memory_bandwidth(quick);
+  MPI_Allreduce(MPI_IN_PLACE, &bw, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  LinkNumbers links{bw, 1e-6, bw, bw};
+  if (P > 1) links = measure_links(MPI_COMM_WORLD, quick);
+
+  HardwareProfile h;
+  h.name = "cpu-local";
+  const int threads = omp_get_max_threads();
+  h.description = "this machine: " + std::to_string(P) + " MPI ranks x " + std::to_string(threads) +
+                  " OpenMP threads, measured by `longctx plan --measure`" +
+                  (quick ? " (quick, on the fly by train)" : "");
+  h.topology = "shared memory (MPI ranks on one host)";
+  h.peak_flops_fp32 = gemm;
+  h.peak_flops_bf16 = 0;
+  h.matmul_efficiency = 1.0;
+  h.attention_efficiency = attention[128];
+  h.attention_efficiency_per_head_dim = attention;
+  h.threads_per_device = threads;
+  h.memory_bytes = physical_memory_bytes() / P;
+  h.memory_bandwidth = bw;
+  h.elementwise_bandwidth = elementwise;
+  h.devices_per_node = P;
+  h.p2p_bandwidth = links.p2p_bandwidth;
+  h.collective_bandwidth = links.collective_bandwidth;
+  h.all_to_all_bandwidth = links.all_to_all_bandwidth;
+  h.latency = links.latency;
+  const std::string how = " (" + std::to_string(P) + " ranks x " + std::to_string(threads) + " threads)";
+  const std::string n = std::to_string(gemm_n);
+  h.sources = {
+      {"peak_flops_fp32", "measured: oneDNN sgemm " + n + "^3, all ranks at once, slowest rank" + how},
+      {"peak_flops_bf16", "0: this build has no bf16 GEMM (oneDNN 2.6 sgemm only)"},
+      {"matmul_efficiency", "1: the peak above is a measured GEMM rate"},
+      {"attention_efficiency", "measured: causal attention fwd+bwd S=" + std::string(quick ? "1024" : "2048") +
+                                   " H=4 G=2 D=128, 14 D FLOPs per pair, over the GEMM rate" + how},
+      {"attention_efficiency_per_head_dim", "measured as attention_efficiency, at D = 16, 32, 64, 128"},
+      {"threads_per_device", "OpenMP threads per rank while measuring"},
+      {"memory_bytes", "/proc/meminfo MemTotal / ranks"},
+      {"memory_bandwidth", "measured: streaming triad, per rank, all ranks at once" + how},
+      {"elementwise_bandwidth", "measured: one layer's norms, RoPE, SwiGLU, adds fwd+bwd, cross-entropy, "
+                                "AdamW (d=512, F=1536), bytes as the planner counts them, per second" + how},
+      {"p2p_bandwidth", P > 1 ? "measured: MPI ping-pong between ranks 0 and 1" : "placeholder (one rank)"},
+      {"latency", P > 1 ? "measured: 8-byte MPI ping-pong, one way" : "placeholder (one rank)"},
+      {"all_to_all_bandwidth", P > 1 ? "measured: MPI_Alltoall, bytes sent to others per second per rank"
+                                     : "placeholder (one rank)"},
+      {"collective_bandwidth", P > 1 ? "measured: MPI_Allgather, bytes sent to others per second per rank"
+                                     : "placeholder (one rank)"},
+  };
+  return h;
+}
+
+namespace {
+
 int run_measure(const std::string& output) {
   int rank, P;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -145,55 +272,18 @@ int run_measure(const std::string& output) {
   if (P < 2)
     throw ConfigError("plan --measure times communication between ranks: run it under "
                       "`mpiexec -n 2` (or more), one rank per device you will train with");
-  // Every rank measures at once, so shared cores and memory are shared as in training.
-  MPI_Barrier(MPI_COMM_WORLD);
-  double gemm = measure_gemm_gflops(DType::f32) * 1e9;
-  MPI_Allreduce(MPI_IN_PLACE, &gemm, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-  double attn = measure_attention_efficiency(gemm);
-  MPI_Allreduce(MPI_IN_PLACE, &attn, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-  double bw = measure_memory_bandwidth();
-  MPI_Allreduce(MPI_IN_PLACE, &bw, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-  LinkNumbers links = measure_links(MPI_COMM_WORLD);
-
-  HardwareProfile h;
-  h.name = "cpu-local";
-  const int threads = omp_get_max_threads();
-  h.description = "this machine: " + std::to_string(P) + " MPI ranks x " + std::to_string(threads) +
-                  " OpenMP threads, measured by `longctx plan --measure`";
-  h.topology = "shared memory (MPI ranks on one host)";
-  h.peak_flops_fp32 = gemm;
-  h.peak_flops_bf16 = 0;
-  h.matmul_efficiency = 1.0;
-  h.attention_efficiency = attn;
-  h.memory_bytes = physical_memory_bytes() / P;
-  h.memory_bandwidth = bw;
-  h.devices_per_node = P;
-  h.p2p_bandwidth = links.p2p_bandwidth;
-  h.collective_bandwidth = links.collective_bandwidth;
-  h.all_to_all_bandwidth = links.all_to_all_bandwidth;
-  h.latency = links.latency;
-  const std::string how = " (" + std::to_string(P) + " ranks x " + std::to_string(threads) + " threads)";
-  h.sources = {
-      {"peak_flops_fp32", "measured: oneDNN sgemm 2048^3, all ranks at once, slowest rank" + how},
-      {"peak_flops_bf16", "0: this build has no bf16 GEMM (oneDNN 2.6 sgemm only)"},
-      {"matmul_efficiency", "1: the peak above is a measured GEMM rate"},
-      {"attention_efficiency", "measured: causal attention fwd+bwd S=2048 H=4 D=128, 14 D FLOPs per pair, over the GEMM rate" + how},
-      {"memory_bytes", "/proc/meminfo MemTotal / ranks"},
-      {"memory_bandwidth", "measured: streaming triad over 384 MiB, per rank, all ranks at once" + how},
-      {"p2p_bandwidth", "measured: 32 MiB MPI ping-pong between ranks 0 and 1"},
-      {"latency", "measured: 8-byte MPI ping-pong, one way"},
-      {"all_to_all_bandwidth", "measured: MPI_Alltoall of 64 MiB, bytes sent to others per second per rank"},
-      {"collective_bandwidth", "measured: MPI_Allgather of 64 MiB, bytes sent to others per second per rank"},
-  };
+  HardwareProfile h = measure_cpu_local_profile(false);
   if (rank == 0) {
     std::string path = output.empty() ? default_hardware_dir() + "/cpu-local.yml" : output;
     save_hardware_profile(h, path);
     std::printf("cpu-local profile written to %s\n", path.c_str());
-    std::printf("  GEMM fp32 %.1f GFLOP/s per rank, attention at %.0f%% of it, memory %.1f GB/s per rank\n",
-                gemm / 1e9, attn * 100, bw / 1e9);
+    std::printf("  GEMM fp32 %.1f GFLOP/s per rank; attention at", h.peak_flops_fp32 / 1e9);
+    for (const auto& [D, e] : h.attention_efficiency_per_head_dim) std::printf(" %.0f%% (D=%lld)", e * 100, (long long)D);
+    std::printf(" of it\n  memory %.1f GB/s, elementwise kernels %.1f GB/s per rank\n", h.memory_bandwidth / 1e9,
+                h.elementwise_bandwidth / 1e9);
     std::printf("  p2p %.2f GB/s, latency %.1f us, all-to-all %.2f GB/s, all-gather %.2f GB/s per rank\n",
-                links.p2p_bandwidth / 1e9, links.latency * 1e6, links.all_to_all_bandwidth / 1e9,
-                links.collective_bandwidth / 1e9);
+                h.p2p_bandwidth / 1e9, h.latency * 1e6, h.all_to_all_bandwidth / 1e9,
+                h.collective_bandwidth / 1e9);
   }
   return 0;
 }
@@ -306,13 +396,82 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
   std::printf("(planned in %.3f s)\n", plan_seconds);
 }
 
+// ---- validating the time model against real steps --------------------------------
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Runs `steps` real training steps (after one warm-up) of the config on this
+// launch's ranks and prints the planner's predicted step time beside the
+// measured median (the slowest rank's), with both breakdowns. With
+// `markdown`, rank 0 appends one table row to that file.
+int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, const std::string& markdown) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  config.steps = steps + 1;
+  config.enable_checkpointing = false;
+  config.metrics_file = "";
+  if (config.peak_tflops_per_device <= 0) config.peak_tflops_per_device = hw.peak_flops_fp32 / 1e12;
+  validate_config(config, world);
+  PlanOptions options;
+  options.devices = world;
+  const StrategyPlan plan = plan_strategy(config, hw, options);
+  if (!plan.valid) throw ConfigError("plan --validate: " + plan.invalid_reason);
+  Mesh mesh(mesh_shape_from_config(config));
+  Trainer trainer(config, &mesh);
+  trainer.train_step();  // warm-up: workspace allocation, first touch
+  std::vector<double> seconds;
+  StepProfile sum;
+  for (int64_t i = 0; i < steps; ++i) {
+    seconds.push_back(trainer.train_step().seconds);
+    const StepProfile& p = trainer.model().last_step_profile();
+    sum.matmul += p.matmul, sum.attention += p.attention, sum.loss += p.loss;
+    sum.elementwise += p.elementwise, sum.tp_comm += p.tp_comm;
+  }
+  const double measured = median(seconds), n = double(steps);
+  const double err = (plan.step_seconds - measured) / measured;
+  if (rank != 0) return 0;
+  char name[64];
+  std::snprintf(name, sizeof name, "%s%s", plan.strategy.c_str(),
+                plan.strategy == "usp" ? (" " + std::to_string(plan.ulysses) + "x" + std::to_string(plan.ring)).c_str() : "");
+  std::printf("validate: %d rank(s), %s cp=%lld, S=%lld B=%lld, remat %s, %s mask\n", world, name,
+              (long long)plan.cp, (long long)config.max_target_length, (long long)config.per_device_batch_size,
+              config.remat_policy.c_str(), config.attention_type.c_str());
+  std::printf("  predicted %.3f s/step: matmul %.3f, attention %.3f, elementwise %.3f, exposed comm %.3f\n",
+              plan.step_seconds, plan.matmul_seconds, plan.attention_seconds, plan.elementwise_seconds,
+              plan.comm_seconds - plan.hidden_comm_seconds);
+  std::printf("  measured  %.3f s/step (median of %lld; rank 0 means: matmul %.3f, attention+its comm %.3f, "
+              "loss head %.3f, elementwise %.3f, tp %.3f)\n",
+              measured, (long long)steps, sum.matmul / n, sum.attention / n, sum.loss / n, sum.elementwise / n,
+              sum.tp_comm / n);
+  std::printf("  predicted / measured - 1 = %+.1f%%\n", err * 100);
+  if (!markdown.empty()) {
+    std::ofstream f(markdown, std::ios::app);
+    if (!f) throw ConfigError("plan --validate: cannot append to " + markdown);
+    char row[512];
+    std::snprintf(row, sizeof row,
+                  "| %d | %s | %s | %lld | %lld | %s | %.3f | %.3f | %+.1f%% | %.2f / %.2f / %.2f | %.2f / %.2f / %.2f |\n",
+                  world, config.model_name.c_str(), name, (long long)config.max_target_length,
+                  (long long)config.per_device_batch_size, config.remat_policy.c_str(), plan.step_seconds, measured,
+                  err * 100, plan.matmul_seconds, plan.attention_seconds, plan.elementwise_seconds,
+                  (sum.matmul + sum.loss) / n, sum.attention / n, sum.elementwise / n);
+    f << row;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_plan(const Args& args) {
   std::string config_path, hardware = "cpu-local", output;
   std::vector<std::string> overrides;
   PlanOptions options;
-  bool as_json = false, measure = false;
+  bool as_json = false, measure = false, validate = false;
+  int64_t steps = 3;
+  std::string markdown;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> const std::string& {
@@ -322,12 +481,16 @@ int run_plan(const Args& args) {
     if (a == "--json") as_json = true;
     else if (a == "--measure") measure = true;
     else if (a == "--output") output = value();
+    else if (a == "--validate") validate = true;
+    else if (a == "--steps") steps = std::stoll(value());
+    else if (a == "--markdown") markdown = value();
     else if (a == "--hardware") hardware = value();
     else if (a == "--devices") options.devices = std::stoll(value());
     else if (a == "--device-memory") options.device_memory = parse_bytes(value());
     else if (a.rfind("--", 0) == 0)
       throw ConfigError("plan: unknown flag '" + a +
-                        "'; expected --hardware, --devices, --device-memory, --json, --measure, --output");
+                        "'; expected --hardware, --devices, --device-memory, --json, --measure, --output, "
+                        "--validate, --steps, --markdown");
     else if (a.find('=') != std::string::npos) overrides.push_back(a);
     else if (config_path.empty()) config_path = a;
     else throw ConfigError("plan: unexpected argument '" + a + "'");
@@ -335,7 +498,10 @@ int run_plan(const Args& args) {
   if (measure) return run_measure(output);
   if (config_path.empty())
     throw ConfigError("usage: longctx plan CONFIG.yml [key=value ...] [--hardware NAME] "
-                      "[--devices N] [--device-memory BYTES] [--json] | plan --measure");
+                      "[--devices N] [--device-memory BYTES] [--json] [--validate [--steps N] "
+                      "[--markdown FILE]] | plan --measure");
+  if (validate)
+    return run_validate(load_config(config_path, overrides), load_hardware_profile(hardware), steps, markdown);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) return 0;  // pure arithmetic: one rank prints

@@ -8,11 +8,15 @@
 #include "apps/commands.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "core/timer.h"
 #include "plan/hardware.h"
 #include "plan/planner.h"
 #include "train/trainer.h"
 
 namespace longctx {
+
+// apps/plan.cpp: measures this machine (collective over MPI_COMM_WORLD).
+HardwareProfile measure_cpu_local_profile(bool quick);
 
 namespace {
 
@@ -23,15 +27,39 @@ const char* kTrainUsage =
 
 // context_parallel_strategy=auto: the planner (src/plan) picks the strategy,
 // the ulysses factor and (when nothing else fits) the remat policy for this
-// machine's measured profile (`longctx plan --measure` writes it).
+// machine's profile. Without configs/hardware/cpu-local.yml (`longctx plan
+// --measure` writes it) every rank measures a quick one together, on the fly
+// (a few seconds; not saved): a committed default would describe some other
+// machine, and the choice hinges on this one's memory and compute/link ratios.
 void resolve_auto_strategy(RunConfig& config, int rank) {
   HardwareProfile hw;
+  std::string source = "cpu-local profile";
+  // Every rank must take the same branch: the measurement is collective.
+  int have = 1;
   try {
     hw = load_hardware_profile("cpu-local");
-  } catch (const Error& e) {
-    throw ConfigError(std::string("context_parallel_strategy=auto: ") + e.what());
+  } catch (const ConfigError&) {
+    have = 0;
   }
-  PlanRecommendation r = recommend(config, hw);
+  MPI_Allreduce(MPI_IN_PLACE, &have, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!have) {
+    if (rank == 0) {
+      std::fprintf(stderr, "warning: context_parallel_strategy=auto: no cpu-local hardware profile in %s; "
+                           "measuring a quick one now (run `mpiexec -n N longctx plan --measure` to save a "
+                           "full one)\n", default_hardware_dir().c_str());
+      std::fflush(stderr);
+    }
+    Timer t;
+    hw = measure_cpu_local_profile(true);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "quick profile measured in %.1f s", t.seconds());
+    source = buf;
+  }
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  PlanOptions options;
+  options.devices = world;
+  PlanRecommendation r = recommend(config, hw, options);
   if (!r.found) throw ConfigError("context_parallel_strategy=auto: the planner found no configuration that fits: " + r.reason);
   std::map<std::string, ConfigValue> values = config.values;
   values["context_parallel_strategy"] = r.strategy;
@@ -41,7 +69,14 @@ void resolve_auto_strategy(RunConfig& config, int rank) {
   RunConfig resolved = config_from_values(values);
   resolved.sources = config.sources;
   config = resolved;
-  if (rank == 0) std::printf("auto: %s (cp=%lld) -- %s\n", r.strategy.c_str(), static_cast<long long>(r.cp), r.reason.c_str());
+  if (rank == 0) {
+    std::printf("auto: context_parallel_strategy=%s ici_context_parallelism=%lld%s remat_policy=%s (%s)\n"
+                "  why: %s\n",
+                r.strategy.c_str(), static_cast<long long>(r.cp),
+                r.strategy == "usp" ? (" ici_context_usp_ulysses_parallelism=" + std::to_string(r.ulysses)).c_str() : "",
+                r.remat_policy.c_str(), source.c_str(), r.reason.c_str());
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace

@@ -3,8 +3,11 @@
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <cmath>
 #include <fstream>
+#include <iterator>
 #include <vector>
 
 #include "core/error.h"
@@ -19,6 +22,16 @@ double HardwareProfile::peak_flops(DType dtype) const {
     throw ConfigError("hardware profile '" + name + "' has no peak FLOP/s for " +
                       dtype_name(dtype) + "; choose another dtype or profile");
   return peak;
+}
+
+double HardwareProfile::attention_efficiency_at(int64_t head_dim) const {
+  const auto& m = attention_efficiency_per_head_dim;
+  if (m.empty()) return attention_efficiency;
+  if (head_dim <= m.begin()->first) return m.begin()->second;
+  if (head_dim >= m.rbegin()->first) return m.rbegin()->second;
+  auto hi = m.lower_bound(head_dim), lo = std::prev(hi);
+  const double t = std::log(double(head_dim) / lo->first) / std::log(double(hi->first) / lo->first);
+  return lo->second + t * (hi->second - lo->second);
 }
 
 namespace {
@@ -36,8 +49,10 @@ const std::vector<Field>& fields() {
       {"peak_flops_fp32", &H::peak_flops_fp32, nullptr},
       {"matmul_efficiency", &H::matmul_efficiency, nullptr},
       {"attention_efficiency", &H::attention_efficiency, nullptr},
+      {"threads_per_device", nullptr, &H::threads_per_device},
       {"memory_bytes", nullptr, &H::memory_bytes},
       {"memory_bandwidth", &H::memory_bandwidth, nullptr},
+      {"elementwise_bandwidth", &H::elementwise_bandwidth, nullptr},
       {"devices_per_node", nullptr, &H::devices_per_node},
       {"link_bandwidth", &H::link_bandwidth, nullptr},
       {"links_per_device", nullptr, &H::links_per_device},
@@ -60,6 +75,8 @@ std::string executable_dir() {
 }  // namespace
 
 std::string default_hardware_dir() {
+  // LONGCTX_HARDWARE_DIR overrides (tests: a directory without cpu-local.yml).
+  if (const char* env = std::getenv("LONGCTX_HARDWARE_DIR"); env && *env) return env;
   // The command runs from the repository root or from a build directory
   // beside configs/ (build/longctx, build-*/tests/unit/...).
   std::vector<fs::path> candidates = {fs::current_path() / "configs/hardware"};
@@ -98,6 +115,16 @@ HardwareProfile load_hardware_profile(const std::string& name_or_path,
   for (const auto& kv : root) {
     std::string key = kv.first.as<std::string>();
     if (key == "name" || key == "description" || key == "topology" || key == "sources") continue;
+    if (key == "attention_efficiency_per_head_dim") {
+      try {
+        for (const auto& e : kv.second)
+          h.attention_efficiency_per_head_dim[e.first.as<int64_t>()] = e.second.as<double>();
+      } catch (const YAML::Exception&) {
+        throw ConfigError("hardware profile " + path.string() +
+                          ": attention_efficiency_per_head_dim must map head dims to numbers");
+      }
+      continue;
+    }
     bool known = false;
     for (const Field& f : fields())
       if (key == f.key) {
@@ -132,6 +159,11 @@ void save_hardware_profile(const HardwareProfile& h, const std::string& path) {
     out << YAML::Key << f.key << YAML::Value;
     if (f.real) out << h.*f.real;
     else out << h.*f.integer;
+  }
+  if (!h.attention_efficiency_per_head_dim.empty()) {
+    out << YAML::Key << "attention_efficiency_per_head_dim" << YAML::Value << YAML::BeginMap;
+    for (const auto& [d, e] : h.attention_efficiency_per_head_dim) out << YAML::Key << d << YAML::Value << e;
+    out << YAML::EndMap;
   }
   out << YAML::Key << "sources" << YAML::Value << YAML::BeginMap;
   for (const auto& [k, v] : h.sources) out << YAML::Key << k << YAML::Value << v;

@@ -21,10 +21,17 @@ struct HardwareProfile {
   // practice: 1 for a measured GEMM peak, assumptions for datasheet peaks.
   double matmul_efficiency = 1.0;
   double attention_efficiency = 0.5;
+  // CPU ranks: OpenMP threads per rank the numbers were measured with (the
+  // attention kernel keeps per-thread scratch). 1 for accelerators.
+  int64_t threads_per_device = 1;
 
   // Memory, per device.
   int64_t memory_bytes = 0;
-  double memory_bandwidth = 0;  // bytes/s, for elementwise ops and the optimizer
+  double memory_bandwidth = 0;  // bytes/s, streaming (informative; fallback below)
+  // bytes/s the planner's elementwise byte count moves in practice (norms,
+  // RoPE, SwiGLU, residuals, cross-entropy, AdamW): measured by running
+  // those kernels (cpu-local); 0 = memory_bandwidth.
+  double elementwise_bandwidth = 0;
 
   // Interconnect. Groups of at most devices_per_node devices use the fast
   // (intra-node) numbers, larger groups the inter-node ones.
@@ -38,6 +45,13 @@ struct HardwareProfile {
   double latency = 0;               // seconds per message / collective step
   double inter_node_bandwidth = 0;  // bytes/s per device across nodes (0: one node only)
   double inter_node_latency = 0;
+
+  // Measured attention efficiency per head dim (cpu-local); the kernel's
+  // rate depends on it. Empty = attention_efficiency for every head dim.
+  std::map<int64_t, double> attention_efficiency_per_head_dim;
+  // attention_efficiency_per_head_dim interpolated (log head dim), clamped
+  // to its ends; attention_efficiency when it is empty.
+  double attention_efficiency_at(int64_t head_dim) const;
 
   // field name -> where its number comes from (URL, measurement, assumption).
   std::map<std::string, std::string> sources;

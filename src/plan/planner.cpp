@@ -86,6 +86,7 @@ struct Shape {
   SeqLayout layout;
   SaveSet save;
   int64_t params_local;  // fp32 parameters on this device
+  int64_t threads;       // kernel threads per device (per-thread attention scratch)
   bool segments;         // packed documents: segment ids travel with K,V
 };
 
@@ -117,8 +118,15 @@ std::string invalid_reason(const RunConfig& c, int64_t cp, int64_t U) {
   return "";
 }
 
-Shape make_shape(const RunConfig& c, int64_t devices) {
+// OpenMP threads per rank: the config's num_threads, else the profile's.
+int64_t threads_of(const RunConfig& c, const HardwareProfile* hw) {
+  if (c.num_threads > 0) return c.num_threads;
+  return hw && hw->threads_per_device > 0 ? hw->threads_per_device : 1;
+}
+
+Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   Shape s;
+  s.threads = threads;
   s.strategy = c.cp_strategy;
   s.B = c.per_device_batch_size;
   s.S = c.max_target_length;
@@ -280,59 +288,96 @@ std::vector<CommLine> attention_call_comm(const Shape& s, const RingModel* ring_
 }
 
 // Peak bytes one attention call allocates (forward or backward, whichever is
-// larger), following the buffers of src/cp in the order they live.
+// larger), following the tracked buffers of src/cp and src/kernels in the
+// order they live. Every rule below names the allocation it mirrors; the MPI
+// test tests/mpi/test_plan_memory.cpp holds the sum against the
+// MemoryTracker of real training steps.
 struct Workspace {
   int64_t bytes = 0;
   std::string what;
 };
 
-int64_t ring_call_peak(const Shape& s, const Heads& h, int64_t tokens, bool outer_delta) {
-  const int64_t n = ring_chunks(s.S / s.R, kRingChunkTokens), local = s.S / s.R;
+// The fast kernel's tile (attention_blocking() in src/kernels/attention.cpp)
+// and its per-thread scratch: forward s [bq, bk], acc [bq, D], m, l [bq];
+// backward s, dp [bq, bk], dk, dv [bk, D], dq [bq, D].
+constexpr int64_t kAttentionBlock = 128;
+int64_t kernel_forward_scratch(const Shape& s) {
+  const int64_t b = kAttentionBlock;
+  return s.threads * (b * b + b * s.D + 2 * b) * 4;
+}
+int64_t kernel_backward_scratch(const Shape& s) {
+  const int64_t b = kAttentionBlock;
+  return s.threads * (2 * b * b + 3 * b * s.D) * 4;
+}
+
+// A buffer gathered token-major over P ranks (gather_tokens, or an
+// all-to-all followed by rank_major_to_batch_major): for B > 1 the reorder
+// holds a second copy while it runs.
+int64_t reorder_copies(const Shape& s) { return s.B > 1 ? 2 : 1; }
+
+// RingAttention over R ranks with `tokens` local tokens of h heads
+// (ring_attention.cpp): one chunk to send and two receiving; forward adds
+// the partial O and LSE (scratch) and the kernel's scratch, backward the
+// returning dK, dV (one sending, two receiving) and the kernel's scratch.
+int64_t ring_call_peak(const Shape& s, const Heads& h, int64_t tokens, bool backward) {
+  const int64_t n = ring_chunks(tokens, kRingChunkTokens);
   int64_t max_len = 0;
-  for (int64_t c = 0; c < n; ++c) max_len = std::max(max_len, (c + 1) * local / n - c * local / n);
-  const int64_t B = s.B, seg = s.segments ? 4 : 0, e = s.act;
-  const int64_t cap = B * max_len * (2 * h.G * s.D * e + 8 + seg);
+  for (int64_t c = 0; c < n; ++c) max_len = std::max(max_len, (c + 1) * tokens / n - c * tokens / n);
+  const int64_t B = s.B, seg = s.segments ? 4 : 0;
+  const int64_t cap = B * max_len * (2 * h.G * s.D * 4 + 8 + seg);
   const int64_t grad_cap = B * max_len * 2 * h.G * s.D * 4;
-  const int64_t fwd = 3 * cap + B * tokens * h.H * (s.D + 1) * 4;  // send, 2 recv; O, LSE partials
-  const int64_t bwd = 3 * cap + 3 * grad_cap + (outer_delta ? B * tokens * h.H * 4 : 0);
-  return std::max(fwd, bwd);
+  if (!backward) return 3 * cap + B * tokens * h.H * (s.D + 1) * 4 + kernel_forward_scratch(s);
+  return 3 * cap + 3 * grad_cap + kernel_backward_scratch(s);
 }
 
 Workspace attention_workspace(const Shape& s) {
   Workspace w;
-  const int64_t B = s.B, D = s.D, L = s.S / s.cp, e = s.act, seg = s.segments ? 4 : 0;
-  const int64_t delta = B * L * s.Hl * 4;  // CpAttentionImpl::backward's delta
-  if (s.cp == 1) {
-    w.bytes = delta;
-    w.what = "delta";
+  const int64_t B = s.B, D = s.D, L = s.S / s.cp, seg_row = s.segments ? 4 : 0;
+  const int64_t t = reorder_copies(s);
+  const int64_t delta = B * L * s.Hl * 4;  // CpAttentionImpl::backward's "cp delta"
+  if (s.cp == 1) {  // LocalAttention: the kernel alone
+    w.bytes = std::max(kernel_forward_scratch(s), delta + kernel_backward_scratch(s));
+    w.what = "kernel scratch and delta";
     return w;
   }
   if (s.strategy == "all_gather") {
-    const int64_t kv_full = B * s.S * 2 * s.Gl * D * e, idx = B * s.S * (8 + seg);
-    const int64_t kv_local = B * L * 2 * s.Gl * D * e;
-    const int64_t fwd = kv_local + kv_full + idx;
-    const int64_t bwd = delta + kv_full + idx + B * s.S * 2 * s.Gl * D * 4 + B * L * 2 * s.Gl * D * 4;
+    // gather_kv: the local K,V copy lives while K,V, positions, segments are gathered.
+    const int64_t local = B * L * 2 * s.Gl * D * 4;
+    const int64_t kv = B * s.S * 2 * s.Gl * D * 4, pos = B * s.S * 8, seg = B * s.S * seg_row;
+    const int64_t gather = std::max({local + t * kv, local + kv + t * pos, local + kv + pos + t * seg});
+    const int64_t gathered = kv + pos + seg;
+    const int64_t fwd = std::max(gather, gathered + kernel_forward_scratch(s));
+    // Backward: full-sequence fp32 dK,dV, reordered rank-major, reduce-scattered into `mine`.
+    const int64_t dkv = B * s.S * 2 * s.Gl * D * 4;
+    const int64_t bwd = delta + std::max({gather, gathered + dkv + kernel_backward_scratch(s),
+                                          gathered + t * dkv, gathered + dkv + local});
     w.bytes = std::max(fwd, bwd);
     w.what = "gathered K,V [B, S, G, D] and their fp32 gradients";
     return w;
   }
   const Heads h = heads_after_all_to_all(s);
   if (s.U == 1) {  // ring
-    w.bytes = ring_call_peak(s, h, L, true);
+    w.bytes = std::max(ring_call_peak(s, h, L, false), delta + ring_call_peak(s, h, L, true));
     w.what = "ring K,V chunks (1 send, 2 receive) and returning dK,dV";
     return w;
   }
-  const int64_t Sg = B * s.S / s.R;  // tokens x batch after the all-to-all
+  // ulysses (R = 1) or usp: UlyssesAttention around LocalAttention or RingAttention.
+  const int64_t Sg = s.S / s.R;  // tokens after the all-to-all
   const int64_t Hu = h.H, Gu = h.G;
-  const int64_t inner = s.R > 1 ? ring_call_peak(s, h, s.S / s.R, false) : 0;
-  const int64_t pos = Sg * (8 + seg);
-  const int64_t rec = (Hu + 2 * Gu) * D * e, orec = Hu * (D + 1) * 4;
-  const int64_t rec_b = ((2 * Hu + 2 * Gu) * D + 2 * Hu) * 4, grec = (Hu + 2 * Gu) * D * 4;
-  const int64_t fwd = std::max({2 * Sg * rec, Sg * rec + pos + Sg * orec + Sg * Hu * 4 + inner,
-                                2 * Sg * orec + pos + Sg * Hu * 4});
-  const int64_t bwd = delta + std::max({2 * Sg * rec_b,
-                                        Sg * rec_b + pos + 2 * Sg * Hu * 4 + Sg * grec + inner,
-                                        2 * Sg * grec + pos + 2 * Sg * Hu * 4});
+  const int64_t pos = B * Sg * 8, seg = B * Sg * seg_row;
+  const int64_t inner_f = s.R > 1 ? ring_call_peak(s, h, Sg, false) : kernel_forward_scratch(s);
+  const int64_t inner_b = s.R > 1 ? ring_call_peak(s, h, Sg, true) : kernel_backward_scratch(s);
+  // Forward: send + recv, reorder, gather positions/segments, O|LSE records
+  // and LSE scratch around the inner call, reorder O back, receive it.
+  const int64_t q = B * Sg * (Hu + 2 * Gu) * D * 4, o = B * Sg * Hu * (D + 1) * 4, lse = B * Sg * Hu * 4;
+  const int64_t fwd = std::max({2 * q, t * q, q + t * pos, q + pos + t * seg,
+                                q + pos + seg + o + lse + inner_f, pos + seg + t * o + lse,
+                                pos + seg + 2 * o + lse});
+  // Backward: Q,K,V,dO,LSE,delta records, LSE and delta scratch, dQ,dK,dV records.
+  const int64_t qb = B * Sg * ((2 * Hu + 2 * Gu) * D + 2 * Hu) * 4, g = B * Sg * (Hu + 2 * Gu) * D * 4;
+  const int64_t bwd = delta + std::max({2 * qb, t * qb, qb + t * pos, qb + pos + t * seg,
+                                        qb + pos + seg + 2 * lse + g + inner_b,
+                                        pos + seg + 2 * lse + t * g, pos + seg + 2 * lse + 2 * g});
   w.bytes = std::max(fwd, bwd);
   w.what = s.R > 1 ? "all-to-all buffers [B, S/R, H/U, D] plus the inner ring's chunks"
                    : "all-to-all buffers [B, S, H/U, D] (Q,K,V,dO in; O or dQ,dK,dV out)";
@@ -498,7 +543,7 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
                int64_t fwd_calls, StrategyPlan& p) {
   const double peak = hw.peak_flops(dtype);
   const double mm_rate = peak * hw.matmul_efficiency;
-  const double at_rate = peak * hw.attention_efficiency;
+  const double at_rate = peak * hw.attention_efficiency_at(s.D);
   const double tokens = double(s.N);
   const double mm_model = 3.0 * tokens * matmul_flops_per_token(s);
   const double mm_remat = tokens * remat_flops_per_token(s);
@@ -510,13 +555,20 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   p.model_flops = mm_model + 3.0 * fwd_pair * pairs;  // attention as 3x forward (MaxText)
   p.hardware_flops = mm_model + mm_remat + (fwd_pair * fwd_calls / s.L + bwd_pair) * pairs;
 
-  // Elementwise work (norms, RoPE, SwiGLU, residuals, AdamW) is bandwidth bound:
-  // roughly 3 reads + writes of each [N, d]-sized activation per layer and pass.
+  // Elementwise work is bandwidth bound. Bytes counted per token and layer,
+  // per pass (forward, the recomputation, backward), mirroring src/model:
+  // two RMSNorms (read x, write normed: 2 d each way, backward twice that),
+  // RoPE on q,k, SwiGLU over 2 Fl in and Fl out, two residual adds (3 d);
+  // per token once: the cross-entropy over V logits (read, write gradient)
+  // and the embedding; per parameter: AdamW reads p, g, m, v, writes p, m, v.
+  const double layer_pass = 2.0 * 2 * s.d + 2.0 * (s.Hl + s.Gl) * s.D + 3.0 * s.Fl + 2.0 * 3 * s.d;
+  const double passes = 3.0 + (s.save.qkv ? 0 : 0.5) + (s.save.mlpwi ? 0 : 0.5);
   const double elementwise_bytes =
-      3.0 * tokens * s.L * (6.0 * s.d + 3.0 * s.Fl + s.qkv_cols) * s.act +
+      tokens * (s.L * passes * layer_pass + 4.0 * s.V + 4.0 * s.d) * s.act +
       7.0 * 4.0 * double(s.params_local);
+  const double elementwise_bw = hw.elementwise_bandwidth > 0 ? hw.elementwise_bandwidth : hw.memory_bandwidth;
   const double matmul_s = (mm_model + mm_remat) / mm_rate;
-  const double memory_s = elementwise_bytes / hw.memory_bandwidth;
+  const double memory_s = elementwise_bytes / elementwise_bw;
 
   double attention_s = 0;
   for (const CommLine& c : p.comm) p.comm_seconds += c.seconds;
@@ -540,6 +592,9 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   } else {
     attention_s = double(w.max_pairs) * per_pair;
   }
+  p.matmul_seconds = matmul_s;
+  p.attention_seconds = attention_s;
+  p.elementwise_seconds = memory_s;
   p.compute_seconds = matmul_s + memory_s + attention_s;
   p.hidden_comm_seconds = hidden;
   for (CommLine& c : p.comm)
@@ -612,7 +667,7 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
     p.valid = false;
     return p;
   }
-  const Shape s = make_shape(c, devices);
+  const Shape s = make_shape(c, devices, threads_of(c, &hw));
   plan_memory(s, p);
   p.fits = p.memory_total <= p.device_memory;
 
@@ -646,6 +701,10 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
   // Gradients are averaged over every rank holding the same parameters (dp x cp).
   add_collective(p, hw, "all_reduce", "dp", s.dp * s.cp, s.tp, "gradients (fp32)",
                  s.params_local * 4, 1);
+  // The trainer's small reductions (src/train/trainer.cpp, optimizer.cpp):
+  // loss and weight sums over the replicas, the squared gradient norm over tp.
+  add_collective(p, hw, "all_reduce", "dp", s.dp * s.cp, s.tp, "loss sums (2 x fp64)", 16, 1);
+  add_collective(p, hw, "all_reduce", "tp", s.tp, 1, "gradient norm (fp64)", 8, 1);
   for (const CommLine& line : p.comm) p.comm_bytes_sent += line.bytes_sent;
   plan_time(s, hw, w, dtype_of(c), fwd_calls, p);
   return p;
@@ -718,14 +777,14 @@ std::vector<int64_t> cp_sizes(const RunConfig& c, int64_t devices) {
 }  // namespace
 
 std::vector<CommLine> attention_call_comm(const RunConfig& c, bool backward, int64_t cp_rank) {
-  const Shape s = make_shape(c, c.cp * c.tp);
+  const Shape s = make_shape(c, c.cp * c.tp, threads_of(c, nullptr));
   std::unique_ptr<RingModel> ring;
   if (s.R > 1 && s.strategy != "all_gather") ring = std::make_unique<RingModel>(s);
   return attention_call_comm(s, ring.get(), backward, cp_rank);
 }
 
 int64_t attention_workspace_bytes(const RunConfig& c) {
-  return attention_workspace(make_shape(c, c.cp * c.tp)).bytes;
+  return attention_workspace(make_shape(c, c.cp * c.tp, threads_of(c, nullptr))).bytes;
 }
 
 PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {

@@ -62,7 +62,10 @@ struct StrategyPlan {
   int64_t attention_pairs = 0;       // unmasked (q, kv) pairs x heads x batch, this device (max)
   double load_imbalance = 1.0;       // max / mean pairs over the cp ranks
 
-  double compute_seconds = 0;
+  double compute_seconds = 0;       // matmul + attention + elementwise
+  double matmul_seconds = 0;        // projections, LM head and their gradients (remat included)
+  double attention_seconds = 0;     // the attention kernel (critical path over ring steps)
+  double elementwise_seconds = 0;   // norms, RoPE, SwiGLU, residuals, cross-entropy, AdamW
   double comm_seconds = 0;          // all transfers
   double hidden_comm_seconds = 0;   // overlapped with compute
   double step_seconds = 0;          // compute + exposed communication
