@@ -267,7 +267,7 @@ ProgressPump::ProgressPump() {
       // MPI_COMM_SELF, so the probe matches nothing.
       int flag = 0;
       MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   });
 }
