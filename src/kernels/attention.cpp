@@ -11,7 +11,8 @@
 // its kv blocks. Backward: one unit per (batch, kv head, kv block), so that
 // a few heads over a long sequence still feed every thread; dK, dV of the
 // unit stay in per-thread accumulators, and each tile's dQ contribution is
-// added under a per-(batch, head, q block) lock. Units run heaviest first.
+// added under a per-(batch, head, q block) lock. Units run head by head,
+// heaviest first within a head.
 #include <omp.h>
 
 #include <algorithm>
@@ -110,10 +111,15 @@ struct Unit {
   int64_t b, head, block, cost;
 };
 
-// Heaviest first, so that dynamic scheduling ends with small units.
-void sort_heaviest_first(std::vector<Unit>& units) {
-  std::stable_sort(units.begin(), units.end(),
-                   [](const Unit& x, const Unit& y) { return x.cost > y.cost; });
+// Head by head, so that the threads share one head's K, V (forward) or
+// Q, dO (backward) in cache instead of streaming every head's from memory;
+// heaviest first within a head, so that dynamic scheduling ends with small
+// units.
+void sort_for_locality(std::vector<Unit>& units) {
+  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) {
+    if (x.b != y.b || x.head != y.head) return x.b != y.b ? x.b < y.b : x.head < y.head;
+    return x.cost > y.cost;
+  });
 }
 
 // Mask the tile at (i0, j0) of batch row b when it is partial.
@@ -123,6 +129,16 @@ void mask_partial(const AttentionArgs& a, const Geometry& g, int64_t b, int64_t 
   attn::mask_tile(a.mask, s, rows, cols, ld, a.q_pos + b * g.Sq + i0, a.kv_pos + b * g.Skv + j0,
                   seg ? a.q_seg + b * g.Sq + i0 : nullptr,
                   seg ? a.kv_seg + b * g.Skv + j0 : nullptr);
+}
+
+// Copies `rows` rows of D floats from a strided view into a contiguous
+// buffer: token rows of [S, H, D] views are H * D floats apart, and at
+// H * D * 4 = 4 KiB the tile's rows alias onto the same cache sets (measured
+// at H = 8, S = 8192, 1 thread: 0.51 -> 0.73 of GEMM forward, 0.51 -> 0.68
+// backward with the copies).
+void copy_rows(float* dst, const float* src, int64_t rows, int64_t D, int64_t src_stride) {
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy(src + r * src_stride, src + r * src_stride + D, dst + r * D);
 }
 
 void add_stats(AttentionStats* stats, const Geometry& g, int64_t partial, int64_t full) {
@@ -145,10 +161,11 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
       for (int64_t j = 0; j < g.nk; ++j) cost += map.kind(b, i, j) != TileKind::empty;
       for (int64_t h = 0; h < g.H; ++h) units.push_back({b, h, i, cost});
     }
-  sort_heaviest_first(units);
+  sort_for_locality(units);
 
-  // Per thread: s [bq, bk] scores then probabilities, acc [bq, D], m and l [bq].
-  const int64_t per_thread = g.bq * g.bk + g.bq * g.D + 2 * g.bq;
+  // Per thread: s [bq, bk] scores then probabilities, acc [bq, D], m and l [bq],
+  // contiguous copies of the tile's Q [bq, D], K and V [bk, D].
+  const int64_t per_thread = g.bq * g.bk + 2 * g.bq * g.D + 2 * g.bq + 2 * g.bk * g.D;
   const int threads = omp_get_max_threads();
   Buffer scratch(MemCategory::scratch, "attention forward scratch",
                  sizeof(float) * per_thread * threads);
@@ -162,12 +179,15 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
     float* acc = s + g.bq * g.bk;                                        // [bq, D]
     float* m = acc + g.bq * g.D;   // [bq] running max (base 2)
     float* l = m + g.bq;           // [bq] running sum
+    float* qc = l + g.bq;          // [bq, D]
+    float* kc = qc + g.bq * g.D;   // [bk, D]
+    float* vc = kc + g.bk * g.D;   // [bk, D]
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < n_units; ++u) {
       const Unit& unit = units[u];
       const int64_t b = unit.b, h = unit.head, i0 = unit.block * g.bq;
       const int64_t rows = std::min(g.bq, g.Sq - i0), kvh = h / g.group;
-      const float* qi = a.q.at<float>({b, i0, h});
+      copy_rows(qc, a.q.at<float>({b, i0, h}), rows, g.D, a.q.stride[1]);
       std::fill(acc, acc + rows * g.D, 0.0f);
       std::fill(m, m + rows, kNegInf);
       std::fill(l, l + rows, 0.0f);
@@ -175,8 +195,9 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
         const TileKind kind = map.kind(b, unit.block, j);
         if (kind == TileKind::empty) continue;
         const int64_t j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
-        gemm_f32(false, true, rows, cols, g.D, scale_log2, qi, a.q.stride[1],
-                 a.k.at<float>({b, j0, kvh}), a.k.stride[1], 0.0f, s, g.bk);
+        copy_rows(kc, a.k.at<float>({b, j0, kvh}), cols, g.D, a.k.stride[1]);
+        copy_rows(vc, a.v.at<float>({b, j0, kvh}), cols, g.D, a.v.stride[1]);
+        gemm_f32(false, true, rows, cols, g.D, scale_log2, qc, g.D, kc, g.D, 0.0f, s, g.bk);
         if (kind == TileKind::partial) {
           mask_partial(a, g, b, i0, rows, j0, cols, s, g.bk);
           ++partial;
@@ -195,8 +216,7 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
           if (alpha != 1.0f) attn::scale_row(acc + r * g.D, g.D, alpha);
           m[r] = m_new;
         }
-        gemm_f32(false, false, rows, g.D, cols, 1.0f, s, g.bk, a.v.at<float>({b, j0, kvh}),
-                 a.v.stride[1], 1.0f, acc, g.D);
+        gemm_f32(false, false, rows, g.D, cols, 1.0f, s, g.bk, vc, g.D, 1.0f, acc, g.D);
       }
       for (int64_t r = 0; r < rows; ++r) {
         float* out = o.at<float>({b, i0 + r, h});
@@ -237,10 +257,11 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
       if (cost == 0) continue;  // no gradient flows through this kv block
       for (int64_t kvh = 0; kvh < g.G; ++kvh) units.push_back({b, kvh, j, cost});
     }
-  sort_heaviest_first(units);
+  sort_for_locality(units);
 
-  // Per thread: s [bq, bk] (P), dp [bq, bk] (dP then dS), dk_acc, dv_acc [bk, D], dq_tile [bq, D].
-  const int64_t per_thread = 2 * g.bq * g.bk + 2 * g.bk * g.D + g.bq * g.D;
+  // Per thread: s [bq, bk] (P), dp [bq, bk] (dP then dS), dk_acc, dv_acc [bk, D],
+  // dq_tile [bq, D], contiguous copies of K, V [bk, D] and Q, dO [bq, D].
+  const int64_t per_thread = 2 * g.bq * g.bk + 4 * g.bk * g.D + 3 * g.bq * g.D;
   const int threads = omp_get_max_threads();
   Buffer scratch(MemCategory::scratch, "attention backward scratch",
                  sizeof(float) * per_thread * threads);
@@ -257,13 +278,17 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
     float* dk_acc = dp + g.bq * g.bk;                                    // [bk, D]
     float* dv_acc = dk_acc + g.bk * g.D;                                 // [bk, D]
     float* dq_tile = dv_acc + g.bk * g.D;                                // [bq, D]
+    float* kj = dq_tile + g.bq * g.D;                                    // [bk, D]
+    float* vj = kj + g.bk * g.D;                                         // [bk, D]
+    float* qi = vj + g.bk * g.D;                                         // [bq, D]
+    float* doi = qi + g.bq * g.D;                                        // [bq, D]
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < n_units; ++u) {
       const Unit& unit = units[u];
       const int64_t b = unit.b, kvh = unit.head, j0 = unit.block * g.bk;
       const int64_t cols = std::min(g.bk, g.Skv - j0);
-      const float* kj = a.k.at<float>({b, j0, kvh});
-      const float* vj = a.v.at<float>({b, j0, kvh});
+      copy_rows(kj, a.k.at<float>({b, j0, kvh}), cols, g.D, a.k.stride[1]);
+      copy_rows(vj, a.v.at<float>({b, j0, kvh}), cols, g.D, a.v.stride[1]);
       std::fill(dk_acc, dk_acc + cols * g.D, 0.0f);
       std::fill(dv_acc, dv_acc + cols * g.D, 0.0f);
       for (int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h)
@@ -271,12 +296,11 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
           const TileKind kind = map.kind(b, i, unit.block);
           if (kind == TileKind::empty) continue;
           const int64_t i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
-          const float* qi = a.q.at<float>({b, i0, h});
-          const float* doi = dout.at<float>({b, i0, h});
+          copy_rows(qi, a.q.at<float>({b, i0, h}), rows, g.D, a.q.stride[1]);
+          copy_rows(doi, dout.at<float>({b, i0, h}), rows, g.D, dout.stride[1]);
           const int64_t row0 = (b * g.Sq + i0) * g.H + h;  // lse/delta index of row 0, stride H
           // P = exp(S - lse), in base 2.
-          gemm_f32(false, true, rows, cols, g.D, scale_log2, qi, a.q.stride[1], kj, a.k.stride[1],
-                   0.0f, s, g.bk);
+          gemm_f32(false, true, rows, cols, g.D, scale_log2, qi, g.D, kj, g.D, 0.0f, s, g.bk);
           if (kind == TileKind::partial) {
             mask_partial(a, g, b, i0, rows, j0, cols, s, g.bk);
             ++partial;
@@ -289,19 +313,15 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
             else attn::exp2_shifted_inplace(s + r * g.bk, cols, l * kLog2e);
           }
           // dV += P^T dO
-          gemm_f32(true, false, cols, g.D, rows, 1.0f, s, g.bk, doi, dout.stride[1], 1.0f, dv_acc,
-                   g.D);
+          gemm_f32(true, false, cols, g.D, rows, 1.0f, s, g.bk, doi, g.D, 1.0f, dv_acc, g.D);
           // dS = P * (dO V^T - delta)
-          gemm_f32(false, true, rows, cols, g.D, 1.0f, doi, dout.stride[1], vj, a.v.stride[1], 0.0f,
-                   dp, g.bk);
+          gemm_f32(false, true, rows, cols, g.D, 1.0f, doi, g.D, vj, g.D, 0.0f, dp, g.bk);
           for (int64_t r = 0; r < rows; ++r)
             attn::softmax_grad_row(s + r * g.bk, dp + r * g.bk, cols, delta[row0 + r * g.H]);
           // dK += scale dS^T Q
-          gemm_f32(true, false, cols, g.D, rows, g.scale, dp, g.bk, qi, a.q.stride[1], 1.0f,
-                   dk_acc, g.D);
+          gemm_f32(true, false, cols, g.D, rows, g.scale, dp, g.bk, qi, g.D, 1.0f, dk_acc, g.D);
           // dQ += scale dS K
-          gemm_f32(false, false, rows, g.D, cols, g.scale, dp, g.bk, kj, a.k.stride[1], 0.0f,
-                   dq_tile, g.D);
+          gemm_f32(false, false, rows, g.D, cols, g.scale, dp, g.bk, kj, g.D, 0.0f, dq_tile, g.D);
           std::lock_guard<std::mutex> hold(dq_locks[(b * g.H + h) * g.nq + i]);
           for (int64_t r = 0; r < rows; ++r) {
             float* dst = dq.at<float>({b, i0 + r, h});
