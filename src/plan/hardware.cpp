@@ -24,14 +24,25 @@ double HardwareProfile::peak_flops(DType dtype) const {
   return peak;
 }
 
-double HardwareProfile::attention_efficiency_at(int64_t head_dim) const {
-  const auto& m = attention_efficiency_per_head_dim;
-  if (m.empty()) return attention_efficiency;
+namespace {
+// Log-linear in the head dim between measured points, clamped to the ends.
+double interpolate(const std::map<int64_t, double>& m, int64_t head_dim) {
   if (head_dim <= m.begin()->first) return m.begin()->second;
   if (head_dim >= m.rbegin()->first) return m.rbegin()->second;
   auto hi = m.lower_bound(head_dim), lo = std::prev(hi);
   const double t = std::log(double(head_dim) / lo->first) / std::log(double(hi->first) / lo->first);
   return lo->second + t * (hi->second - lo->second);
+}
+}  // namespace
+
+double HardwareProfile::attention_efficiency_at(int64_t head_dim) const {
+  if (attention_efficiency_per_head_dim.empty()) return attention_efficiency;
+  return interpolate(attention_efficiency_per_head_dim, head_dim);
+}
+
+double HardwareProfile::attention_forward_efficiency_at(int64_t head_dim) const {
+  if (attention_forward_efficiency_per_head_dim.empty()) return attention_efficiency_at(head_dim);
+  return interpolate(attention_forward_efficiency_per_head_dim, head_dim);
 }
 
 namespace {
@@ -115,13 +126,14 @@ HardwareProfile load_hardware_profile(const std::string& name_or_path,
   for (const auto& kv : root) {
     std::string key = kv.first.as<std::string>();
     if (key == "name" || key == "description" || key == "topology" || key == "sources") continue;
-    if (key == "attention_efficiency_per_head_dim") {
+    if (key == "attention_efficiency_per_head_dim" || key == "attention_forward_efficiency_per_head_dim") {
+      auto& map = key == "attention_efficiency_per_head_dim" ? h.attention_efficiency_per_head_dim
+                                                              : h.attention_forward_efficiency_per_head_dim;
       try {
-        for (const auto& e : kv.second)
-          h.attention_efficiency_per_head_dim[e.first.as<int64_t>()] = e.second.as<double>();
+        for (const auto& e : kv.second) map[e.first.as<int64_t>()] = e.second.as<double>();
       } catch (const YAML::Exception&) {
         throw ConfigError("hardware profile " + path.string() +
-                          ": attention_efficiency_per_head_dim must map head dims to numbers");
+                          ": " + key + " must map head dims to numbers");
       }
       continue;
     }
@@ -160,9 +172,12 @@ void save_hardware_profile(const HardwareProfile& h, const std::string& path) {
     if (f.real) out << h.*f.real;
     else out << h.*f.integer;
   }
-  if (!h.attention_efficiency_per_head_dim.empty()) {
-    out << YAML::Key << "attention_efficiency_per_head_dim" << YAML::Value << YAML::BeginMap;
-    for (const auto& [d, e] : h.attention_efficiency_per_head_dim) out << YAML::Key << d << YAML::Value << e;
+  for (const auto& [key, map] : {std::pair{"attention_efficiency_per_head_dim", &h.attention_efficiency_per_head_dim},
+                                  std::pair{"attention_forward_efficiency_per_head_dim",
+                                            &h.attention_forward_efficiency_per_head_dim}}) {
+    if (map->empty()) continue;
+    out << YAML::Key << key << YAML::Value << YAML::BeginMap;
+    for (const auto& [d, e] : *map) out << YAML::Key << d << YAML::Value << e;
     out << YAML::EndMap;
   }
   out << YAML::Key << "sources" << YAML::Value << YAML::BeginMap;

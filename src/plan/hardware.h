@@ -52,6 +52,11 @@ struct HardwareProfile {
   // attention_efficiency_per_head_dim interpolated (log head dim), clamped
   // to its ends; attention_efficiency when it is empty.
   double attention_efficiency_at(int64_t head_dim) const;
+  // The forward pass alone (4 D FLOPs per pair), per head dim: the kernel's
+  // forward and backward run at different rates, and remat repeats only the
+  // forward. Empty = the same as attention_efficiency_at.
+  std::map<int64_t, double> attention_forward_efficiency_per_head_dim;
+  double attention_forward_efficiency_at(int64_t head_dim) const;
 
   // field name -> where its number comes from (URL, measurement, assumption).
   std::map<std::string, std::string> sources;

@@ -578,7 +578,12 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   double ring_comm_total = 0;
   for (const CommLine& c : p.comm)
     if (c.axis == "ring") ring_comm_total += c.seconds;
-  const double per_pair = (fwd_pair * fwd_calls + bwd_pair * s.L) / at_rate;
+  // Forward at its own rate (remat repeats it); backward is the rest of the
+  // measured forward + backward time per pair.
+  const double fwd_rate = peak * hw.attention_forward_efficiency_at(s.D);
+  const double fwd_seconds = fwd_pair / fwd_rate;
+  const double bwd_seconds = std::max((fwd_pair + bwd_pair) / at_rate - fwd_seconds, bwd_pair / peak);
+  const double per_pair = fwd_seconds * fwd_calls + bwd_seconds * s.L;
   if (s.R > 1 && s.strategy != "all_gather" && ring_comm_total > 0) {
     // Each piece travels while the previous one computes (the first during
     // the local shard), so transfers hide behind all but the last step.

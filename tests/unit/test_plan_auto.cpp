@@ -1,0 +1,75 @@
+// `longctx train ... context_parallel_strategy=auto` works out of the box:
+// with no cpu-local hardware profile (LONGCTX_HARDWARE_DIR points at an empty
+// directory) train measures a quick one on the fly on both ranks, prints the
+// recommendation with its reason, and trains two steps with a valid strategy.
+// Runs the real command under mpiexec (this test itself is one process).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The build directory's longctx and the source tree's root, found from this
+// executable's location (build*/tests/<exe>, inside the source tree).
+bool locate(fs::path& longctx, fs::path& root) {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return false;
+  for (fs::path p = exe.parent_path(); !p.empty() && p != p.root_path(); p = p.parent_path()) {
+    if (longctx.empty() && fs::is_regular_file(p / "longctx")) longctx = p / "longctx";
+    if (fs::is_regular_file(p / "configs/base.yml")) {
+      root = p;
+      break;
+    }
+  }
+  return !longctx.empty() && !root.empty();
+}
+
+int run(const std::string& command, std::string& output) {
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return -1;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) output.append(buf.data(), n);
+  int status = ::pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+TEST(PlanAuto, TrainWithAutoStrategyMeasuresAProfileAndRuns) {
+  fs::path longctx, root;
+  ASSERT_TRUE(locate(longctx, root)) << "longctx binary or configs/base.yml not found";
+  const fs::path empty = fs::temp_directory_path() / ("longctx_no_profile_" + std::to_string(::getpid()));
+  fs::create_directories(empty);
+  const std::string command =
+      "cd " + root.string() + " && LONGCTX_HARDWARE_DIR=" + empty.string() +
+      " OMP_NUM_THREADS=1 mpiexec --oversubscribe --allow-run-as-root --bind-to none -n 2 " +
+      longctx.string() +
+      " train configs/base.yml model_name=tiny dataset_type=synthetic max_target_length=256 "
+      "ici_context_parallelism=2 context_parallel_strategy=auto steps=2 enable_checkpointing=false "
+      "peak_tflops_per_device=1 num_threads=1 metrics_file=/dev/null 2>&1";
+  std::string out;
+  const int rc = run(command, out);
+  fs::remove_all(empty);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("no cpu-local hardware profile"), std::string::npos) << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("auto: context_parallel_strategy=(\\w+) ici_context_parallelism=(\\d+)")))
+      << out;
+  const std::string strategy = m[1];
+  EXPECT_TRUE(strategy == "all_gather" || strategy == "ulysses" || strategy == "ring" || strategy == "usp")
+      << strategy;
+  EXPECT_EQ(m[2], "2") << out;  // the mesh is pinned (ici_data_parallelism=1): cp stays
+  EXPECT_NE(out.find("quick profile measured in"), std::string::npos) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("\n  why: \\S"))) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("mesh dp=1 cp=2 \\(" + strategy))) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("step 2 \\|"))) << out;
+}
