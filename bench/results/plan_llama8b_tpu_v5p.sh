@@ -25,5 +25,5 @@ else:
 '
 done
 echo
-"$BUILD/longctx" plan "${ARGS[@]}" max_target_length=1048576 ici_data_parallelism=1 ici_context_parallelism=8 \
+"$BUILD/longctx" plan "${ARGS[@]}" max_target_length=1048576 ici_context_parallelism=8 \
   | sed -n '/^strategy/,/^$/p;/^recommendation/,$p'
