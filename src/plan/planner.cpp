@@ -298,16 +298,17 @@ struct Workspace {
 };
 
 // The fast kernel's tile (attention_blocking() in src/kernels/attention.cpp)
-// and its per-thread scratch: forward s [bq, bk], acc [bq, D], m, l [bq];
-// backward s, dp [bq, bk], dk, dv [bk, D], dq [bq, D].
+// and its per-thread scratch: forward s [bq, bk], acc and a Q copy [bq, D],
+// m, l [bq], K, V copies [bk, D]; backward s, dp [bq, bk], dk, dv and K, V
+// copies [bk, D], dq and Q, dO copies [bq, D].
 constexpr int64_t kAttentionBlock = 128;
 int64_t kernel_forward_scratch(const Shape& s) {
   const int64_t b = kAttentionBlock;
-  return s.threads * (b * b + b * s.D + 2 * b) * 4;
+  return s.threads * (b * b + 2 * b * s.D + 2 * b + 2 * b * s.D) * 4;
 }
 int64_t kernel_backward_scratch(const Shape& s) {
   const int64_t b = kAttentionBlock;
-  return s.threads * (2 * b * b + 3 * b * s.D) * 4;
+  return s.threads * (2 * b * b + 4 * b * s.D + 3 * b * s.D) * 4;
 }
 
 // A buffer gathered token-major over P ranks (gather_tokens, or an
