@@ -136,9 +136,38 @@ void Communicator::reset_counters() const {
   counters_ = CommCounters{};
 }
 
-// Polls instead of MPI_Wait so that the watchdog can fire; backs off to short
+void Communicator::timed_out(double timeout, CommOp op, int peer, Request* request) const {
+  std::string message = "watchdog: rank " + std::to_string(rank_) + " of communicator '" + name_ +
+                        "' waited more than " + std::to_string(timeout) +
+                        " s (collective_timeout_seconds) on " + comm_op_name(op) +
+                        (peer >= 0 ? " with rank " + std::to_string(peer) : std::string()) +
+                        "; aborting the job";
+  WatchdogHandler handler = g_watchdog_handler;
+  if (!handler) abort_job(message);
+  handler(message);
+  if (request) cancel(*request);
+  throw Error(message);
+}
+
+// Polls instead of blocking so that the watchdog can fire; backs off to short
 // sleeps so that an oversubscribed rank (8 ranks on 2 cores) does not steal
 // the core from the rank it is waiting for.
+void Communicator::wait_until(const std::function<bool()>& done, CommOp op, int peer) const {
+  Timer timer;
+  const double timeout = g_timeout_seconds;
+  int polls = 0;
+  auto sleep = std::chrono::microseconds(5);
+  while (!done()) {
+    if (++polls > 50) {
+      std::this_thread::sleep_for(sleep);
+      if (sleep < std::chrono::microseconds(500)) sleep *= 2;
+    }
+    if (timer.seconds() > timeout) timed_out(timeout, op, peer, nullptr);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  counters_[op].wait_seconds += timer.seconds();
+}
+
 void Communicator::wait(Request& request) const {
   if (!request.active()) return;
   Timer timer;
@@ -153,23 +182,23 @@ void Communicator::wait(Request& request) const {
       std::this_thread::sleep_for(sleep);
       if (sleep < std::chrono::microseconds(500)) sleep *= 2;
     }
-    if (timer.seconds() > timeout) {
-      std::string message = "watchdog: rank " + std::to_string(rank_) + " of communicator '" +
-                            name_ + "' waited more than " + std::to_string(timeout) +
-                            " s (collective_timeout_seconds) on " + comm_op_name(request.op_) +
-                            (request.peer_ >= 0 ? " with rank " + std::to_string(request.peer_)
-                                                : std::string()) +
-                            "; aborting the job";
-      WatchdogHandler handler = g_watchdog_handler;
-      if (!handler) abort_job(message);
-      handler(message);
-      MPI_Cancel(&request.req_);
-      MPI_Wait(&request.req_, MPI_STATUS_IGNORE);
-      throw Error(message);
-    }
+    if (timer.seconds() > timeout) timed_out(timeout, request.op_, request.peer_, &request);
   }
   std::lock_guard<std::mutex> lock(mu_);
   counters_[request.op_].wait_seconds += timer.seconds();
+}
+
+bool Communicator::test(Request& request) const {
+  if (!request.active()) return true;
+  int done = 0;
+  MPI_Test(&request.req_, &done, MPI_STATUS_IGNORE);
+  return done != 0;
+}
+
+void Communicator::cancel(Request& request) const {
+  if (!request.active()) return;
+  MPI_Cancel(&request.req_);
+  MPI_Wait(&request.req_, MPI_STATUS_IGNORE);
 }
 
 void Communicator::finish(Request& request, CommOp op, int peer) const {
@@ -275,6 +304,85 @@ ProgressPump::ProgressPump() {
 ProgressPump::~ProgressPump() {
   stop_ = true;
   thread_.join();
+}
+
+CommWorker::CommWorker(std::chrono::microseconds poll) : poll_(poll) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+CommWorker::~CommWorker() {
+  abandon();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void CommWorker::loop() {
+  while (true) {
+    std::function<bool()> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return has_job_ || stop_; });
+      if (stop_) return;
+      job = std::move(job_);
+    }
+    std::exception_ptr error;
+    while (!abandon_.load(std::memory_order_relaxed)) {
+      bool done = true;
+      try {
+        done = job();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      if (done) break;
+      // Drives Open MPI's progress engine for every request of the process
+      // (nothing is ever sent on MPI_COMM_SELF, so the probe matches nothing).
+      int flag = 0;
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
+      std::this_thread::sleep_for(poll_);
+    }
+    job = nullptr;  // the job's captures go before the caller may reuse them
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = error;
+      has_job_ = false;
+    }
+    idle_.store(true, std::memory_order_release);
+  }
+}
+
+void CommWorker::start(std::function<bool()> job) {
+  if (!idle()) throw Error("CommWorker: a job is already running");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = std::move(job);
+    has_job_ = true;
+    error_ = nullptr;
+    abandon_ = false;
+    idle_.store(false, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+void CommWorker::finish(const Communicator& comm, CommOp op) {
+  if (!idle()) comm.wait_until([this] { return idle(); }, op);
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::swap(error, error_);
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void CommWorker::abandon() {
+  if (idle()) return;
+  abandon_ = true;
+  while (!idle()) std::this_thread::sleep_for(poll_);
+  std::lock_guard<std::mutex> lock(mu_);
+  error_ = nullptr;
 }
 
 }  // namespace longctx

@@ -22,7 +22,11 @@
 #include <mpi.h>
 
 #include <array>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -101,6 +105,15 @@ class Communicator {
   Request isend(const void* data, size_t bytes, int dest, int tag) const;
   Request irecv(void* data, size_t bytes, int source, int tag) const;
   void wait(Request& request) const;  // watched; no-op on an inactive request
+  // Whether the request has completed (then it becomes inactive); never
+  // blocks and, unlike wait(), adds nothing to wait_seconds: for a helper
+  // thread whose waiting is hidden behind compute.
+  bool test(Request& request) const;
+  // Cancels an active request and completes it (error paths only).
+  void cancel(Request& request) const;
+  // Blocks until done() is true, watched like wait() and counted as time
+  // blocked on `op` (with `peer`, or -1): for work another thread completes.
+  void wait_until(const std::function<bool()>& done, CommOp op, int peer = -1) const;
   void send(const void* data, size_t bytes, int dest, int tag) const;
   void recv(void* data, size_t bytes, int source, int tag) const;
 
@@ -126,6 +139,7 @@ class Communicator {
   void all_reduce(void* data, size_t count, MPI_Datatype type, size_t elem_bytes, MPI_Op op) const;
   void count(CommOp op, int64_t sent, int64_t received) const;
   void finish(Request& request, CommOp op, int peer) const;
+  [[noreturn]] void timed_out(double timeout, CommOp op, int peer, Request* request) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::string name_;
@@ -147,6 +161,42 @@ class ProgressPump {
 
  private:
   std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// A persistent helper thread for communication that must progress while the
+// calling thread computes (the ring's outgoing K,V stream and its returning
+// dK,dV). One job at a time: start(job) hands it a poll function, which the
+// thread calls every `poll` interval (driving MPI progress in between, for
+// the caller's own requests too) until it returns true. Between jobs the
+// thread sleeps on a condition variable and costs nothing, so one worker
+// serves every call of its owner instead of a thread per call.
+// Needs MPI_THREAD_MULTIPLE.
+class CommWorker {
+ public:
+  explicit CommWorker(std::chrono::microseconds poll = std::chrono::microseconds(200));
+  ~CommWorker();
+  CommWorker(const CommWorker&) = delete;
+  CommWorker& operator=(const CommWorker&) = delete;
+
+  void start(std::function<bool()> job);
+  // Blocks until the job is done (Communicator::wait_until: watched, counted
+  // as `op` wait time on `comm`); rethrows what the job threw.
+  void finish(const Communicator& comm, CommOp op);
+  // Makes a running job return at its next poll and waits for that; for
+  // error paths, before the job's state goes away. No-op when idle.
+  void abandon();
+  bool idle() const { return idle_.load(std::memory_order_acquire); }
+
+ private:
+  void loop();
+  const std::chrono::microseconds poll_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<bool()> job_;
+  bool has_job_ = false, stop_ = false;
+  std::atomic<bool> idle_{true}, abandon_{false};
+  std::exception_ptr error_;
   std::thread thread_;
 };
 

@@ -9,18 +9,24 @@
 // empty: every rank all-gathers the position/segment ranges of every chunk
 // once per call (a few bytes).
 //
-// Overlap: the next piece is posted before the current one computes, and a
-// ProgressPump thread drives MPI meanwhile; the time left waiting is the
-// exposed communication (Communicator wait_seconds). Buffers: one chunk to
-// send, two to receive (double buffering); backward adds one chunk of partial
-// dK, dV being returned and two receiving the returns, so memory stays a few
-// chunks above the local shard.
+// Overlap: two threads, so that no rank's progress waits on another rank's
+// compute. The caller's thread receives pieces (the next one is posted
+// before the current one computes: double buffering) and computes them. The
+// owner's persistent CommWorker thread streams this rank's chunks out, and in
+// backward receives their partial dK, dV back and adds them; it also drives
+// MPI progress meanwhile. Only the caller's waits count as exposed
+// communication (Communicator wait_seconds), the worker's are hidden.
+// Buffers: one chunk to send, two to receive; forward adds the partial O, LSE
+// of one q chunk, backward one chunk of partial dK, dV going back and one
+// coming back. Memory stays a few chunks above the local shard.
 //
-// Forward merges each piece into O, LSE in fp32 (attention_merge). Backward
-// accumulates dQ locally and the chunk's partial dK, dV (fp32) that go back
-// to the owner, which adds them to its own.
+// Forward computes each received chunk against only the local q chunks it
+// can reach, one q chunk at a time, and merges that into O, LSE in fp32
+// (attention_merge). Backward accumulates dQ locally and the chunk's partial
+// dK, dV (fp32) that go back to the owner, which adds them to its own.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 
 #include "core/error.h"
@@ -152,7 +158,123 @@ struct ChunkFormat {
 int kv_tag(const RingPlan& p, const Unit& u) { return static_cast<int>(u.step * p.n + u.chunk); }
 int grad_tag(const RingPlan& p, const Unit& u) { return 16384 + kv_tag(p, u); }
 
+// The outgoing K,V stream, run by the worker thread: my chunks go out in
+// unit order through one send buffer, each packed once the previous one has
+// been taken by its receiver. The stream never waits for this rank's own
+// compute, so a receiver that works through its pieces faster than this
+// rank works through its own is never held up (with zigzag at P = 2 one
+// rank receives n half-height pieces while the other receives n/2 full ones).
+struct SendStream {
+  const Communicator& comm;
+  const RingPlan& p;
+  const ChunkFormat& f;
+  const AttentionArgs& a;
+  char* buf;
+  size_t next = 0;  // next unit to look at
+  Request req;
+  ~SendStream() { comm.cancel(req); }  // only an error leaves it active
+  bool poll() {
+    if (!comm.test(req)) return false;
+    while (next < p.units.size() && !p.units[next].send) ++next;
+    if (next == p.units.size()) return true;
+    const Unit& u = p.units[next++];
+    const int64_t len = p.len(u.chunk);
+    f.pack(a, p.begin[u.chunk], len, buf);
+    req = comm.isend(buf, f.bytes(len), (p.r + u.step) % p.P, kv_tag(p, u));
+    return false;
+  }
+};
+
+// The returning partial dK, dV of my chunks (backward, worker thread): one
+// receive slot, posted in unit order, added to dk, dv as soon as it lands
+// (once the own-shard backward, which also writes dk, dv, is done). The
+// order of the additions is fixed: own shard, then pieces in unit order.
+struct ReturnStream {
+  const Communicator& comm;
+  const RingPlan& p;
+  const LocalDims& d;
+  const TensorView& dk;
+  const TensorView& dv;
+  const std::atomic<bool>& own_done;
+  float* buf;  // [B, len, 2, G, D]
+  size_t next = 0;
+  int chunk = -1;
+  Request req;
+  ~ReturnStream() { comm.cancel(req); }  // only an error leaves it active
+  bool poll() {
+    if (req.active() || chunk >= 0) {
+      if (!comm.test(req) || !own_done.load(std::memory_order_acquire)) return false;
+      add(chunk);
+      chunk = -1;
+    }
+    while (next < p.units.size() && !p.units[next].send) ++next;
+    if (next == p.units.size()) return true;
+    const Unit& u = p.units[next++];
+    const int64_t row = 2 * d.G * d.D;
+    chunk = u.chunk;
+    req = comm.irecv(buf, d.B * p.len(u.chunk) * row * 4, (p.r + u.step) % p.P, grad_tag(p, u));
+    return false;
+  }
+  void add(int c) const {
+    const int64_t len = p.len(c), row = 2 * d.G * d.D;
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t t = 0; t < len; ++t)
+        for (int64_t h = 0; h < d.G; ++h) {
+          float* k = dk.at<float>({b, p.begin[c] + t, h});
+          float* v = dv.at<float>({b, p.begin[c] + t, h});
+          const float* gk = buf + (b * len + t) * row + h * d.D;
+          const float* gv = gk + d.G * d.D;
+          for (int64_t x = 0; x < d.D; ++x) {
+            k[x] += gk[x];
+            v[x] += gv[x];
+          }
+        }
+  }
+};
+
+// On any exit, the worker lets go of the call's state before it is freed.
+struct WorkerGuard {
+  CommWorker& worker;
+  ~WorkerGuard() { worker.abandon(); }
+};
+
+// Cancels what an exception left in flight (normal exits leave nothing).
+struct CancelGuard {
+  const Communicator& comm;
+  std::vector<Request*> requests;
+  ~CancelGuard() {
+    for (Request* r : requests) comm.cancel(*r);
+  }
+};
+
+// Batch row b, local q tokens [q0, q0 + q_len) of `a` against batch row b of
+// kv chunk `c` (B = 1 views).
+AttentionArgs slice(const AttentionArgs& c, const LocalDims& d, int64_t b, int64_t q0, int64_t q_len,
+                    int64_t kv_len) {
+  AttentionArgs s = c;
+  s.q = TensorView::strided(c.q.at<float>({b, q0}), DType::f32, {1, q_len, d.H, d.D},
+                            {c.q.stride[0], c.q.stride[1], c.q.stride[2], 1});
+  s.k = TensorView::strided(c.k.at<float>({b}), DType::f32, {1, kv_len, d.G, d.D},
+                            {c.k.stride[0], c.k.stride[1], c.k.stride[2], 1});
+  s.v = TensorView::strided(c.v.at<float>({b}), DType::f32, {1, kv_len, d.G, d.D},
+                            {c.v.stride[0], c.v.stride[1], c.v.stride[2], 1});
+  s.q_pos = c.q_pos + b * d.L + q0;
+  s.kv_pos = c.kv_pos + b * kv_len;
+  if (c.mask.same_segment) {
+    s.q_seg = c.q_seg + b * d.L + q0;
+    s.kv_seg = c.kv_seg + b * kv_len;
+  }
+  return s;
+}
+
 }  // namespace
+
+CommWorker& RingAttention::worker() {
+  if (!worker_) worker_ = std::make_unique<CommWorker>();
+  return *worker_;
+}
+
+RingAttention::~RingAttention() = default;
 
 void RingAttention::forward(const AttentionArgs& local, const TensorView& o, float* lse) {
   LocalDims d = check_local_args(local);
@@ -162,44 +284,55 @@ void RingAttention::forward(const AttentionArgs& local, const TensorView& o, flo
   Buffer send_buf(MemCategory::communication, "ring kv send", cap);
   std::array<Buffer, 2> recv_buf{Buffer(MemCategory::communication, "ring kv recv", cap),
                                  Buffer(MemCategory::communication, "ring kv recv", cap)};
-  Buffer o_part, lse_part;  // [B, L, H, D], [B, L, H]
-  if (!p.units.empty()) {
-    o_part = Buffer(MemCategory::scratch, "ring o partial", d.B * d.L * d.H * d.D * 4);
-    lse_part = Buffer(MemCategory::scratch, "ring lse partial", d.B * d.L * d.H * 4);
-  }
-  Request send_req;
+  if (p.units.empty()) return attention_forward(local, o, lse);
+  // The partial result of one local q chunk against one received kv chunk:
+  // [1, len, H, D] and [1, len, H]. Only q chunks the kv chunk can reach are
+  // computed and merged, a chunk at a time, so this stays one chunk big.
+  Buffer o_part(MemCategory::scratch, "ring o partial", p.max_len() * d.H * d.D * 4);
+  Buffer lse_part(MemCategory::scratch, "ring lse partial", p.max_len() * d.H * 4);
   std::array<Request, 2> recv_req;
   std::vector<int> slot(p.units.size(), -1);
   int recvs_posted = 0;
-  auto post = [&](size_t i) {
-    const Unit& u = p.units[i];
-    const int64_t len = p.len(u.chunk);
-    if (u.send) {
-      comm_.wait(send_req);
-      f.pack(local, p.begin[u.chunk], len, send_buf.as<char>());
-      send_req = comm_.isend(send_buf.data(), f.bytes(len), (p.r + u.step) % p.P, kv_tag(p, u));
-    }
-    if (u.recv) {
+  auto post_recv = [&](size_t i) {
+    for (; i < p.units.size(); ++i) {
+      const Unit& u = p.units[i];
+      if (!u.recv) continue;
       slot[i] = recvs_posted++ % 2;
-      recv_req[slot[i]] = comm_.irecv(recv_buf[slot[i]].data(), f.bytes(len),
+      recv_req[slot[i]] = comm_.irecv(recv_buf[slot[i]].data(), f.bytes(p.len(u.chunk)),
                                       (p.r - u.step + p.P) % p.P, kv_tag(p, u));
+      return i;
     }
+    return i;
   };
 
-  ProgressPump pump;
-  if (!p.units.empty()) post(0);
-  attention_forward(local, o, lse);  // own shard, while the first piece travels
-  const TensorView o_view(o_part.data(), DType::f32, {d.B, d.L, d.H, d.D});
-  for (size_t i = 0; i < p.units.size(); ++i) {
-    if (i + 1 < p.units.size()) post(i + 1);
+  CancelGuard cancel{comm_, {&recv_req[0], &recv_req[1]}};
+  SendStream out{comm_, p, f, local, send_buf.as<char>(), 0, {}};
+  CommWorker& w = worker();
+  WorkerGuard guard{w};
+  w.start([&out] { return out.poll(); });
+  size_t i = post_recv(0);
+  attention_forward(local, o, lse);  // own shard, while the first pieces travel
+  while (i < p.units.size()) {
+    const size_t next = post_recv(i + 1);
     const Unit& u = p.units[i];
-    if (!u.recv) continue;
+    const int src = (p.r - u.step + p.P) % p.P;
+    const int64_t len = p.len(u.chunk);
     comm_.wait(recv_req[slot[i]]);
-    attention_forward(f.with_chunk(local, p.len(u.chunk), recv_buf[slot[i]].as<char>()), o_view,
-                      lse_part.as<float>());
-    attention_merge(o, lse, o_view, lse_part.as<float>());
+    const AttentionArgs piece = f.with_chunk(local, len, recv_buf[slot[i]].as<char>());
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int qc = 0; qc < p.n; ++qc) {
+        if (!may_attend(local.mask, p.range(p.r, b, qc), p.range(src, b, u.chunk))) continue;
+        const int64_t q0 = p.begin[qc], q_len = p.len(qc);
+        const TensorView part(o_part.data(), DType::f32, {1, q_len, d.H, d.D});
+        attention_forward(slice(piece, d, b, q0, q_len, len), part, lse_part.as<float>());
+        const TensorView mine = TensorView::strided(o.at<float>({b, q0}), DType::f32,
+                                                    {1, q_len, d.H, d.D},
+                                                    {o.stride[0], o.stride[1], o.stride[2], 1});
+        attention_merge(mine, lse + (b * d.L + q0) * d.H, part, lse_part.as<float>());
+      }
+    i = next;
   }
-  comm_.wait(send_req);
+  w.finish(comm_, CommOp::send);
 }
 
 void RingAttention::backward_with_delta(const AttentionArgs& local, const TensorView& dout,
@@ -217,64 +350,44 @@ void RingAttention::backward_with_delta(const AttentionArgs& local, const Tensor
                                  Buffer(MemCategory::communication, "ring kv recv", cap)};
   // Partial dK, dV of a received chunk, going back to its owner: [B, len, 2, G, D].
   Buffer part(MemCategory::communication, "ring dkv send", grad_cap);
-  // Partial dK, dV of my chunks, coming back: [B, len, 2, G, D] each.
-  std::array<Buffer, 2> ret_buf{Buffer(MemCategory::communication, "ring dkv recv", grad_cap),
-                                Buffer(MemCategory::communication, "ring dkv recv", grad_cap)};
-  Request send_req, part_req;
-  std::array<Request, 2> recv_req, ret_req;
-  std::array<int, 2> ret_chunk{-1, -1};
-  std::vector<int> slot(p.units.size(), -1);
-  int recvs_posted = 0, sends_posted = 0;
-
-  auto accumulate_return = [&](int s) {
-    if (!ret_req[s].active()) return;
-    comm_.wait(ret_req[s]);
-    const int c = ret_chunk[s];
-    const int64_t len = p.len(c);
-    const float* g = ret_buf[s].as<float>();
-    for (int64_t b = 0; b < d.B; ++b)
-      for (int64_t t = 0; t < len; ++t)
-        for (int64_t h = 0; h < d.G; ++h) {
-          float* k = dk.at<float>({b, p.begin[c] + t, h});
-          float* v = dv.at<float>({b, p.begin[c] + t, h});
-          const float* gk = g + (b * len + t) * row + h * d.D;
-          const float* gv = gk + d.G * d.D;
-          for (int64_t x = 0; x < d.D; ++x) {
-            k[x] += gk[x];
-            v[x] += gv[x];
-          }
-        }
-  };
-  auto post = [&](size_t i) {
-    const Unit& u = p.units[i];
-    const int64_t len = p.len(u.chunk);
-    if (u.send) {
-      comm_.wait(send_req);
-      f.pack(local, p.begin[u.chunk], len, send_buf.as<char>());
-      const int to = (p.r + u.step) % p.P;
-      send_req = comm_.isend(send_buf.data(), f.bytes(len), to, kv_tag(p, u));
-      const int s = sends_posted++ % 2;
-      accumulate_return(s);  // the return of two sends ago frees this slot
-      ret_chunk[s] = u.chunk;
-      ret_req[s] = comm_.irecv(ret_buf[s].data(), d.B * len * row * 4, to, grad_tag(p, u));
-    }
-    if (u.recv) {
-      slot[i] = recvs_posted++ % 2;
-      recv_req[slot[i]] = comm_.irecv(recv_buf[slot[i]].data(), f.bytes(len),
-                                      (p.r - u.step + p.P) % p.P, kv_tag(p, u));
-    }
-  };
-
+  // Partial dK, dV of one of my chunks, coming back: [B, len, 2, G, D].
+  Buffer ret_buf(MemCategory::communication, "ring dkv recv", grad_cap);
   zero_view(dq);
   zero_view(dk);
   zero_view(dv);
-  ProgressPump pump;
-  if (!p.units.empty()) post(0);
+  if (p.units.empty()) return attention_backward(local, dout, lse, delta, dq, dk, dv);
+  Request part_req;
+  std::array<Request, 2> recv_req;
+  std::vector<int> slot(p.units.size(), -1);
+  int recvs_posted = 0;
+  auto post_recv = [&](size_t i) {
+    for (; i < p.units.size(); ++i) {
+      const Unit& u = p.units[i];
+      if (!u.recv) continue;
+      slot[i] = recvs_posted++ % 2;
+      recv_req[slot[i]] = comm_.irecv(recv_buf[slot[i]].data(), f.bytes(p.len(u.chunk)),
+                                      (p.r - u.step + p.P) % p.P, kv_tag(p, u));
+      return i;
+    }
+    return i;
+  };
+
+  CancelGuard cancel{comm_, {&recv_req[0], &recv_req[1], &part_req}};
+  std::atomic<bool> own_done{false};
+  SendStream out{comm_, p, f, local, send_buf.as<char>(), 0, {}};
+  ReturnStream back{comm_, p, d, dk, dv, own_done, ret_buf.as<float>(), 0, -1, {}};
+  CommWorker& w = worker();
+  WorkerGuard guard{w};
+  w.start([&out, &back] {
+    const bool sent = out.poll();
+    return back.poll() && sent;
+  });
+  size_t i = post_recv(0);
   attention_backward(local, dout, lse, delta, dq, dk, dv);  // own shard
-  for (size_t i = 0; i < p.units.size(); ++i) {
-    if (i + 1 < p.units.size()) post(i + 1);
+  own_done.store(true, std::memory_order_release);
+  while (i < p.units.size()) {
+    const size_t next = post_recv(i + 1);
     const Unit& u = p.units[i];
-    if (!u.recv) continue;
     const int64_t len = p.len(u.chunk);
     comm_.wait(recv_req[slot[i]]);
     comm_.wait(part_req);
@@ -285,12 +398,10 @@ void RingAttention::backward_with_delta(const AttentionArgs& local, const Tensor
         TensorView::strided(g, DType::f32, {d.B, len, d.G, d.D}, {len * row, row, d.D, 1}),
         TensorView::strided(g + d.G * d.D, DType::f32, {d.B, len, d.G, d.D}, {len * row, row, d.D, 1}));
     part_req = comm_.isend(g, d.B * len * row * 4, (p.r - u.step + p.P) % p.P, grad_tag(p, u));
+    i = next;
   }
-  comm_.wait(send_req);
   comm_.wait(part_req);
-  // Oldest outstanding return first, so that the summation order is fixed.
-  accumulate_return(sends_posted % 2);
-  accumulate_return((sends_posted + 1) % 2);
+  w.finish(comm_, CommOp::recv);
 }
 
 }  // namespace longctx

@@ -64,14 +64,18 @@ class RingAttention : public CpAttentionImpl {
  public:
   RingAttention(const Communicator& comm, int64_t chunk_tokens)
       : comm_(comm), chunk_tokens_(chunk_tokens) {}
+  ~RingAttention() override;
   void forward(const AttentionArgs& local, const TensorView& o, float* lse) override;
   void backward_with_delta(const AttentionArgs& local, const TensorView& dout, const float* lse,
                            const float* delta, const TensorView& dq, const TensorView& dk,
                            const TensorView& dv) override;
 
  private:
+  CommWorker& worker();  // started on first use, kept for every later call
+
   const Communicator& comm_;
   int64_t chunk_tokens_;
+  std::unique_ptr<CommWorker> worker_;
 };
 
 // ---- helpers shared by the strategies (cp_common.cpp) ----
