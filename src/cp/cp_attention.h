@@ -38,8 +38,19 @@ class CpAttention {
 struct CpOptions {
   // ring/usp: K,V shards travel in chunks of about this many tokens (double
   // buffered), bounding ring memory to a few chunks instead of whole shards.
-  int64_t ring_chunk_tokens = 512;
+  // 0 (the default) picks it from the shard: cp_ring_auto_chunk_tokens.
+  int64_t ring_chunk_tokens = 0;
 };
+
+// The automatic chunk for a ring shard of `local_tokens` tokens: local/16
+// rounded down to a multiple of the attention kernel's 128-token tile, at
+// least one tile. The ring's buffers (3 K,V chunks + 2 dK,dV chunks) then
+// stay at about 5/16 of the local K,V, i.e. a fixed small fraction of the
+// attention's memory at any length (~4% of the per-rank peak at cp=4,
+// S=16384, H=G=4), while chunks stay whole kernel tiles. The time per step
+// does not depend on the chunk size between 128 and 4096 tokens (measured,
+// bench/results/cp_cpu.md), so memory decides.
+int64_t cp_ring_auto_chunk_tokens(int64_t local_tokens);
 
 // The strategy over the mesh's context-parallel group: all_gather, ulysses
 // and ring use mesh.cp() as one group, usp uses mesh.ulysses() for the
@@ -62,7 +73,7 @@ struct CpOptions {
 //                        all_to_all (P-1)*B*L*4*(Hu + 2*Gu)*D   (dq, dk, dv back)
 //                        all_gather (P-1)*B*L*(8 + seg)
 //   ring        every call all_gathers the shard summaries: (P-1)*B*n*32 bytes,
-//               n = chunks per shard (cp_ring_chunks). Then for every (kv
+//               n = chunks per shard (cp_ring_chunks(L, ring_chunk_tokens)). Then for every (kv
 //               owner o != q rank r, chunk c) whose mask is not empty:
 //               forward  send/recv B*len_c*(8*G*D + 8 + seg) (K, V, positions)
 //               backward the same, plus B*len_c*8*G*D back to the owner (dK, dV)
@@ -74,7 +85,7 @@ std::unique_ptr<CpAttention> make_cp_attention(CpStrategy strategy, const Mesh& 
 
 // Chunks per ring shard of `local_tokens` tokens: ceil(local / chunk_tokens),
 // at least 2 (so each zigzag half is its own chunk) and even, at most
-// local_tokens.
+// local_tokens. chunk_tokens == 0: cp_ring_auto_chunk_tokens(local_tokens).
 int64_t cp_ring_chunks(int64_t local_tokens, int64_t chunk_tokens);
 
 }  // namespace longctx

@@ -27,8 +27,14 @@ const char* cp_strategy_name(CpStrategy s) {
   return "?";
 }
 
+int64_t cp_ring_auto_chunk_tokens(int64_t local_tokens) {
+  constexpr int64_t kTile = 128;  // attention_blocking(): the kernel's kv tile
+  return std::max<int64_t>(kTile, local_tokens / 16 / kTile * kTile);
+}
+
 int64_t cp_ring_chunks(int64_t local_tokens, int64_t chunk_tokens) {
-  if (chunk_tokens < 1) throw ConfigError("ring_chunk_tokens must be >= 1");
+  if (chunk_tokens < 0) throw ConfigError("ring_chunk_tokens must be >= 0 (0 = automatic)");
+  if (chunk_tokens == 0) chunk_tokens = cp_ring_auto_chunk_tokens(local_tokens);
   int64_t n = std::max<int64_t>(2, (local_tokens + chunk_tokens - 1) / chunk_tokens);
   n += n % 2;
   return std::min(n, std::max<int64_t>(local_tokens, 1));
