@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(build-essential cmake g++ pkg-config libdnnl-dev libopenmpi-dev openmpi-bin
+# ocl-icd-opencl-dev: Debian's oneDNN CMake config requires OpenCL (its GPU
+# runtime), which apt only recommends; without it find_package(dnnl) fails.
+PACKAGES=(build-essential cmake g++ pkg-config libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev openmpi-bin
           libyaml-cpp-dev nlohmann-json3-dev libgtest-dev libomp-dev bible-kjv
           python3 python3-matplotlib)
 missing=()
