@@ -24,9 +24,10 @@ for S in 4096 8192 16384; do
   done
 done
 for s in ring ulysses all_gather; do run "np2_${s}_S32768" 2 --strategy $s --seq 32768; done
-# S=65536: one 1-rank run (~3.5 min), shared by ulysses through --no-single.
+# S=65536: one 1-rank run (~3.5 min), shared by ulysses and all_gather through --no-single.
 run np2_ring_S65536 2 --strategy ring --seq 65536
 run np2_ulysses_S65536 2 --strategy ulysses --seq 65536 --no-single
+run np2_all_gather_S65536 2 --strategy all_gather --seq 65536 --no-single
 # Ring memory at cp=4 (4 ranks on 2 cores: only memory and CPU time mean anything).
 run np4_ring_S16384 4 --strategy ring --seq 16384
 run np4_ring_S16384_auto 4 --strategy ring --seq 16384 --ring-chunk-tokens 0
