@@ -67,6 +67,33 @@ TEST(CpBytes, Ulysses) {
   }
 }
 
+// usp at (ulysses, ring) = (2, 2): the ulysses formula over the ulysses group
+// (P = 2, L = S/4 local tokens, all heads), then the ring formula over the
+// ring group with the ulysses-local heads and 2 * L tokens. Full mask: every
+// ring piece moves.
+TEST(CpBytes, Usp) {
+  if (world_size() != 4) GTEST_SKIP() << "usp 2 x 2 needs 4 ranks";
+  Mesh mesh(1, 4, 2, 1);
+  CpCheckCase c = base_case(CpStrategy::usp, "full");
+  CpCheckResult r = check_cp_strategy(mesh, c);
+  EXPECT_LE(r.max_error(), 2e-5);
+  const int64_t U = 2, R = 2, B = c.batch, D = c.head_dim, L = c.seq_len / 4;
+  const int64_t Hu = c.heads / U, Gu = c.kv_heads / U;
+  const int64_t a2a_floats_per_token = (Hu + 2 * Gu) * D + Hu * (D + 1) + (2 * Hu + 2 * Gu) * D +
+                                       2 * Hu + (Hu + 2 * Gu) * D;
+  const int64_t a2a = (U - 1) * B * L * 4 * a2a_floats_per_token;
+  const int64_t positions = 2 * (U - 1) * B * L * 8;
+  const int64_t Lr = U * L, n = cp_ring_chunks(Lr, c.options.ring_chunk_tokens);
+  const int64_t summaries = 2 * (R - 1) * B * n * 32;
+  const int64_t kv_row = 8 * Gu * D;
+  const int64_t ring_p2p = (R - 1) * B * Lr * (2 * (kv_row + 8) + kv_row);
+  EXPECT_EQ(r.counters[CommOp::all_to_all].bytes_sent, a2a);
+  EXPECT_EQ(r.counters[CommOp::all_gather].bytes_sent, positions + summaries);
+  EXPECT_EQ(r.counters[CommOp::send].bytes_sent, ring_p2p);
+  EXPECT_EQ(r.counters[CommOp::recv].bytes_received, ring_p2p);
+  EXPECT_EQ(r.counters.bytes_sent(), a2a + positions + summaries + ring_p2p);
+}
+
 // Ring bytes from an exact scan: piece (q rank, kv rank, chunk) moves iff some
 // pair of tokens in it is allowed by the mask.
 struct RingExpectation {

@@ -1,4 +1,4 @@
-// ranks: 1 2 4
+// ranks: 1 2 4 8
 // The planner's communication prediction against the real byte counters:
 // every strategy runs one attention forward + backward through
 // make_cp_attention, and each rank's counters, per operation, must equal
@@ -33,11 +33,15 @@ struct Case {
   int64_t batch, seq;
 };
 
+// 8 query heads so that ulysses runs at 8 ranks; 2 KV heads so that it
+// replicates them at 4 and 8 ranks and splits them at 2.
+constexpr int64_t kHeads = 8, kKvHeads = 2, kHeadDim = 16;
+
 RunConfig config_for(const Case& k, int cp) {
   RunConfig c = config_from_values({});
-  c.model.num_heads = 4;
-  c.model.num_kv_heads = 2;
-  c.model.head_dim = 16;
+  c.model.num_heads = kHeads;
+  c.model.num_kv_heads = kKvHeads;
+  c.model.head_dim = kHeadDim;
   c.cp = cp;
   c.tp = 1;
   c.dp = 1;
@@ -78,7 +82,7 @@ void run_case(const Case& k) {
   const int U = k.strategy == "ulysses" ? P : k.strategy == "usp" ? k.ulysses : 1;
   if (P % U != 0) return;
   Mesh mesh(1, P, U, 1);
-  const int64_t B = k.batch, S = k.seq, L = S / P, H = 4, G = 2, D = 16;
+  const int64_t B = k.batch, S = k.seq, L = S / P, H = kHeads, G = kKvHeads, D = kHeadDim;
   CpLayout layout(k.zigzag ? LayoutKind::zigzag : LayoutKind::contiguous, S, P, U);
   std::vector<int64_t> pos(B * L);
   for (int64_t b = 0; b < B; ++b)
@@ -120,7 +124,9 @@ void run_case(const Case& k) {
                      k.attention_type + (k.zigzag ? " zigzag" : " contiguous") + " B=" +
                      std::to_string(B) + " S=" + std::to_string(S) + " rank " +
                      std::to_string(mesh.cp_rank()) + "/" + std::to_string(P);
-  if (P > 1) EXPECT_FALSE(measured.empty()) << what;
+  if (P > 1) {
+    EXPECT_FALSE(measured.empty()) << what;
+  }
   EXPECT_EQ(measured, predicted) << what;
 }
 
