@@ -424,8 +424,12 @@ TEST(Attention, ComputedBlocksAreExactlyTheNonEmptyTiles) {
     EXPECT_EQ(fwd.blocks_computed(), nonempty_tiles(p) * p.H);
     EXPECT_EQ(bwd.blocks_computed(), fwd.blocks_computed());
     EXPECT_EQ(bwd.blocks_full, fwd.blocks_full);
-    if (std::string(m) == "full") EXPECT_EQ(fwd.blocks_partial, 0);
-    if (std::string(m) == "causal") EXPECT_EQ(fwd.blocks_partial, ((S + blk.q_block - 1) / blk.q_block) * p.H);
+    if (std::string(m) == "full") {
+      EXPECT_EQ(fwd.blocks_partial, 0);
+    }
+    if (std::string(m) == "causal") {
+      EXPECT_EQ(fwd.blocks_partial, ((S + blk.q_block - 1) / blk.q_block) * p.H);
+    }
   }
 }
 

@@ -128,10 +128,14 @@ TEST(Data, PackingCoversEveryPairOnceWithRestartingPositions) {
         seen.emplace(s.tokens[i], s.targets[i]);
         bool starts = i == 0 || s.segments[i - 1] != s.segments[i];
         EXPECT_EQ(s.positions[i], starts ? 0 : s.positions[i - 1] + 1) << "S=" << S << " k=" << k << " i=" << i;
-        if (!starts) EXPECT_EQ(s.tokens[i], s.targets[i - 1]);  // consecutive within a piece
+        if (!starts) {  // consecutive within a piece
+          EXPECT_EQ(s.tokens[i], s.targets[i - 1]);
+        }
       }
       // Only the last sequence of the epoch may have padding.
-      if (k + 1 < d.num_sequences()) EXPECT_EQ(s.weights.back(), 1.0f);
+      if (k + 1 < d.num_sequences()) {
+        EXPECT_EQ(s.weights.back(), 1.0f);
+      }
     }
     EXPECT_EQ(seen, corpus_pairs(c)) << "S=" << S;
     // Epochs wrap.
