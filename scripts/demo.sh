@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The demo: installs what it needs and builds (scripts/setup.sh), prepares the
 # King James Bible corpus (one document per book, data/kjv), then trains the
-# demo model (configs/demo.yml: ~0.8M parameters, byte-level, S = 2048) with
+# demo model (configs/demo.yml: ~0.8M parameters, byte-level, S = 4096) with
 # ring context parallelism over 4 ranks in the zigzag layout, printing one
-# line per 10 steps. About 3 minutes on two cores. Extra arguments are
+# line per 10 steps. About 1.5 minutes on two idle cores (under 5 when shared). Extra arguments are
 # key=value overrides, e.g. scripts/demo.sh steps=40.
 set -euo pipefail
 cd "$(dirname "$0")/.."
