@@ -247,6 +247,41 @@ struct CancelGuard {
   }
 };
 
+// The K,V pieces this rank computes on, received double buffered: the next
+// piece's receive is posted before the current piece is used.
+struct PieceReceiver {
+  const Communicator& comm;
+  const RingPlan& p;
+  const ChunkFormat& f;
+  std::array<Buffer, 2> buf;
+  std::array<Request, 2> req;
+  std::vector<int> slot;  // unit -> buffer
+  int posted = 0;
+  PieceReceiver(const Communicator& c, const RingPlan& plan, const ChunkFormat& format, size_t cap)
+      : comm(c), p(plan), f(format),
+        buf{Buffer(MemCategory::communication, "ring kv recv", cap),
+            Buffer(MemCategory::communication, "ring kv recv", cap)},
+        slot(plan.units.size(), -1) {}
+  ~PieceReceiver() {  // only an error leaves a receive in flight
+    for (Request& r : req) comm.cancel(r);
+  }
+  // Posts the receive of the first receiving unit at or after i; returns its index.
+  size_t post_from(size_t i) {
+    while (i < p.units.size() && !p.units[i].recv) ++i;
+    if (i == p.units.size()) return i;
+    const Unit& u = p.units[i];
+    slot[i] = posted++ % 2;
+    req[slot[i]] = comm.irecv(buf[slot[i]].data(), f.bytes(p.len(u.chunk)),
+                              (p.r - u.step + p.P) % p.P, kv_tag(p, u));
+    return i;
+  }
+  // Unit i's piece, once it has arrived.
+  char* wait(size_t i) {
+    comm.wait(req[slot[i]]);
+    return buf[slot[i]].as<char>();
+  }
+};
+
 // Batch row b, local q tokens [q0, q0 + q_len) of `a` against batch row b of
 // kv chunk `c` (B = 1 views).
 AttentionArgs slice(const AttentionArgs& c, const LocalDims& d, int64_t b, int64_t q0, int64_t q_len,
@@ -282,43 +317,26 @@ void RingAttention::forward(const AttentionArgs& local, const TensorView& o, flo
   ChunkFormat f{d, local.mask.same_segment};
   const size_t cap = f.bytes(p.max_len());
   Buffer send_buf(MemCategory::communication, "ring kv send", cap);
-  std::array<Buffer, 2> recv_buf{Buffer(MemCategory::communication, "ring kv recv", cap),
-                                 Buffer(MemCategory::communication, "ring kv recv", cap)};
+  PieceReceiver in{comm_, p, f, cap};
   if (p.units.empty()) return attention_forward(local, o, lse);
   // The partial result of one local q chunk against one received kv chunk:
   // [1, len, H, D] and [1, len, H]. Only q chunks the kv chunk can reach are
   // computed and merged, a chunk at a time, so this stays one chunk big.
   Buffer o_part(MemCategory::scratch, "ring o partial", p.max_len() * d.H * d.D * 4);
   Buffer lse_part(MemCategory::scratch, "ring lse partial", p.max_len() * d.H * 4);
-  std::array<Request, 2> recv_req;
-  std::vector<int> slot(p.units.size(), -1);
-  int recvs_posted = 0;
-  auto post_recv = [&](size_t i) {
-    for (; i < p.units.size(); ++i) {
-      const Unit& u = p.units[i];
-      if (!u.recv) continue;
-      slot[i] = recvs_posted++ % 2;
-      recv_req[slot[i]] = comm_.irecv(recv_buf[slot[i]].data(), f.bytes(p.len(u.chunk)),
-                                      (p.r - u.step + p.P) % p.P, kv_tag(p, u));
-      return i;
-    }
-    return i;
-  };
 
-  CancelGuard cancel{comm_, {&recv_req[0], &recv_req[1]}};
   SendStream out{comm_, p, f, local, send_buf.as<char>(), 0, {}};
   CommWorker& w = worker();
   WorkerGuard guard{w};
   w.start([&out] { return out.poll(); });
-  size_t i = post_recv(0);
+  size_t i = in.post_from(0);
   attention_forward(local, o, lse);  // own shard, while the first pieces travel
   while (i < p.units.size()) {
-    const size_t next = post_recv(i + 1);
+    const size_t next = in.post_from(i + 1);
     const Unit& u = p.units[i];
     const int src = (p.r - u.step + p.P) % p.P;
     const int64_t len = p.len(u.chunk);
-    comm_.wait(recv_req[slot[i]]);
-    const AttentionArgs piece = f.with_chunk(local, len, recv_buf[slot[i]].as<char>());
+    const AttentionArgs piece = f.with_chunk(local, len, in.wait(i));
     for (int64_t b = 0; b < d.B; ++b)
       for (int qc = 0; qc < p.n; ++qc) {
         if (!may_attend(local.mask, p.range(p.r, b, qc), p.range(src, b, u.chunk))) continue;
@@ -346,8 +364,7 @@ void RingAttention::backward_with_delta(const AttentionArgs& local, const Tensor
   const size_t cap = f.bytes(p.max_len());
   const size_t grad_cap = d.B * p.max_len() * row * 4;
   Buffer send_buf(MemCategory::communication, "ring kv send", cap);
-  std::array<Buffer, 2> recv_buf{Buffer(MemCategory::communication, "ring kv recv", cap),
-                                 Buffer(MemCategory::communication, "ring kv recv", cap)};
+  PieceReceiver in{comm_, p, f, cap};
   // Partial dK, dV of a received chunk, going back to its owner: [B, len, 2, G, D].
   Buffer part(MemCategory::communication, "ring dkv send", grad_cap);
   // Partial dK, dV of one of my chunks, coming back: [B, len, 2, G, D].
@@ -357,22 +374,7 @@ void RingAttention::backward_with_delta(const AttentionArgs& local, const Tensor
   zero_view(dv);
   if (p.units.empty()) return attention_backward(local, dout, lse, delta, dq, dk, dv);
   Request part_req;
-  std::array<Request, 2> recv_req;
-  std::vector<int> slot(p.units.size(), -1);
-  int recvs_posted = 0;
-  auto post_recv = [&](size_t i) {
-    for (; i < p.units.size(); ++i) {
-      const Unit& u = p.units[i];
-      if (!u.recv) continue;
-      slot[i] = recvs_posted++ % 2;
-      recv_req[slot[i]] = comm_.irecv(recv_buf[slot[i]].data(), f.bytes(p.len(u.chunk)),
-                                      (p.r - u.step + p.P) % p.P, kv_tag(p, u));
-      return i;
-    }
-    return i;
-  };
-
-  CancelGuard cancel{comm_, {&recv_req[0], &recv_req[1], &part_req}};
+  CancelGuard cancel{comm_, {&part_req}};
   std::atomic<bool> own_done{false};
   SendStream out{comm_, p, f, local, send_buf.as<char>(), 0, {}};
   ReturnStream back{comm_, p, d, dk, dv, own_done, ret_buf.as<float>(), 0, -1, {}};
@@ -382,19 +384,19 @@ void RingAttention::backward_with_delta(const AttentionArgs& local, const Tensor
     const bool sent = out.poll();
     return back.poll() && sent;
   });
-  size_t i = post_recv(0);
+  size_t i = in.post_from(0);
   attention_backward(local, dout, lse, delta, dq, dk, dv);  // own shard
   own_done.store(true, std::memory_order_release);
   while (i < p.units.size()) {
-    const size_t next = post_recv(i + 1);
+    const size_t next = in.post_from(i + 1);
     const Unit& u = p.units[i];
     const int64_t len = p.len(u.chunk);
-    comm_.wait(recv_req[slot[i]]);
+    char* piece = in.wait(i);
     comm_.wait(part_req);
     float* g = part.as<float>();
     std::memset(g, 0, d.B * len * row * 4);
     attention_backward(
-        f.with_chunk(local, len, recv_buf[slot[i]].as<char>()), dout, lse, delta, dq,
+        f.with_chunk(local, len, piece), dout, lse, delta, dq,
         TensorView::strided(g, DType::f32, {d.B, len, d.G, d.D}, {len * row, row, d.D, 1}),
         TensorView::strided(g + d.G * d.D, DType::f32, {d.B, len, d.G, d.D}, {len * row, row, d.D, 1}));
     part_req = comm_.isend(g, d.B * len * row * 4, (p.r - u.step + p.P) % p.P, grad_tag(p, u));

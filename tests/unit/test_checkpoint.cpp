@@ -8,22 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "train/checkpoint.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace longctx;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("longctx_ckpt_" + std::to_string(::getpid()) + "_" +
-                                        testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 RunConfig tiny_config(int64_t d_model = 32) {
   return config_from_values({{"base_emb_dim", d_model}, {"base_num_query_heads", int64_t(2)},

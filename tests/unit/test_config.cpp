@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "core/config.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace longctx;
@@ -15,22 +16,6 @@ namespace {
 
 const fs::path kConfigs = fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs";
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("longctx_cfg_" + std::to_string(::getpid()) + "_" +
-                                        testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  fs::path write(const std::string& name, const std::string& text) const {
-    fs::path p = path / name;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-    return p;
-  }
-};
 
 std::string error_of(const std::function<void()>& f) {
   try {

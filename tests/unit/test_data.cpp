@@ -8,27 +8,13 @@
 #include <set>
 
 #include "train/data.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace longctx;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("longctx_data_" + std::to_string(::getpid()) + "_" +
-                                        testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  fs::path write(const std::string& name, const std::string& text) const {
-    fs::path p = path / name;
-    std::ofstream(p, std::ios::binary) << text;
-    return p;
-  }
-};
 
 template <typename F>
 std::string data_error(F f) {

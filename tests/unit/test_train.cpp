@@ -8,22 +8,13 @@
 #include <fstream>
 
 #include "train/trainer.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace longctx;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("longctx_train_" + std::to_string(::getpid()) + "_" +
-                                        testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 RunConfig tiny(const fs::path& out, std::map<std::string, ConfigValue> extra = {}) {
   std::map<std::string, ConfigValue> v = {
