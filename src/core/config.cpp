@@ -25,6 +25,7 @@ const std::vector<ConfigKey>& config_keys() {
       {"metrics_file", S(""), "JSON lines; empty = <base_output_directory>/<run_name>/metrics.jsonl"},
       {"enable_checkpointing", true, "write checkpoints"},
       {"checkpoint_period", I(0), "steps between checkpoints; 0 = only at the end"},
+      {"max_num_checkpoints_to_keep", I(0), "newest complete checkpoints kept, older ones deleted; 0 = keep all"},
       {"resume", true, "continue from the latest complete checkpoint in checkpoint_dir"},
       {"log_period", I(1), "steps between printed step lines"},
       // model
@@ -327,6 +328,7 @@ RunConfig config_from_values(const std::map<std::string, ConfigValue>& given) {
     c.metrics_file = (fs::path(c.base_output_directory) / c.run_name / "metrics.jsonl").string();
   c.enable_checkpointing = B("enable_checkpointing");
   c.checkpoint_period = I("checkpoint_period");
+  c.max_num_checkpoints_to_keep = I("max_num_checkpoints_to_keep");
   c.resume = B("resume");
   c.log_period = I("log_period");
 
@@ -581,6 +583,7 @@ void validate_config(RunConfig& c, int64_t world) {
 
   // ---- run and system
   require(c.checkpoint_period >= 0, "checkpoint_period must be >= 0 (0 = only at the end)");
+  require(c.max_num_checkpoints_to_keep >= 0, "max_num_checkpoints_to_keep must be >= 0 (0 = keep all)");
   require(c.log_period >= 1, "log_period must be >= 1");
   require(c.device_memory_budget >= 0, "device_memory_budget must be >= 0 (0 = unlimited)");
   require(c.peak_tflops_per_device >= 0, "peak_tflops_per_device must be >= 0 (0 = measure)");

@@ -51,6 +51,7 @@ struct RunConfig {
   std::string metrics_file;           // metrics_file ("" = <base_output_directory>/<run_name>/metrics.jsonl)
   bool enable_checkpointing = true;   // enable_checkpointing
   int64_t checkpoint_period = 0;      // checkpoint_period (0 = only at the end)
+  int64_t max_num_checkpoints_to_keep = 0;  // max_num_checkpoints_to_keep (0 = keep all)
   bool resume = true;                 // resume: continue from the latest complete checkpoint
   int64_t log_period = 1;             // log_period
 

@@ -258,23 +258,40 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
     fs::remove_all(final_dir);  // a rerun of the same step replaces it
     fs::rename(tmp, final_dir);
     fsync_path(checkpoint_dir);
+    // Only after the new one is complete on disk: a crash here loses nothing.
+    prune_checkpoints(checkpoint_dir, config.max_num_checkpoints_to_keep);
   }
   if (mesh) mesh->world().barrier();  // nobody resumes from a checkpoint still being written
   return final_dir.string();
 }
 
-std::string latest_checkpoint(const std::string& checkpoint_dir) {
-  if (!fs::is_directory(checkpoint_dir)) return "";
-  std::string best;
-  long long best_step = -1;
+namespace {
+
+// Complete checkpoints (step_N with a MANIFEST.json) by step, oldest first.
+std::vector<std::pair<long long, fs::path>> complete_checkpoints(const std::string& checkpoint_dir) {
+  std::vector<std::pair<long long, fs::path>> found;
+  if (!fs::is_directory(checkpoint_dir)) return found;
   for (const auto& e : fs::directory_iterator(checkpoint_dir)) {
     const std::string n = e.path().filename().string();
     if (!e.is_directory() || n.rfind("step_", 0) != 0) continue;
     if (!fs::exists(e.path() / "MANIFEST.json")) continue;  // incomplete: never renamed... or damaged
-    long long step = std::atoll(n.c_str() + 5);
-    if (step > best_step) best_step = step, best = e.path().string();
+    found.emplace_back(std::atoll(n.c_str() + 5), e.path());
   }
-  return best;
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+}  // namespace
+
+std::string latest_checkpoint(const std::string& checkpoint_dir) {
+  const auto found = complete_checkpoints(checkpoint_dir);
+  return found.empty() ? "" : found.back().second.string();
+}
+
+void prune_checkpoints(const std::string& checkpoint_dir, int64_t keep) {
+  if (keep <= 0) return;
+  const auto found = complete_checkpoints(checkpoint_dir);
+  for (size_t i = 0; i + keep < found.size(); ++i) fs::remove_all(found[i].second);
 }
 
 TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& optimizer) {

@@ -43,6 +43,10 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
 // The complete checkpoint with the highest step in checkpoint_dir, or "".
 std::string latest_checkpoint(const std::string& checkpoint_dir);
 
+// Deletes all but the `keep` newest complete checkpoints (keep <= 0: none).
+// save_checkpoint calls it with max_num_checkpoints_to_keep after each save.
+void prune_checkpoints(const std::string& checkpoint_dir, int64_t keep);
+
 // Verifies and loads (every rank reads the files and keeps its shard).
 // DataError when a file is missing, a checksum or size differs, or the
 // tensors do not match the model's names and shapes.

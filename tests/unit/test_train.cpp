@@ -3,6 +3,7 @@
 // bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -136,6 +137,22 @@ TEST(Train, RunWritesStepLinesMetricsAndAFinalCheckpoint) {
   Trainer again(c, nullptr);
   again.run(nullptr);
   EXPECT_EQ(again.step(), 4);
+}
+
+TEST(Train, KeepsOnlyTheNewestCheckpoints) {
+  TempDir t;
+  RunConfig c = tiny(t.path, {{"steps", int64_t(5)},
+                              {"checkpoint_period", int64_t(1)},
+                              {"max_num_checkpoints_to_keep", int64_t(2)}});
+  Trainer(c, nullptr).run(nullptr);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(c.checkpoint_dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"step_00000004", "step_00000005"}));
+  // A run resumes from the newest that is left.
+  Trainer more(c, nullptr);
+  EXPECT_NE(more.resume().find("step_00000005"), std::string::npos);
+  EXPECT_EQ(more.step(), 5);
 }
 
 TEST(Train, DeviceMemoryBudgetIsEnforced) {
