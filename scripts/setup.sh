@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # runtime), which apt only recommends; without it find_package(dnnl) fails.
 PACKAGES=(build-essential cmake g++ pkg-config libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev openmpi-bin
           libyaml-cpp-dev nlohmann-json3-dev libgtest-dev libomp-dev bible-kjv
-          python3 python3-matplotlib)
+          python3 python3-matplotlib python3-numpy)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
