@@ -10,10 +10,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,7 @@
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
+#include "train/optimizer.h"
 #include "train/trainer.h"
 #include "plan/hardware.h"
 #include "plan/planner.h"
@@ -50,83 +53,210 @@ double measure_memory_bandwidth(bool quick) {
   return best + 0 * a[n / 2];
 }
 
-// The attention kernel's rate on a causal problem (forward, delta, backward;
-// 14 D FLOPs per unmasked pair), as a fraction of `gemm_flops`.
-// Returns {forward + backward, forward alone}.
-std::pair<double, double> measure_attention_efficiency(double gemm_flops, int64_t S, int64_t D, int reps) {
-  const int64_t H = 4, G = 2;
-  std::vector<float> q(S * H * D, 0.01f), k(S * G * D, 0.01f), v(k), o(q), dout(S * H * D, 0.02f), dq(q),
-      dk(k), dv(k);
-  std::vector<float> lse(S * H), delta(S * H);
-  std::vector<int64_t> pos(S);
-  for (int64_t i = 0; i < S; ++i) pos[i] = i;
-  AttentionArgs a;
-  a.q = TensorView(q.data(), DType::f32, {1, S, H, D});
-  a.k = TensorView(k.data(), DType::f32, {1, S, G, D});
-  a.v = TensorView(v.data(), DType::f32, {1, S, G, D});
-  a.q_pos = a.kv_pos = pos.data();
-  a.mask = MaskSpec::causal();
-  TensorView ov(o.data(), DType::f32, {1, S, H, D}), dov(dout.data(), DType::f32, {1, S, H, D});
-  TensorView dqv(dq.data(), DType::f32, {1, S, H, D}), dkv(dk.data(), DType::f32, {1, S, G, D}),
-      dvv(dv.data(), DType::f32, {1, S, G, D});
-  const double pairs = double(S) * (S + 1) / 2 * H;
-  double best = 0, best_fwd = 0;
-  for (int rep = 0; rep < reps; ++rep) {
-    Timer t;
-    attention_forward(a, ov, lse.data());
-    const double fwd = t.seconds();
-    attention_delta(ov, dov, delta.data());
-    attention_backward(a, dov, lse.data(), delta.data(), dqv, dkv, dvv);
-    best = std::max(best, pairs * 14.0 * D / t.seconds());
-    best_fwd = std::max(best_fwd, pairs * 4.0 * D / fwd);
-  }
-  return {best / gemm_flops, best_fwd / gemm_flops};
+// Normal random floats: the kernels' speed depends on the values (subnormal
+// intermediates are slow), so they are timed on data like a model's, never
+// on constants.
+void fill_normal(std::vector<float>& v, float sigma, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, sigma);
+  for (float& x : v) x = normal(rng);
 }
 
-// One decoder layer's elementwise kernels, forward and backward as
-// src/model runs them (norms, RoPE, residual adds, SwiGLU, with the norm and
-// SwiGLU recomputed in backward), plus the cross-entropy of the same tokens
-// and an AdamW update: bytes counted as the planner counts them
-// (src/plan/planner.cpp plan_time, 3 passes per layer), over the seconds.
-double measure_elementwise_bandwidth(int64_t N, int reps) {
-  const int64_t d = 512, H = 8, G = 2, D = 64, F = 1536, V = 259, params = int64_t{1} << 21;
-  std::vector<float> x(N * d, 0.5f), y(N * d), dy(N * d, 0.01f), dx(N * d), w(d, 1.0f), dw(d);
-  std::vector<float> qk(N * (H + G) * D, 0.1f), cs(N * D / 2, 0.9f), sn(N * D / 2, 0.1f);
-  std::vector<float> gu(N * 2 * F, 0.1f), act(N * F), logits(N * V, 0.01f);
-  std::vector<int32_t> targets(N, 7);
-  std::vector<float> p(params, 0.1f), g(params, 0.01f), m(params), vv(params);
-  auto mat = [](std::vector<float>& b, int64_t r, int64_t c) { return TensorView(b.data(), DType::f32, {r, c}); };
-  TensorView heads = TensorView(qk.data(), DType::f32, {N, H + G, D});
-  TensorView gate = TensorView::strided(gu.data(), DType::f32, {N, F}, {2 * F, 1});
-  TensorView up = TensorView::strided(gu.data() + F, DType::f32, {N, F}, {2 * F, 1});
-  auto add = [&] {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < N * d; ++i) y[i] += x[i];
-  };
-  const double layer_pass = 2.0 * 2 * d + 2.0 * (H + G) * D + 3.0 * F + 2.0 * 3 * d;
-  const double bytes = (N * (3.0 * layer_pass + 4.0 * V) + 7.0 * params) * 4;
-  double best = 0;
-  for (int rep = 0; rep < reps; ++rep) {
-    Timer t;
-    for (int i = 0; i < 2; ++i) rmsnorm_forward(mat(x, N, d), w.data(), 1e-5, mat(y, N, d));  // forward
-    rope_forward(heads, cs.data(), sn.data());
-    add();
-    swiglu_forward(gate, up, mat(act, N, F));
-    add();
-    rmsnorm_forward(mat(x, N, d), w.data(), 1e-5, mat(y, N, d));  // backward: recompute
-    swiglu_forward(gate, up, mat(act, N, F));
-    swiglu_backward(gate, up, mat(act, N, F), gate, up);
-    rmsnorm_backward(mat(x, N, d), w.data(), 1e-5, mat(dy, N, d), mat(dx, N, d), dw.data());
-    rope_backward(heads, cs.data(), sn.data());
-    rmsnorm_forward(mat(x, N, d), w.data(), 1e-5, mat(y, N, d));
-    rmsnorm_backward(mat(x, N, d), w.data(), 1e-5, mat(dy, N, d), mat(dx, N, d), dw.data());
-    TensorView z = mat(logits, N, V);
-    cross_entropy(z, targets.data(), nullptr, 1.0f, &z);
-    AdamWParams h;
-    adamw_update(p.data(), g.data(), m.data(), vv.data(), params, h);
-    best = std::max(best, bytes / t.seconds());
+// GEMM efficiency (of `gemm_flops`) of one projection [T, w] -> [T, w] as the
+// model runs it: forward, weight gradient, input gradient, cycling over
+// enough distinct activation buffers that they come from memory, not cache,
+// as in a training step.
+std::map<int64_t, double> measure_matmul_efficiency(double gemm_flops, bool quick) {
+  const int64_t T = quick ? 1024 : 4096, min_bytes = int64_t{quick ? 16 : 64} << 20;
+  std::map<int64_t, double> out;
+  for (int64_t w : quick ? std::vector<int64_t>{128, 512} : std::vector<int64_t>{64, 128, 256, 512, 1024}) {
+    const int64_t sets = std::max<int64_t>(2, min_bytes / (3 * T * w * 4) + 1);
+    std::vector<std::vector<float>> x(sets), y(sets), dx(sets);
+    for (int64_t i = 0; i < sets; ++i) {
+      x[i].resize(T * w), y[i].resize(T * w), dx[i].resize(T * w);
+      fill_normal(x[i], 1.0f, uint32_t(i)), fill_normal(y[i], 1.0f, uint32_t(i + sets));
+    }
+    std::vector<float> W(w * w), dW(w * w, 0.0f);
+    fill_normal(W, 0.02f, 7);
+    auto pass = [&] {
+      for (int64_t i = 0; i < sets; ++i) {
+        gemm_f32(false, true, T, w, w, 1.0f, x[i].data(), w, W.data(), w, 0.0f, y[i].data(), w);
+        gemm_f32(true, false, w, w, T, 1.0f, y[i].data(), w, x[i].data(), w, 1.0f, dW.data(), w);
+        gemm_f32(false, false, T, w, w, 1.0f, y[i].data(), w, W.data(), w, 0.0f, dx[i].data(), w);
+      }
+    };
+    pass();  // warm-up
+    double best = 1e30;
+    for (int rep = 0; rep < 2; ++rep) {
+      Timer t;
+      pass();
+      best = std::min(best, t.seconds());
+    }
+    out[w] = 3.0 * 2.0 * double(T) * w * w * sets / best / gemm_flops;
   }
-  return best;
+  return out;
+}
+
+struct AttentionNumbers {
+  double both, forward;  // efficiency per pair of a full tile: forward + backward, forward alone
+  std::map<std::string, double> partial_cost;  // by mask kind: a partial tile's time over a full one's
+};
+
+// The attention kernel's rate on full tiles (full mask, 14 D FLOPs per pair
+// forward + backward, 4 D forward) as a fraction of `gemm_flops`, and what a
+// partial tile costs per mask kind (forward + backward): kv positions strided
+// so that every kv block spans the whole sequence, which leaves every tile
+// partial under causal, local and chunked masks alike.
+AttentionNumbers measure_attention(double gemm_flops, int64_t S, int64_t D, int reps) {
+  const int64_t H = 4, G = 2;
+  // {seconds forward + backward, seconds forward, tiles computed}
+  auto run = [&](int64_t n, const MaskSpec& mask, bool strided) {
+    std::vector<float> q(n * H * D), k(n * G * D), v(n * G * D), o(n * H * D), dout(n * H * D), dq(q), dk(k),
+        dv(k), lse(n * H), delta(n * H);
+    fill_normal(q, 1.0f, 1), fill_normal(k, 1.0f, 2), fill_normal(v, 1.0f, 3), fill_normal(dout, 1.0f, 4);
+    const int64_t block = attention_blocking(D).kv_block, stride = std::max<int64_t>(1, n / block);
+    std::vector<int64_t> q_pos(n), kv_pos(n);
+    for (int64_t i = 0; i < n; ++i) q_pos[i] = i, kv_pos[i] = strided ? (i % block) * stride + i / block : i;
+    AttentionArgs a;
+    a.q = TensorView(q.data(), DType::f32, {1, n, H, D});
+    a.k = TensorView(k.data(), DType::f32, {1, n, G, D});
+    a.v = TensorView(v.data(), DType::f32, {1, n, G, D});
+    a.q_pos = q_pos.data();
+    a.kv_pos = kv_pos.data();
+    a.mask = mask;
+    TensorView ov(o.data(), DType::f32, {1, n, H, D}), dov(dout.data(), DType::f32, {1, n, H, D});
+    TensorView dqv(dq.data(), DType::f32, {1, n, H, D}), dkv(dk.data(), DType::f32, {1, n, G, D}),
+        dvv(dv.data(), DType::f32, {1, n, G, D});
+    double both = 1e30, fwd = 1e30;
+    AttentionStats stats;
+    for (int rep = 0; rep < reps; ++rep) {
+      Timer t;
+      attention_forward(a, ov, lse.data(), rep == 0 ? &stats : nullptr);
+      const double f = t.seconds();
+      attention_delta(ov, dov, delta.data());
+      attention_backward(a, dov, lse.data(), delta.data(), dqv, dkv, dvv);
+      both = std::min(both, t.seconds());
+      fwd = std::min(fwd, f);
+    }
+    return std::tuple{both, fwd, double(stats.blocks_computed())};
+  };
+  const auto [both, fwd, tiles] = run(S, MaskSpec::full(), false);
+  const double pairs = double(S) * S * H;
+  AttentionNumbers out{pairs * 14.0 * D / both / gemm_flops, pairs * 4.0 * D / fwd / gemm_flops, {}};
+  const int64_t n = S / 2;  // about half of each partial tile masked:
+  for (const auto& [kind, mask] : {std::pair{"causal", MaskSpec::causal()}, std::pair{"local", MaskSpec::local(n / 2, 0)},
+                                   std::pair{"chunked", MaskSpec::chunked(n / 2)}}) {
+    const auto [t, t_fwd, partial_tiles] = run(n, mask, true);
+    (void)t_fwd;
+    out.partial_cost[kind] = (t / partial_tiles) / (both / tiles);
+  }
+  return out;
+}
+
+// Each elementwise kernel of a training step (planner.h elementwise_kernels)
+// as src/model and src/train run it, on random data of a model's widths
+// (d = 512, F = 1536, 10 rotated heads of 64 in rows of 12, V = 259) and on
+// enough tokens that one call moves `footprint` bytes: a step touches more
+// memory (activations, gradients, optimizer state) than the caches hold, so
+// its kernels stream from memory. bytes/s per kernel, bytes as the planner
+// counts them, over the best time.
+std::map<std::string, double> measure_elementwise(bool quick) {
+  const double footprint = double(int64_t{quick ? 128 : 256} << 20);
+  const int reps = quick ? 2 : 3;
+  const int64_t d = 512, heads = 10, row = 12 * 64, F = 1536, V = 259;
+  auto tokens = [&](const char* kernel, int64_t width) {
+    return std::max<int64_t>(1024, int64_t(footprint / double(width * elementwise_kernel(kernel).bytes_per_element)));
+  };
+  auto normal = [](int64_t n, float sigma, uint32_t seed) {
+    std::vector<float> v(n);
+    fill_normal(v, sigma, seed);
+    return v;
+  };
+  auto mat = [](std::vector<float>& b, int64_t r, int64_t c) { return TensorView(b.data(), DType::f32, {r, c}); };
+  std::map<std::string, double> out;
+  // Best of reps; `setup` restores (untimed) data a kernel overwrote, so every rep sees model-like values.
+  auto time = [&](const char* kernel, int64_t elements, auto&& setup, auto&& run) {
+    double best = 1e30;
+    for (int rep = 0; rep < reps; ++rep) {
+      setup();
+      Timer t;
+      run();
+      best = std::min(best, t.seconds());
+    }
+    out[kernel] = double(elements) * double(elementwise_kernel(kernel).bytes_per_element) / best;
+  };
+  auto none = [] {};
+  std::vector<float> w = normal(d, 1.0f, 1), dw(d, 0.0f);
+  {
+    const int64_t N = tokens("rmsnorm_forward", d);
+    std::vector<float> x = normal(N * d, 1.0f, 2), y(N * d);
+    time("rmsnorm_forward", N * d, none, [&] { rmsnorm_forward(mat(x, N, d), w.data(), 1e-5, mat(y, N, d)); });
+  }
+  {
+    const int64_t N = tokens("rmsnorm_backward", d);
+    std::vector<float> x = normal(N * d, 1.0f, 3), dy = normal(N * d, 1e-3f, 4), dx = normal(N * d, 1e-3f, 5);
+    time("rmsnorm_backward", N * d, none,
+         [&] { rmsnorm_backward(mat(x, N, d), w.data(), 1e-5, mat(dy, N, d), mat(dx, N, d), dw.data()); });
+  }
+  {
+    const int64_t N = tokens("rope", heads * 64);
+    std::vector<float> qkv = normal(N * row, 1.0f, 6), cs = normal(N * 32, 1.0f, 7), sn = normal(N * 32, 1.0f, 8);
+    const TensorView rot = TensorView::strided(qkv.data(), DType::f32, {N, heads, 64}, {row, 64, 1});
+    time("rope", N * heads * 64, none, [&] { rope_forward(rot, cs.data(), sn.data()); });
+  }
+  {
+    const int64_t n = tokens("residual_add", d) * d;
+    std::vector<float> x = normal(n, 1.0f, 9), y = normal(n, 1.0f, 10);
+    time("residual_add", n, none, [&] {  // LlamaModel's add_into
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+    });
+  }
+  {
+    const int64_t N = tokens("swiglu_backward", F);
+    std::vector<float> gu = normal(N * 2 * F, 0.5f, 11), act = normal(N * F, 1e-3f, 12), dgu(N * 2 * F);
+    auto half = [&](std::vector<float>& b, int64_t off) {  // gate or up: [N, F] of [N, 2F]
+      return TensorView::strided(b.data() + off, DType::f32, {N, F}, {2 * F, 1});
+    };
+    time("swiglu_forward", N * F, none, [&] { swiglu_forward(half(gu, 0), half(gu, F), mat(act, N, F)); });
+    time("swiglu_backward", N * F, none,
+         [&] { swiglu_backward(half(gu, 0), half(gu, F), mat(act, N, F), half(dgu, 0), half(dgu, F)); });
+  }
+  {
+    const int64_t N = tokens("cross_entropy", V);
+    std::vector<float> logits(N * V);
+    std::vector<int32_t> targets(N);
+    for (int64_t i = 0; i < N; ++i) targets[i] = int32_t(i * 7 % V);
+    time("cross_entropy", N * V, [&] { fill_normal(logits, 1.0f, 13); },
+         [&] {
+           const TensorView z = mat(logits, N, V);  // the gradient overwrites the logits, as in the model
+           cross_entropy(z, targets.data(), nullptr, 1.0f / N, &z);
+         });
+  }
+  {
+    // The trainer's step around backward: zero the gradients, their global
+    // norm, AdamW. The gradients are refilled (untimed) after zeroing.
+    const int64_t P = tokens("optimizer", 1);
+    std::vector<float> p = normal(P, 0.02f, 14), g(P), m(P, 0.0f), v(P, 0.0f);
+    std::vector<NamedTensor> grads(1);
+    grads[0].local = TensorView(g.data(), DType::f32, {P});
+    AdamWParams h;
+    h.weight_decay = 0.1f;
+    double best = 1e30;
+    for (int rep = 0; rep < reps; ++rep) {
+      Timer zero;
+      std::memset(g.data(), 0, P * sizeof(float));
+      const double z = zero.seconds();
+      fill_normal(g, 1e-3f, uint32_t(15 + rep));
+      Timer t;
+      volatile double norm = global_gradient_norm(grads, nullptr);
+      (void)norm;
+      adamw_update(p.data(), g.data(), m.data(), v.data(), P, h);
+      best = std::min(best, z + t.seconds());
+    }
+    out["optimizer"] = double(P) * double(elementwise_kernel("optimizer").bytes_per_element) / best;
+  }
+  return out;
 }
 
 struct LinkNumbers {
@@ -208,16 +338,26 @@ HardwareProfile measure_cpu_local_profile(bool quick) {
   const int64_t gemm_n = quick ? 1024 : 2048;
   double gemm = measure_gemm_gflops(DType::f32, gemm_n, quick ? 0.2 : 0.5) * 1e9;
   MPI_Allreduce(MPI_IN_PLACE, &gemm, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  // Each number is the slowest rank's (MPI_MIN of rates).
+  auto slowest = [](std::map<int64_t, double>& m) {
+    for (auto& [key, value] : m) MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  };
+  std::map<int64_t, double> matmul = measure_matmul_efficiency(gemm, quick);
+  slowest(matmul);
   std::map<int64_t, double> attention, attention_fwd;
+  std::map<std::string, std::map<int64_t, double>> partial;
   for (int64_t D : {16, 32, 64, 128}) {
-    auto [both, fwd] = measure_attention_efficiency(gemm, quick ? 1024 : 2048, D, quick ? 1 : 3);
-    double e[2] = {both, fwd};
-    MPI_Allreduce(MPI_IN_PLACE, e, 2, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-    attention[D] = e[0];
-    attention_fwd[D] = e[1];
+    const AttentionNumbers a = measure_attention(gemm, quick ? 512 : 1024, D, quick ? 1 : 3);
+    attention[D] = a.both, attention_fwd[D] = a.forward;
+    for (const auto& [kind, cost] : a.partial_cost) partial[kind][D] = 1.0 / cost;  // a rate: MPI_MIN is the slowest
   }
-  double elementwise = measure_elementwise_bandwidth(quick ? 512 : 2048, quick ? 2 : 4);
-  MPI_Allreduce(MPI_IN_PLACE, &elementwise, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  slowest(attention), slowest(attention_fwd);
+  for (auto& [kind, by_dim] : partial) {
+    slowest(by_dim);
+    for (auto& [D, rate] : by_dim) rate = 1.0 / rate;
+  }
+  std::map<std::string, double> elementwise = measure_elementwise(quick);
+  for (auto& [kernel, bw] : elementwise) MPI_Allreduce(MPI_IN_PLACE, &bw, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
   double bw = measure_memory_bandwidth(quick);
   MPI_Allreduce(MPI_IN_PLACE, &bw, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
   LinkNumbers links{bw, 1e-6, bw, bw};
@@ -233,13 +373,16 @@ HardwareProfile measure_cpu_local_profile(bool quick) {
   h.peak_flops_fp32 = gemm;
   h.peak_flops_bf16 = 0;
   h.matmul_efficiency = 1.0;
+  h.matmul_efficiency_per_width = matmul;
   h.attention_efficiency = attention[128];
   h.attention_efficiency_per_head_dim = attention;
   h.attention_forward_efficiency_per_head_dim = attention_fwd;
+  h.attention_block = attention_blocking(64).q_block;  // square tiles, the same for every head dim today
+  h.attention_partial_tile_cost = partial;
   h.threads_per_device = threads;
   h.memory_bytes = physical_memory_bytes() / P;
   h.memory_bandwidth = bw;
-  h.elementwise_bandwidth = elementwise;
+  h.elementwise_bandwidth_per_kernel = elementwise;  // every kernel: elementwise_bandwidth stays 0
   h.devices_per_node = P;
   h.p2p_bandwidth = links.p2p_bandwidth;
   h.collective_bandwidth = links.collective_bandwidth;
@@ -251,15 +394,26 @@ HardwareProfile measure_cpu_local_profile(bool quick) {
       {"peak_flops_fp32", "measured: oneDNN sgemm " + n + "^3, all ranks at once, slowest rank" + how},
       {"peak_flops_bf16", "0: this build has no bf16 GEMM (oneDNN 2.6 sgemm only)"},
       {"matmul_efficiency", "1: the peak above is a measured GEMM rate"},
-      {"attention_efficiency", "measured: causal attention fwd+bwd S=" + std::string(quick ? "1024" : "2048") +
-                                   " H=4 G=2 D=128, 14 D FLOPs per pair, over the GEMM rate" + how},
+      {"matmul_efficiency_per_width",
+       "measured: projection [T, w] -> [T, w] forward + weight and input gradients, T = " +
+           std::string(quick ? "1024" : "4096") + ", activations cycled through >= " + (quick ? "16" : "64") +
+           " MiB of buffers (from memory, as in a step), over the GEMM rate" + how},
+      {"attention_efficiency", "measured: attention fwd+bwd on full tiles (full mask, S=" +
+                                   std::string(quick ? "512" : "1024") +
+                                   ", H=4 G=2 D=128, random data), 14 D FLOPs per pair, over the GEMM rate" + how},
       {"attention_efficiency_per_head_dim", "measured as attention_efficiency, at D = 16, 32, 64, 128"},
       {"attention_forward_efficiency_per_head_dim", "measured: the forward alone (4 D FLOPs per pair), same runs"},
+      {"attention_block", "the attention kernel's tile (attention_blocking in src/kernels/attention.h)"},
+      {"attention_partial_tile_cost",
+       "measured per mask kind: fwd+bwd time per tile with kv positions strided over the sequence (every tile "
+       "partial, about half masked) over that of full tiles"},
       {"threads_per_device", "OpenMP threads per rank while measuring"},
       {"memory_bytes", "/proc/meminfo MemTotal / ranks"},
       {"memory_bandwidth", "measured: streaming triad, per rank, all ranks at once" + how},
-      {"elementwise_bandwidth", "measured: one layer's norms, RoPE, SwiGLU, adds fwd+bwd, cross-entropy, "
-                                "AdamW (d=512, F=1536), bytes as the planner counts them, per second" + how},
+      {"elementwise_bandwidth_per_kernel",
+       "measured: each kernel alone on random data (d=512, F=1536), each call moving " +
+           std::string(quick ? "128" : "256") + " MiB (from memory, as in a step), bytes as the planner "
+           "counts them (elementwise_kernels), per second" + how},
       {"p2p_bandwidth", P > 1 ? "measured: MPI ping-pong between ranks 0 and 1" : "placeholder (one rank)"},
       {"latency", P > 1 ? "measured: 8-byte MPI ping-pong, one way" : "placeholder (one rank)"},
       {"all_to_all_bandwidth", P > 1 ? "measured: MPI_Alltoall, bytes sent to others per second per rank"
@@ -284,12 +438,21 @@ int run_measure(const std::string& output) {
     std::string path = output.empty() ? default_hardware_dir() + "/cpu-local.yml" : output;
     save_hardware_profile(h, path);
     std::printf("cpu-local profile written to %s\n", path.c_str());
-    std::printf("  GEMM fp32 %.1f GFLOP/s per rank; attention at", h.peak_flops_fp32 / 1e9);
+    std::printf("  GEMM fp32 %.1f GFLOP/s per rank; projections of width", h.peak_flops_fp32 / 1e9);
+    for (const auto& [w, e] : h.matmul_efficiency_per_width) std::printf(" %lld: %.0f%%", (long long)w, e * 100);
+    std::printf("\n  attention at");
     for (const auto& [D, e] : h.attention_efficiency_per_head_dim) std::printf(" %.0f%% (D=%lld)", e * 100, (long long)D);
     std::printf(" of it (forward alone:");
     for (const auto& [D, e] : h.attention_forward_efficiency_per_head_dim) std::printf(" %.0f%%", e * 100);
-    std::printf(")\n  memory %.1f GB/s, elementwise kernels %.1f GB/s per rank\n", h.memory_bandwidth / 1e9,
-                h.elementwise_bandwidth / 1e9);
+    std::printf(")\n  partial %lldx%lld tiles cost, in full ones:", (long long)h.attention_block,
+                (long long)h.attention_block);
+    for (const auto& [kind, by_dim] : h.attention_partial_tile_cost) {
+      std::printf(" %s", kind.c_str());
+      for (const auto& [D, c] : by_dim) std::printf(" %.2f", c);
+    }
+    std::printf("\n  memory %.1f GB/s; elementwise kernels (GB/s):", h.memory_bandwidth / 1e9);
+    for (const auto& [k, bw] : h.elementwise_bandwidth_per_kernel) std::printf(" %s %.1f", k.c_str(), bw / 1e9);
+    std::printf("\n");
     std::printf("  p2p %.2f GB/s, latency %.1f us, all-to-all %.2f GB/s, all-gather %.2f GB/s per rank\n",
                 h.p2p_bandwidth / 1e9, h.latency * 1e6, h.all_to_all_bandwidth / 1e9,
                 h.collective_bandwidth / 1e9);
@@ -336,6 +499,8 @@ json to_json(const StrategyPlan& p) {
             {"comm_bytes_sent", p.comm_bytes_sent}, {"model_flops", p.model_flops},
             {"hardware_flops", p.hardware_flops}, {"attention_pairs", p.attention_pairs},
             {"load_imbalance", p.load_imbalance}, {"compute_seconds", p.compute_seconds},
+            {"matmul_seconds", p.matmul_seconds}, {"attention_seconds", p.attention_seconds},
+            {"elementwise_seconds", p.elementwise_seconds},
             {"comm_seconds", p.comm_seconds}, {"hidden_comm_seconds", p.hidden_comm_seconds},
             {"step_seconds", p.step_seconds}, {"tokens_per_second_per_device", p.tokens_per_second},
             {"mfu", p.mfu}});
@@ -452,24 +617,29 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
   std::printf("  predicted %.3f s/step: matmul %.3f, attention %.3f, elementwise %.3f, exposed comm %.3f\n",
               plan.step_seconds, plan.matmul_seconds, plan.attention_seconds, plan.elementwise_seconds,
               plan.comm_seconds - plan.hidden_comm_seconds);
+  // The rest of the step: the optimizer, gradient all-reduce, data, waiting for the slowest rank.
+  double mean = 0;
+  for (double t : seconds) mean += t / n;
+  const double rest = mean - sum.total() / n;
   std::printf("  measured  %.3f s/step (median of %lld; rank 0 means: matmul %.3f, attention+its comm %.3f, "
-              "loss head %.3f, elementwise %.3f, tp %.3f)\n",
+              "loss head %.3f, elementwise %.3f, tp %.3f, rest of the step %.3f)\n",
               measured, (long long)steps, sum.matmul / n, sum.attention / n, sum.loss / n, sum.elementwise / n,
-              sum.tp_comm / n);
+              sum.tp_comm / n, rest);
   std::printf("  predicted / measured - 1 = %+.1f%%\n", err * 100);
   if (!markdown.empty()) {
     std::ofstream f(markdown, std::ios::app);
     if (!f) throw ConfigError("plan --validate: cannot append to " + markdown);
     char row[512];
     std::snprintf(row, sizeof row,
-                  "| %d | %s | %lldx%lldx%lld | %s | %lld | %lld | %s | %s | %.3f | %.3f | %+.1f%% | %.2f / %.2f / %.2f | %.2f / %.2f / %.2f |\n",
+                  "| %d | %s | %lldx%lldx%lld | %s | %lld | %lld | %s | %s | %.3f | %.3f | %+.1f%% | %.2f / %.2f / %.2f / %.2f | %.2f / %.2f / %.2f / %.2f |\n",
                   world, config.model_name.c_str(), (long long)plan.dp, (long long)plan.cp, (long long)plan.tp, name,
                   (long long)config.max_target_length, (long long)config.per_device_batch_size,
                   config.remat_policy.c_str(),
                   (config.attention_type + (config.attention_type == "local" ? " " + std::to_string(config.sliding_window_size) : "")).c_str(),
                   plan.step_seconds, measured,
                   err * 100, plan.matmul_seconds, plan.attention_seconds, plan.elementwise_seconds,
-                  (sum.matmul + sum.loss) / n, sum.attention / n, sum.elementwise / n);
+                  plan.comm_seconds - plan.hidden_comm_seconds, (sum.matmul + sum.loss) / n, sum.attention / n,
+                  sum.elementwise / n, sum.tp_comm / n + rest);
     f << row;
   }
   return 0;

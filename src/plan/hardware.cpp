@@ -25,24 +25,41 @@ double HardwareProfile::peak_flops(DType dtype) const {
 }
 
 namespace {
-// Log-linear in the head dim between measured points, clamped to the ends.
-double interpolate(const std::map<int64_t, double>& m, int64_t head_dim) {
-  if (head_dim <= m.begin()->first) return m.begin()->second;
-  if (head_dim >= m.rbegin()->first) return m.rbegin()->second;
-  auto hi = m.lower_bound(head_dim), lo = std::prev(hi);
-  const double t = std::log(double(head_dim) / lo->first) / std::log(double(hi->first) / lo->first);
+// Log-linear in x (head dim, width) between measured points, clamped to the ends.
+double interpolate(const std::map<int64_t, double>& m, double x) {
+  if (x <= m.begin()->first) return m.begin()->second;
+  if (x >= m.rbegin()->first) return m.rbegin()->second;
+  auto hi = m.upper_bound(static_cast<int64_t>(x)), lo = std::prev(hi);
+  const double t = std::log(x / lo->first) / std::log(double(hi->first) / lo->first);
   return lo->second + t * (hi->second - lo->second);
 }
 }  // namespace
 
+double HardwareProfile::matmul_efficiency_at(double width) const {
+  if (matmul_efficiency_per_width.empty()) return matmul_efficiency;
+  return interpolate(matmul_efficiency_per_width, width);
+}
+
 double HardwareProfile::attention_efficiency_at(int64_t head_dim) const {
   if (attention_efficiency_per_head_dim.empty()) return attention_efficiency;
-  return interpolate(attention_efficiency_per_head_dim, head_dim);
+  return interpolate(attention_efficiency_per_head_dim, double(head_dim));
 }
 
 double HardwareProfile::attention_forward_efficiency_at(int64_t head_dim) const {
   if (attention_forward_efficiency_per_head_dim.empty()) return attention_efficiency_at(head_dim);
-  return interpolate(attention_forward_efficiency_per_head_dim, head_dim);
+  return interpolate(attention_forward_efficiency_per_head_dim, double(head_dim));
+}
+
+double HardwareProfile::attention_partial_tile_cost_at(const std::string& mask_kind, int64_t head_dim) const {
+  auto it = attention_partial_tile_cost.find(mask_kind);
+  if (it == attention_partial_tile_cost.end() || it->second.empty()) return 1.0;
+  return interpolate(it->second, double(head_dim));
+}
+
+double HardwareProfile::elementwise_bandwidth_of(const std::string& kernel) const {
+  auto it = elementwise_bandwidth_per_kernel.find(kernel);
+  if (it != elementwise_bandwidth_per_kernel.end() && it->second > 0) return it->second;
+  return elementwise_bandwidth > 0 ? elementwise_bandwidth : memory_bandwidth;
 }
 
 namespace {
@@ -60,6 +77,7 @@ const std::vector<Field>& fields() {
       {"peak_flops_fp32", &H::peak_flops_fp32, nullptr},
       {"matmul_efficiency", &H::matmul_efficiency, nullptr},
       {"attention_efficiency", &H::attention_efficiency, nullptr},
+      {"attention_block", nullptr, &H::attention_block},
       {"threads_per_device", nullptr, &H::threads_per_device},
       {"memory_bytes", nullptr, &H::memory_bytes},
       {"memory_bandwidth", &H::memory_bandwidth, nullptr},
@@ -75,6 +93,18 @@ const std::vector<Field>& fields() {
       {"inter_node_latency", &H::inter_node_latency, nullptr},
   };
   return f;
+}
+
+// The tables keyed by an integer (head dim, width), with their YAML keys.
+using IntTable = std::map<int64_t, double> HardwareProfile::*;
+const std::vector<std::pair<const char*, IntTable>>& int_tables() {
+  using H = HardwareProfile;
+  static const std::vector<std::pair<const char*, IntTable>> t = {
+      {"matmul_efficiency_per_width", &H::matmul_efficiency_per_width},
+      {"attention_efficiency_per_head_dim", &H::attention_efficiency_per_head_dim},
+      {"attention_forward_efficiency_per_head_dim", &H::attention_forward_efficiency_per_head_dim},
+  };
+  return t;
 }
 
 std::string executable_dir() {
@@ -126,17 +156,37 @@ HardwareProfile load_hardware_profile(const std::string& name_or_path,
   for (const auto& kv : root) {
     std::string key = kv.first.as<std::string>();
     if (key == "name" || key == "description" || key == "topology" || key == "sources") continue;
-    if (key == "attention_efficiency_per_head_dim" || key == "attention_forward_efficiency_per_head_dim") {
-      auto& map = key == "attention_efficiency_per_head_dim" ? h.attention_efficiency_per_head_dim
-                                                              : h.attention_forward_efficiency_per_head_dim;
+    if (key == "elementwise_bandwidth_per_kernel") {
       try {
-        for (const auto& e : kv.second) map[e.first.as<int64_t>()] = e.second.as<double>();
+        for (const auto& e : kv.second)
+          h.elementwise_bandwidth_per_kernel[e.first.as<std::string>()] = e.second.as<double>();
       } catch (const YAML::Exception&) {
-        throw ConfigError("hardware profile " + path.string() +
-                          ": " + key + " must map head dims to numbers");
+        throw ConfigError("hardware profile " + path.string() + ": " + key + " must map kernel names to bytes/s");
       }
       continue;
     }
+    if (key == "attention_partial_tile_cost") {
+      try {
+        for (const auto& kind : kv.second)
+          for (const auto& e : kind.second)
+            h.attention_partial_tile_cost[kind.first.as<std::string>()][e.first.as<int64_t>()] = e.second.as<double>();
+      } catch (const YAML::Exception&) {
+        throw ConfigError("hardware profile " + path.string() + ": " + key +
+                          " must map mask kinds to maps of head dims to numbers");
+      }
+      continue;
+    }
+    bool table = false;
+    for (const auto& [name, member] : int_tables()) {
+      if (key != name) continue;
+      table = true;
+      try {
+        for (const auto& e : kv.second) (h.*member)[e.first.as<int64_t>()] = e.second.as<double>();
+      } catch (const YAML::Exception&) {
+        throw ConfigError("hardware profile " + path.string() + ": " + key + " must map integers to numbers");
+      }
+    }
+    if (table) continue;
     bool known = false;
     for (const Field& f : fields())
       if (key == f.key) {
@@ -172,12 +222,24 @@ void save_hardware_profile(const HardwareProfile& h, const std::string& path) {
     if (f.real) out << h.*f.real;
     else out << h.*f.integer;
   }
-  for (const auto& [key, map] : {std::pair{"attention_efficiency_per_head_dim", &h.attention_efficiency_per_head_dim},
-                                  std::pair{"attention_forward_efficiency_per_head_dim",
-                                            &h.attention_forward_efficiency_per_head_dim}}) {
-    if (map->empty()) continue;
+  for (const auto& [key, member] : int_tables()) {
+    if ((h.*member).empty()) continue;
     out << YAML::Key << key << YAML::Value << YAML::BeginMap;
-    for (const auto& [d, e] : *map) out << YAML::Key << d << YAML::Value << e;
+    for (const auto& [d, e] : h.*member) out << YAML::Key << d << YAML::Value << e;
+    out << YAML::EndMap;
+  }
+  if (!h.attention_partial_tile_cost.empty()) {
+    out << YAML::Key << "attention_partial_tile_cost" << YAML::Value << YAML::BeginMap;
+    for (const auto& [kind, by_dim] : h.attention_partial_tile_cost) {
+      out << YAML::Key << kind << YAML::Value << YAML::BeginMap;
+      for (const auto& [d, c] : by_dim) out << YAML::Key << d << YAML::Value << c;
+      out << YAML::EndMap;
+    }
+    out << YAML::EndMap;
+  }
+  if (!h.elementwise_bandwidth_per_kernel.empty()) {
+    out << YAML::Key << "elementwise_bandwidth_per_kernel" << YAML::Value << YAML::BeginMap;
+    for (const auto& [k, bw] : h.elementwise_bandwidth_per_kernel) out << YAML::Key << k << YAML::Value << bw;
     out << YAML::EndMap;
   }
   out << YAML::Key << "sources" << YAML::Value << YAML::BeginMap;

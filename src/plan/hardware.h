@@ -21,6 +21,13 @@ struct HardwareProfile {
   // practice: 1 for a measured GEMM peak, assumptions for datasheet peaks.
   double matmul_efficiency = 1.0;
   double attention_efficiency = 0.5;
+  // Measured GEMM efficiency by projection width (cpu-local): a projection
+  // [tokens, in] -> [tokens, out], forward and both gradients, with its
+  // activations coming from memory as they do in a training step (narrow
+  // layers stream more bytes per FLOP). The planner looks it up at the
+  // harmonic mean 2 in out / (in + out). Empty = matmul_efficiency everywhere.
+  std::map<int64_t, double> matmul_efficiency_per_width;
+  double matmul_efficiency_at(double width) const;
   // CPU ranks: OpenMP threads per rank the numbers were measured with (the
   // attention kernel keeps per-thread scratch). 1 for accelerators.
   int64_t threads_per_device = 1;
@@ -28,10 +35,15 @@ struct HardwareProfile {
   // Memory, per device.
   int64_t memory_bytes = 0;
   double memory_bandwidth = 0;  // bytes/s, streaming (informative; fallback below)
-  // bytes/s the planner's elementwise byte count moves in practice (norms,
-  // RoPE, SwiGLU, residuals, cross-entropy, AdamW): measured by running
-  // those kernels (cpu-local); 0 = memory_bandwidth.
+  // bytes/s the elementwise kernels (norms, RoPE, SwiGLU, residual adds,
+  // cross-entropy, the optimizer step) move, bytes counted as the planner
+  // counts them (elementwise_kernels() in planner.h). Per kernel when
+  // measured (cpu-local: their rates differ several-fold, e.g. a kernel bound
+  // by arithmetic rather than by memory); a kernel missing from the table uses
+  // elementwise_bandwidth, and that, when 0, memory_bandwidth.
   double elementwise_bandwidth = 0;
+  std::map<std::string, double> elementwise_bandwidth_per_kernel;
+  double elementwise_bandwidth_of(const std::string& kernel) const;
 
   // Interconnect. Groups of at most devices_per_node devices use the fast
   // (intra-node) numbers, larger groups the inter-node ones.
@@ -57,6 +69,18 @@ struct HardwareProfile {
   // forward. Empty = the same as attention_efficiency_at.
   std::map<int64_t, double> attention_forward_efficiency_per_head_dim;
   double attention_forward_efficiency_at(int64_t head_dim) const;
+  // The kernel computes whole attention_block x attention_block tiles of
+  // (q, kv) pairs (cpu-local: the CPU kernel's 128): time then follows the
+  // tiles it computes, not the unmasked pairs, and the efficiencies above are
+  // per pair of a full tile. A partial tile (the mask cuts it) is also masked
+  // element by element, at a cost that depends on the mask (a comparison for
+  // causal and local, a division for chunked): it costs
+  // attention_partial_tile_cost[mask kind][head dim] full tiles.
+  // 0 = time follows the unmasked pairs (datasheet profiles).
+  int64_t attention_block = 0;
+  std::map<std::string, std::map<int64_t, double>> attention_partial_tile_cost;
+  // Interpolated over the head dim; 1 when the kind was not measured.
+  double attention_partial_tile_cost_at(const std::string& mask_kind, int64_t head_dim) const;
 
   // field name -> where its number comes from (URL, measurement, assumption).
   std::map<std::string, std::string> sources;

@@ -38,4 +38,20 @@ int64_t count_unmasked_pairs(PositionRange q, PositionRange kv, const MaskSpec& 
 int64_t count_unmasked_pairs(std::span<const PositionRange> q, std::span<const PositionRange> kv,
                              const MaskSpec& mask);
 
+// What a block-sparse kernel computes for q tokens `q` against kv tokens
+// `kv` (each list in the kernel's token order) with tiles of block x block
+// tokens: the pairs inside its full tiles and inside its partial ones (the
+// mask cuts them; every pair of a non-empty tile is computed). Tiles are
+// classified from their blocks' position bounds exactly as the attention
+// kernel does (src/kernels/attention_tiles.h). Each range is cut into blocks
+// from its own start, which is the kernel's blocking whenever every range but
+// the last of a list is a multiple of `block` long (S / (2 cp) tokens, ring
+// chunks of 512); otherwise a block straddling two ranges counts as two.
+// O(q blocks x kv ranges), no per-pair work.
+struct TilePairs {
+  int64_t full = 0, partial = 0;
+};
+TilePairs count_tile_pairs(std::span<const PositionRange> q, std::span<const PositionRange> kv,
+                           const MaskSpec& mask, int64_t block);
+
 }  // namespace longctx

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <span>
 
 #include "plan/mask_pairs.h"
 
@@ -424,40 +425,69 @@ void plan_memory(const Shape& s, StrategyPlan& p) {
   for (const MemoryLine& m : p.memory) p.memory_total += m.bytes;
 }
 
-// ---- FLOPs and pair counts ------------------------------------------------------------
+// ---- FLOPs, pair and tile counts ------------------------------------------------------
 
 struct AttentionWork {
   // pairs[t][i]: unmasked pairs x heads x batch of ring rank i at ring step t
   // (step 0 is the local shard). Without a ring, one step.
   std::vector<std::vector<int64_t>> pairs;
+  // work[t][i]: the pairs the kernel computes for them (see kernel_work).
+  std::vector<std::vector<double>> work;
   int64_t max_pairs = 0;  // per device, summed over steps, on the busiest rank
   double mean_pairs = 0;
-  std::vector<bool> step_skipped;  // every rank fully masked at this step
 };
 
-AttentionWork attention_work(const Shape& s) {
+const char* mask_kind_name(const MaskSpec& m) {
+  switch (m.kind) {
+    case MaskSpec::Kind::full: return "full";
+    case MaskSpec::Kind::causal: return "causal";
+    case MaskSpec::Kind::local: return "local";
+    case MaskSpec::Kind::chunked: return "chunked";
+  }
+  return "";
+}
+
+// What the kernel computes for q tokens against kv tokens, in pairs: the
+// unmasked pairs, or for a tiled kernel every pair of its non-empty tiles,
+// those of partial tiles at their measured cost.
+double kernel_work(std::span<const PositionRange> q, std::span<const PositionRange> kv,
+                   const MaskSpec& mask, const HardwareProfile& hw, int64_t head_dim, int64_t pairs) {
+  if (hw.attention_block <= 0) return double(pairs);
+  const TilePairs t = count_tile_pairs(q, kv, mask, hw.attention_block);
+  return double(t.full) + hw.attention_partial_tile_cost_at(mask_kind_name(mask), head_dim) * double(t.partial);
+}
+
+AttentionWork attention_work(const Shape& s, const HardwareProfile& hw) {
   AttentionWork w;
-  const int64_t heads = s.B * s.Hl / s.U;  // batch rows x heads per device
-  std::vector<PositionRange> all{{0, s.S}};
+  // One kernel call of q against kv tokens, `heads` (batch rows x heads) times.
+  auto call = [&](std::span<const PositionRange> q, std::span<const PositionRange> kv, int64_t heads) {
+    const int64_t pairs = count_unmasked_pairs(q, kv, s.mask);
+    return std::pair{pairs * heads, kernel_work(q, kv, s.mask, hw, s.D, pairs) * double(heads)};
+  };
+  auto add_step = [&](const std::vector<std::pair<int64_t, double>>& per_rank) {
+    w.pairs.emplace_back();
+    w.work.emplace_back();
+    for (const auto& [pairs, work] : per_rank) w.pairs.back().push_back(pairs), w.work.back().push_back(work);
+  };
   if (s.strategy == "all_gather" || s.cp == 1) {
-    std::vector<int64_t> per(s.cp);
+    // Local queries against the K,V gathered in rank order.
+    std::vector<PositionRange> gathered;
     for (int64_t i = 0; i < s.cp; ++i)
-      per[i] = count_unmasked_pairs(layout_ranges(s.layout, s.S, s.cp, i), all, s.mask) * s.B * s.Hl;
-    w.pairs.push_back(per);
-  } else if (s.strategy == "ulysses") {
-    w.pairs.push_back(std::vector<int64_t>(s.cp, count_unmasked_pairs(all, all, s.mask) * heads));
-  } else {  // ring, usp: ring rank i holds the tokens of its U ulysses ranks
+      for (const PositionRange& r : layout_ranges(s.layout, s.S, s.cp, i)) gathered.push_back(r);
+    std::vector<std::pair<int64_t, double>> per(s.cp);
+    for (int64_t i = 0; i < s.cp; ++i) per[i] = call(layout_ranges(s.layout, s.S, s.cp, i), gathered, s.B * s.Hl);
+    add_step(per);
+  } else {  // ulysses, ring, usp: ring rank i holds the tokens of its U ulysses ranks, H / U heads
+    // (ulysses: one ring rank, the whole sequence). Ring steps assume the
+    // chunks start on tile boundaries (512-token chunks).
+    const int64_t heads = s.B * s.Hl / s.U;
     std::vector<std::vector<PositionRange>> ranges(s.R);
-    for (int64_t i = 0; i < s.R; ++i) ranges[i] = layout_ranges(s.layout, s.S, s.R, i);
+    for (int64_t i = 0; i < s.R; ++i)
+      ranges[i] = s.R == 1 ? std::vector<PositionRange>{{0, s.S}} : layout_ranges(s.layout, s.S, s.R, i);
     for (int64_t t = 0; t < s.R; ++t) {
-      std::vector<int64_t> per(s.R);
-      bool any = false;
-      for (int64_t i = 0; i < s.R; ++i) {
-        per[i] = count_unmasked_pairs(ranges[i], ranges[(i - t + s.R) % s.R], s.mask) * heads;
-        any = any || per[i] > 0;
-      }
-      w.pairs.push_back(per);
-      w.step_skipped.push_back(t > 0 && !any);
+      std::vector<std::pair<int64_t, double>> per(s.R);
+      for (int64_t i = 0; i < s.R; ++i) per[i] = call(ranges[i], ranges[(i - t + s.R) % s.R], heads);
+      add_step(per);
     }
   }
   const int64_t ranks = static_cast<int64_t>(w.pairs[0].size());
@@ -471,20 +501,20 @@ AttentionWork attention_work(const Shape& s) {
   return w;
 }
 
-// Forward matmul FLOPs per token on this device: q/k/v, o, gate/up, down, LM head.
-double matmul_flops_per_token(const Shape& s) {
-  double layer = 2.0 * s.d * s.qkv_cols + 2.0 * s.Hl * s.D * s.d + 2.0 * s.d * 2 * s.Fl +
-                 2.0 * s.Fl * s.d;
-  return s.L * layer + 2.0 * s.d * s.V;
-}
+// One projection [N, in] -> [N, out] on this device, in `count` layers: a
+// forward, a weight and an input gradient GEMM of 2 N in out FLOPs each, and
+// the forward again when the remat policy recomputes it.
+struct Projection {
+  int64_t in, out, count;
+  bool recomputed;
+};
 
-// Forward FLOPs per token that the remat policy recomputes in backward.
-double remat_flops_per_token(const Shape& s) {
-  double f = 0;
-  if (!s.save.qkv) f += 2.0 * s.d * s.qkv_cols;
-  if (!s.save.out_proj) f += 2.0 * s.Hl * s.D * s.d;
-  if (!s.save.mlpwi) f += 2.0 * s.d * 2 * s.Fl;
-  return s.L * f;
+std::vector<Projection> projections(const Shape& s) {
+  return {{s.d, s.qkv_cols, s.L, !s.save.qkv},
+          {s.Hl * s.D, s.d, s.L, !s.save.out_proj},
+          {s.d, 2 * s.Fl, s.L, !s.save.mlpwi},
+          {s.Fl, s.d, s.L, false},
+          {s.d, s.V, 1, false}};  // LM head
 }
 
 // ---- communication (mirrors src/cp and src/comm byte counters) --------------------------
@@ -540,14 +570,42 @@ void add_attention_calls(const Shape& s, const HardwareProfile& hw, const std::v
 
 // ---- time -----------------------------------------------------------------------------
 
+// Elements (of its operand; parameters for the optimizer) each elementwise
+// kernel processes per device per step, mirroring the order of calls in
+// src/model/llama.cpp: per layer forward two norms, RoPE on q and k, two
+// residual adds, SwiGLU; backward the norm and SwiGLU again (and the q/k/v
+// norm, RoPE and the out_proj add when recomputed), SwiGLU's and both norms'
+// gradients, RoPE's inverse, the attention norm once more; per step the
+// embedding and its gradient (counted as adds), the final norm and the
+// cross-entropy; per parameter the optimizer step.
+std::vector<std::pair<std::string, double>> elementwise_elements(const Shape& s) {
+  const double N = double(s.N), L = double(s.L), nd = N * s.d;
+  const double qkv = s.save.qkv ? 0 : 1, out = s.save.out_proj ? 0 : 1;
+  return {{"rmsnorm_forward", nd * (L * (4 + qkv) + 1)},
+          {"rmsnorm_backward", nd * (2 * L + 1)},
+          {"rope", N * (s.Hl + s.Gl) * s.D * L * (2 + qkv)},
+          {"residual_add", nd * (L * (2 + out) + 2)},
+          {"swiglu_forward", N * s.Fl * 2 * L},
+          {"swiglu_backward", N * s.Fl * L},
+          {"cross_entropy", N * s.V},
+          {"optimizer", double(s.params_local)}};
+}
+
 void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w, DType dtype,
                int64_t fwd_calls, StrategyPlan& p) {
   const double peak = hw.peak_flops(dtype);
-  const double mm_rate = peak * hw.matmul_efficiency;
   const double at_rate = peak * hw.attention_efficiency_at(s.D);
   const double tokens = double(s.N);
-  const double mm_model = 3.0 * tokens * matmul_flops_per_token(s);
-  const double mm_remat = tokens * remat_flops_per_token(s);
+  // Each projection at the GEMM rate of its width (harmonic mean of in and
+  // out: how many bytes its activations stream per FLOP).
+  double mm_model = 0, mm_remat = 0, matmul_s = 0;
+  for (const Projection& j : projections(s)) {
+    const double gemm = 2.0 * tokens * double(j.in) * double(j.out) * double(j.count);
+    mm_model += 3 * gemm;
+    mm_remat += j.recomputed ? gemm : 0;
+    const double width = 2.0 * double(j.in) * double(j.out) / double(j.in + j.out);
+    matmul_s += (j.recomputed ? 4 : 3) * gemm / (peak * hw.matmul_efficiency_at(width));
+  }
   // Per pair: forward 4 D (QK^T, PV), backward 10 D (recompute S, dV, dP, dQ, dK).
   const double fwd_pair = 4.0 * s.D, bwd_pair = 10.0 * s.D;
   const double pairs = double(w.max_pairs) * s.L;  // over all layers
@@ -556,20 +614,15 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   p.model_flops = mm_model + 3.0 * fwd_pair * pairs;  // attention as 3x forward (MaxText)
   p.hardware_flops = mm_model + mm_remat + (fwd_pair * fwd_calls / s.L + bwd_pair) * pairs;
 
-  // Elementwise work is bandwidth bound. Bytes counted per token and layer,
-  // per pass (forward, the recomputation, backward), mirroring src/model:
-  // two RMSNorms (read x, write normed: 2 d each way, backward twice that),
-  // RoPE on q,k, SwiGLU over 2 Fl in and Fl out, two residual adds (3 d);
-  // per token once: the cross-entropy over V logits (read, write gradient)
-  // and the embedding; per parameter: AdamW reads p, g, m, v, writes p, m, v.
-  const double layer_pass = 2.0 * 2 * s.d + 2.0 * (s.Hl + s.Gl) * s.D + 3.0 * s.Fl + 2.0 * 3 * s.d;
-  const double passes = 3.0 + (s.save.qkv ? 0 : 0.5) + (s.save.mlpwi ? 0 : 0.5);
-  const double elementwise_bytes =
-      tokens * (s.L * passes * layer_pass + 4.0 * s.V + 4.0 * s.d) * s.act +
-      7.0 * 4.0 * double(s.params_local);
-  const double elementwise_bw = hw.elementwise_bandwidth > 0 ? hw.elementwise_bandwidth : hw.memory_bandwidth;
-  const double matmul_s = (mm_model + mm_remat) / mm_rate;
-  const double memory_s = elementwise_bytes / elementwise_bw;
+  // Elementwise kernels are bound by memory (or, measured, by whatever binds
+  // each): the bytes each moves over its rate. Activations in the config's
+  // dtype; the optimizer's state is fp32.
+  double memory_s = 0;
+  for (const auto& [kernel, elements] : elementwise_elements(s)) {
+    const ElementwiseKernel& k = elementwise_kernel(kernel);
+    const double bytes = elements * double(k.bytes_per_element) * (kernel == "optimizer" ? 1.0 : s.act / 4.0);
+    memory_s += bytes / hw.elementwise_bandwidth_of(kernel);
+  }
 
   double attention_s = 0;
   for (const CommLine& c : p.comm) p.comm_seconds += c.seconds;
@@ -580,7 +633,7 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   for (const CommLine& c : p.comm)
     if (c.axis == "ring") ring_comm_total += c.seconds;
   // Forward at its own rate (remat repeats it); backward is the rest of the
-  // measured forward + backward time per pair.
+  // measured forward + backward time per pair the kernel computes.
   const double fwd_rate = peak * hw.attention_forward_efficiency_at(s.D);
   const double fwd_seconds = fwd_pair / fwd_rate;
   const double bwd_seconds = std::max((fwd_pair + bwd_pair) / at_rate - fwd_seconds, bwd_pair / peak);
@@ -589,14 +642,17 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
     // Each piece travels while the previous one computes (the first during
     // the local shard), so transfers hide behind all but the last step.
     double last = 0;
-    for (size_t t = 0; t < w.pairs.size(); ++t) {
-      double busiest = double(*std::max_element(w.pairs[t].begin(), w.pairs[t].end()));
+    for (const std::vector<double>& step : w.work) {
+      const double busiest = *std::max_element(step.begin(), step.end());
       attention_s += busiest * per_pair;
       if (busiest > 0) last = busiest * per_pair;
     }
     hidden = std::min(ring_comm_total, attention_s - last);
   } else {
-    attention_s = double(w.max_pairs) * per_pair;
+    std::vector<double> total(w.work[0].size(), 0.0);
+    for (const std::vector<double>& step : w.work)
+      for (size_t i = 0; i < step.size(); ++i) total[i] += step[i];
+    attention_s = *std::max_element(total.begin(), total.end()) * per_pair;
   }
   p.matmul_seconds = matmul_s;
   p.attention_seconds = attention_s;
@@ -609,6 +665,31 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   p.tokens_per_second = tokens / p.step_seconds;
   p.mfu = p.model_flops / p.step_seconds / peak;
 }
+
+}  // namespace
+
+const std::vector<ElementwiseKernel>& elementwise_kernels() {
+  static const std::vector<ElementwiseKernel> k = {
+      {"rmsnorm_forward", 8, "read x, write y"},
+      {"rmsnorm_backward", 16, "read x, dy and dx, write dx (accumulated)"},
+      {"rope", 8, "rotate q and k in place (forward or inverse)"},
+      {"residual_add", 12, "read two, write one"},
+      {"swiglu_forward", 12, "read gate and up, write the activation"},
+      {"swiglu_backward", 20, "read gate, up and the activation's gradient, write both gradients"},
+      {"cross_entropy", 8, "per logit: read it, write its gradient"},
+      {"optimizer", 36, "per parameter: zero the gradient (4), its norm (4), AdamW reads p, g, m, v "
+                        "and writes p, m, v (28)"},
+  };
+  return k;
+}
+
+const ElementwiseKernel& elementwise_kernel(const std::string& name) {
+  for (const ElementwiseKernel& k : elementwise_kernels())
+    if (name == k.name) return k;
+  throw ConfigError("unknown elementwise kernel '" + name + "'");
+}
+
+namespace {
 
 int64_t device_memory(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
   if (o.device_memory > 0) return o.device_memory;
@@ -677,7 +758,7 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
   plan_memory(s, p);
   p.fits = p.memory_total <= p.device_memory;
 
-  AttentionWork w = attention_work(s);
+  AttentionWork w = attention_work(s, hw);
   // Attention forward runs once per layer, again in backward when the policy
   // does not save the context; backward once per layer.
   const int64_t fwd_calls = s.L * (s.save.context ? 1 : 2);

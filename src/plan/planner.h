@@ -64,8 +64,8 @@ struct StrategyPlan {
 
   double compute_seconds = 0;       // matmul + attention + elementwise
   double matmul_seconds = 0;        // projections, LM head and their gradients (remat included)
-  double attention_seconds = 0;     // the attention kernel (critical path over ring steps)
-  double elementwise_seconds = 0;   // norms, RoPE, SwiGLU, residuals, cross-entropy, AdamW
+  double attention_seconds = 0;     // the attention kernel (critical path over ring steps; its tiles when tiled)
+  double elementwise_seconds = 0;   // norms, RoPE, SwiGLU, residuals, cross-entropy, optimizer step
   double comm_seconds = 0;          // all transfers
   double hidden_comm_seconds = 0;   // overlapped with compute
   double step_seconds = 0;          // compute + exposed communication
@@ -102,6 +102,18 @@ PlanReport make_plan(const RunConfig& config, const HardwareProfile& hw, const P
 // The prediction for exactly the strategy, ulysses degree and remat policy in `config`.
 StrategyPlan plan_strategy(const RunConfig& config, const HardwareProfile& hw,
                            const PlanOptions& options);
+
+// The elementwise kernels the step time counts, with the bytes each moves per
+// element of its operand in fp32 (src/kernels/ops.cpp, as src/model/llama.cpp
+// calls them; the optimizer: per parameter, src/train). `plan --measure`
+// times these kernels and divides these bytes, so the two cannot drift.
+struct ElementwiseKernel {
+  const char* name;
+  int64_t bytes_per_element;
+  const char* what;
+};
+const std::vector<ElementwiseKernel>& elementwise_kernels();
+const ElementwiseKernel& elementwise_kernel(const std::string& name);  // ConfigError if unknown
 
 // Communication of ONE context-parallel attention call (forward, or backward
 // when `backward`) on cp rank `cp_rank`, by operation, exactly as the

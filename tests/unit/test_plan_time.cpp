@@ -1,0 +1,141 @@
+// The planner's step-time model: what each profile table changes, checked
+// against hand counts (no timing), and that datasheet profiles without the
+// measured tables keep their old meaning.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "core/config.h"
+#include "plan/hardware.h"
+#include "plan/planner.h"
+#include "temp_dir.h"
+
+namespace longctx {
+namespace {
+
+// A one-device profile whose rates are round numbers.
+HardwareProfile round_profile() {
+  HardwareProfile h;
+  h.name = "round";
+  h.peak_flops_fp32 = 1e12;
+  h.matmul_efficiency = 1.0;
+  h.attention_efficiency = 0.5;
+  h.memory_bytes = int64_t{1} << 40;
+  h.memory_bandwidth = 1e9;
+  h.p2p_bandwidth = h.collective_bandwidth = h.all_to_all_bandwidth = 1e9;
+  return h;
+}
+
+RunConfig small_config(const std::string& attention, int64_t seq, const std::string& remat) {
+  RunConfig c = config_from_values({});
+  c.model.d_model = 64;
+  c.model.num_heads = 4;
+  c.model.num_kv_heads = 2;
+  c.model.head_dim = 16;
+  c.model.mlp_dim = 128;
+  c.model.num_layers = 2;
+  c.attention_type = attention;
+  c.sliding_window_size = attention == "local" ? 200 : 0;
+  c.max_target_length = seq;
+  c.remat_policy = remat;
+  c.packing = false;
+  c.dtype = "float32";
+  return c;
+}
+
+StrategyPlan plan(const RunConfig& c, const HardwareProfile& h) { return plan_strategy(c, h, PlanOptions{}); }
+
+TEST(PlanTime, ProfileTablesRoundTrip) {
+  TempDir dir;
+  HardwareProfile h = round_profile();
+  h.matmul_efficiency_per_width = {{64, 0.6}, {1024, 0.95}};
+  h.attention_efficiency_per_head_dim = {{32, 0.55}, {128, 0.7}};
+  h.attention_forward_efficiency_per_head_dim = {{32, 0.45}, {128, 0.65}};
+  h.attention_block = 128;
+  h.attention_partial_tile_cost = {{"causal", {{32, 1.5}, {128, 1.3}}}, {"chunked", {{64, 2.5}}}};
+  h.elementwise_bandwidth_per_kernel = {{"swiglu_forward", 1.8e9}, {"rope", 13e9}};
+  const std::string path = (dir.path / "p.yml").string();
+  save_hardware_profile(h, path);
+  const HardwareProfile g = load_hardware_profile(path);
+  EXPECT_EQ(g.matmul_efficiency_per_width, h.matmul_efficiency_per_width);
+  EXPECT_EQ(g.attention_efficiency_per_head_dim, h.attention_efficiency_per_head_dim);
+  EXPECT_EQ(g.attention_forward_efficiency_per_head_dim, h.attention_forward_efficiency_per_head_dim);
+  EXPECT_EQ(g.attention_block, 128);
+  EXPECT_EQ(g.attention_partial_tile_cost, h.attention_partial_tile_cost);
+  EXPECT_DOUBLE_EQ(g.attention_partial_tile_cost_at("chunked", 16), 2.5);
+  EXPECT_DOUBLE_EQ(g.attention_partial_tile_cost_at("local", 64), 1.0);  // not measured
+  EXPECT_EQ(g.elementwise_bandwidth_per_kernel, h.elementwise_bandwidth_per_kernel);
+  // Log-linear in the width between points, clamped at the ends.
+  EXPECT_NEAR(g.matmul_efficiency_at(256), 0.6 + 0.35 * 2.0 / 4.0, 1e-12);
+  EXPECT_DOUBLE_EQ(g.matmul_efficiency_at(16), 0.6);
+  EXPECT_DOUBLE_EQ(g.matmul_efficiency_at(8192), 0.95);
+  // A kernel missing from the table falls back to memory_bandwidth.
+  EXPECT_DOUBLE_EQ(g.elementwise_bandwidth_of("swiglu_forward"), 1.8e9);
+  EXPECT_DOUBLE_EQ(g.elementwise_bandwidth_of("residual_add"), 1e9);
+}
+
+TEST(PlanTime, DatasheetProfilesUseTheirScalars) {
+  for (const char* name : {"tpu-v5p", "tpu-v7", "h100", "h200"}) {
+    const HardwareProfile h = load_hardware_profile(name);
+    EXPECT_EQ(h.attention_block, 0) << name;
+    EXPECT_DOUBLE_EQ(h.matmul_efficiency_at(512), h.matmul_efficiency) << name;
+    EXPECT_DOUBLE_EQ(h.attention_partial_tile_cost_at("causal", 128), 1.0) << name;
+    EXPECT_GT(h.elementwise_bandwidth_of("rope"), 0) << name;
+    // Matmul time is the FLOPs at the datasheet rate, whatever the widths.
+    RunConfig c = small_config("causal", 1024, "full");
+    c.dtype = "bfloat16";
+    const StrategyPlan p = plan(c, h);
+    const double mm_flops = p.hardware_flops - (4.0 * 2 + 10.0) * 16 * double(p.attention_pairs);
+    EXPECT_NEAR(p.matmul_seconds, mm_flops / (h.peak_flops_bf16 * h.matmul_efficiency), 1e-9 * p.matmul_seconds)
+        << name;
+  }
+}
+
+TEST(PlanTime, MatmulFollowsTheWidthTable) {
+  HardwareProfile h = round_profile();
+  const RunConfig c = small_config("causal", 1024, "full");
+  const double flat = plan(c, h).matmul_seconds;
+  h.matmul_efficiency_per_width = {{16, 0.5}, {4096, 0.5}};
+  EXPECT_NEAR(plan(c, h).matmul_seconds, 2 * flat, 1e-12 * flat);
+}
+
+TEST(PlanTime, AttentionCostsTheTilesTheKernelComputes) {
+  HardwareProfile h = round_profile();
+  // A full mask over whole tiles: every computed pair is unmasked.
+  const RunConfig full = small_config("full", 1024, "full");
+  const double by_pairs = plan(full, h).attention_seconds;
+  h.attention_block = 128;
+  h.attention_partial_tile_cost["causal"] = {{16, 2.0}};
+  EXPECT_NEAR(plan(full, h).attention_seconds, by_pairs, 1e-12 * by_pairs);
+  // Causal over 8 x 8 tiles: 28 full and 8 partial (diagonal) ones, the
+  // partial ones at twice the cost, against S (S + 1) / 2 unmasked pairs.
+  const RunConfig causal = small_config("causal", 1024, "full");
+  h.attention_block = 0;
+  const double pairs_s = plan(causal, h).attention_seconds;
+  h.attention_block = 128;
+  const double tiles_s = plan(causal, h).attention_seconds;
+  const double tile = 128.0 * 128.0, pairs = 1024.0 * 1025.0 / 2;
+  EXPECT_NEAR(tiles_s / pairs_s, (28 * tile + 2.0 * 8 * tile) / pairs, 1e-12);
+  EXPECT_EQ(plan(causal, h).attention_pairs, plan(small_config("causal", 1024, "full"), round_profile()).attention_pairs);
+}
+
+TEST(PlanTime, ElementwiseCountsTheRecomputedKernels) {
+  // At one byte per second per kernel, remat full minus none is the bytes of
+  // what backward recomputes per layer: the attention norm (8 bytes per
+  // element), RoPE on q and k (8), the out_proj residual add (12).
+  HardwareProfile h = round_profile();
+  for (const ElementwiseKernel& k : elementwise_kernels()) h.elementwise_bandwidth_per_kernel[k.name] = 1.0;
+  const RunConfig none = small_config("causal", 256, "none"), full = small_config("causal", 256, "full");
+  const double N = 256, d = 64, qk = (4 + 2) * 16, L = 2;
+  EXPECT_NEAR(plan(full, h).elementwise_seconds - plan(none, h).elementwise_seconds,
+              L * N * (8 * d + 8 * qk + 12 * d), 1e-6);
+  // The optimizer: 36 bytes per parameter.
+  h.elementwise_bandwidth_per_kernel["optimizer"] = 1e30;
+  const double without = plan(none, h).elementwise_seconds;
+  h.elementwise_bandwidth_per_kernel["optimizer"] = 1.0;
+  EXPECT_NEAR(plan(none, h).elementwise_seconds - without, 36.0 * double(none.model.num_parameters()), 1e-3);
+}
+
+}  // namespace
+}  // namespace longctx
