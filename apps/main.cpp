@@ -12,6 +12,7 @@
 
 #include "apps/commands.h"
 #include "core/error.h"
+#include "core/float_env.h"
 
 namespace {
 
@@ -66,6 +67,7 @@ int dispatch(const longctx::Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  longctx::flush_subnormals_to_zero();  // before MPI or OpenMP start threads
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, world = 1;

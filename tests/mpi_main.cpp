@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <string>
 
+#include "core/float_env.h"
+
 namespace {
 class FailuresOnlyOnOtherRanks : public testing::EmptyTestEventListener {
  public:
@@ -29,6 +31,7 @@ class FailuresOnlyOnOtherRanks : public testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
+  longctx::flush_subnormals_to_zero();  // as the longctx command runs
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   testing::InitGoogleTest(&argc, argv);
