@@ -21,9 +21,7 @@
 
 namespace longctx {
 
-namespace {
-
-const char* kUsage =
+const char* const kBenchAttentionUsage =
     "usage: longctx bench attention [--batch B] [--seq S] [--kv-seq S] [--heads H]\n"
     "         [--kv-heads G] [--head-dim D] [--mask full|causal|local:W|chunked:C|documents:N]\n"
     "         [--dtype fp32] [--threads T] [--reps N] [--warmup N]\n"
@@ -32,6 +30,8 @@ const char* kUsage =
     "  q rows are the last S positions of the kv sequence (end-aligned);\n"
     "  documents:N = N equal packed documents, causal within each;\n"
     "  --clock cpu times by process CPU seconds / threads (steadier on a shared machine)\n";
+
+namespace {
 
 struct Flags {
   int64_t batch = 1, seq = 8192, kv_seq = 0, heads = 8, kv_heads = 0, head_dim = 128;
@@ -73,7 +73,7 @@ Flags parse_flags(const Args& args) {
     else if (a == "--mask") f.mask = v;
     else if (a == "--dtype") f.dtype = v;
     else if (a == "--clock") f.clock = v;
-    else throw ConfigError("bench attention: unknown flag '" + a + "'\n" + kUsage);
+    else throw ConfigError("bench attention: unknown flag '" + a + "'\n" + kBenchAttentionUsage);
   }
   if (f.kv_seq == 0) f.kv_seq = f.seq;
   if (f.kv_heads == 0) f.kv_heads = f.heads;
@@ -162,10 +162,6 @@ void fill_random(const Tensor& t, uint32_t seed) {
 }  // namespace
 
 int run_bench_attention(const Args& args) {
-  if (std::find(args.begin(), args.end(), "--help") != args.end()) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
   const Flags f = parse_flags(args);
   MaskSpec mask;
   const int64_t documents = parse_bench_mask(f.mask, mask);

@@ -21,9 +21,7 @@
 
 namespace longctx {
 
-namespace {
-
-const char* kUsage =
+const char* const kBenchCpUsage =
     "usage: mpiexec -n N longctx bench cp --strategy all_gather|ulysses|ring|usp [--ulysses U]\n"
     "         [--layout contiguous|zigzag] [--batch B] [--seq S] [--heads H] [--kv-heads G]\n"
     "         [--head-dim D] [--mask full|causal|local:W|chunked:C[+segments]] [--doc-len N]\n"
@@ -33,6 +31,8 @@ const char* kUsage =
     "  --ring-chunk-tokens 0 = automatic (cp_ring_auto_chunk_tokens), default 512;\n"
     "  --repeat N runs N steps\n"
     "  (and N 1-rank steps) and keeps the fastest, for a machine shared with others\n";
+
+namespace {
 
 struct BenchFlags {
   std::string strategy, layout = "zigzag", mask = "causal";
@@ -58,8 +58,7 @@ BenchFlags parse(const Args& args) {
     const std::string& a = args[i];
     if (a == "--json") { f.json = true; continue; }
     if (a == "--no-single") { f.single = false; continue; }
-    if (a == "-h" || a == "--help") { std::fputs(kUsage, stdout); throw ConfigError("bench cp: help shown"); }
-    if (i + 1 >= args.size()) throw ConfigError("bench cp: unknown flag or missing value: " + a + "\n" + kUsage);
+    if (i + 1 >= args.size()) throw ConfigError("bench cp: unknown flag or missing value: " + a + "\n" + kBenchCpUsage);
     const std::string& v = args[++i];
     if (a == "--strategy") f.strategy = v;
     else if (a == "--layout") f.layout = v;
@@ -76,7 +75,7 @@ BenchFlags parse(const Args& args) {
     else if (a == "--repeat") f.repeat = static_cast<int>(positive(a, v));
     else throw ConfigError("bench cp: unknown flag " + a);
   }
-  if (f.strategy.empty()) throw ConfigError(std::string("bench cp: --strategy is required\n") + kUsage);
+  if (f.strategy.empty()) throw ConfigError(std::string("bench cp: --strategy is required\n") + kBenchCpUsage);
   if (f.kv_heads == 0) f.kv_heads = f.heads;
   if (f.doc_len == 0) f.doc_len = std::max<int64_t>(1, f.seq / 4);
   return f;

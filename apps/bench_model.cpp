@@ -24,14 +24,14 @@
 
 namespace longctx {
 
-namespace {
-
-const char* kBenchModelUsage =
+const char* const kBenchModelUsage =
     "usage: longctx bench model [--config configs/model/X.yml] [--seq S] [--batch B]\n"
     "         [--layers L] [--threads T] [--remat none|minimal|save_context|full]\n"
     "         [--mask causal|full|local:W|...] [--steps N] [--json]\n"
     "         [--d-model N] [--heads N] [--kv-heads N] [--head-dim N] [--mlp N] [--vocab N]\n"
     "  defaults: configs/model/bench-512.yml's shape, S=16384, B=1, remat none, 2 timed steps\n";
+
+namespace {
 
 struct BenchModelFlags {
   std::string config;
@@ -77,10 +77,6 @@ BenchModelFlags parse_flags(const Args& args) {
     if (a == "--json") {
       f.json = true;
       continue;
-    }
-    if (a == "-h" || a == "--help") {
-      std::fputs(kBenchModelUsage, stdout);
-      std::exit(0);
     }
     if (i + 1 >= args.size()) throw ConfigError("bench model: flag " + a + " needs a value");
     const std::string v = args[++i];

@@ -16,4 +16,14 @@ int run_bench_attention(const Args& args); // apps/bench_attention.cpp
 int run_bench_cp(const Args& args);        // apps/bench_cp.cpp
 int run_bench_model(const Args& args);     // apps/bench_model.cpp
 
+// Each subcommand's usage, defined beside it. main prints it for -h/--help
+// anywhere in the subcommand's arguments (exit 0), so no subcommand parses
+// help itself; usage errors append it to their message.
+extern const char* const kTrainUsage;
+extern const char* const kPlanUsage;
+extern const char* const kSelftestUsage;
+extern const char* const kBenchAttentionUsage;
+extern const char* const kBenchCpUsage;
+extern const char* const kBenchModelUsage;
+
 }  // namespace longctx

@@ -31,18 +31,40 @@ int dispatch(const longctx::Args& a) {
     std::fputs(kUsage, stdout);
     return a.empty() ? 2 : 0;
   }
-  Args rest(a.begin() + 1, a.end());
-  if (a[0] == "train") return run_train(rest);
-  if (a[0] == "plan") return run_plan(rest);
-  if (a[0] == "selftest") return run_selftest(rest);
-  if (a[0] == "bench") {
-    if (rest.empty()) throw ConfigError("bench needs a target: attention, cp or model");
-    Args flags(rest.begin() + 1, rest.end());
-    if (rest[0] == "attention") return run_bench_attention(flags);
-    if (rest[0] == "cp") return run_bench_cp(flags);
-    if (rest[0] == "model") return run_bench_model(flags);
-    throw ConfigError("unknown bench target '" + rest[0] + "': expected attention, cp or model");
+  struct Command {
+    const char* name;
+    int (*run)(const Args&);
+    const char* usage;
+  };
+  static const Command commands[] = {
+      {"train", run_train, kTrainUsage},
+      {"plan", run_plan, kPlanUsage},
+      {"selftest", run_selftest, kSelftestUsage},
+      {"bench attention", run_bench_attention, kBenchAttentionUsage},
+      {"bench cp", run_bench_cp, kBenchCpUsage},
+      {"bench model", run_bench_model, kBenchModelUsage},
+  };
+  // "bench" takes its target as part of the command name.
+  const bool bench = a[0] == "bench";
+  if (bench && (a.size() < 2 || a[1] == "-h" || a[1] == "--help")) {
+    std::fputs(kBenchAttentionUsage, stdout);
+    std::fputs(kBenchCpUsage, stdout);
+    std::fputs(kBenchModelUsage, stdout);
+    if (a.size() < 2) throw ConfigError("bench needs a target: attention, cp or model");
+    return 0;
   }
+  const std::string name = bench ? "bench " + a[1] : a[0];
+  const Args rest(a.begin() + (bench ? 2 : 1), a.end());
+  for (const Command& c : commands) {
+    if (name != c.name) continue;
+    for (const std::string& arg : rest)
+      if (arg == "-h" || arg == "--help") {
+        std::fputs(c.usage, stdout);
+        return 0;
+      }
+    return c.run(rest);
+  }
+  if (bench) throw ConfigError("unknown bench target '" + a[1] + "': expected attention, cp or model");
   throw ConfigError("unknown command '" + a[0] + "'; run `longctx --help`");
 }
 

@@ -647,6 +647,16 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
 
 }  // namespace
 
+const char* const kPlanUsage =
+    "usage: longctx plan CONFIG.yml [key=value ...] [--hardware NAME] [--devices N]\n"
+    "         [--device-memory BYTES] [--json]\n"
+    "       mpiexec -n N longctx plan CONFIG.yml [key=value ...] --validate [--steps N] [--markdown FILE]\n"
+    "       mpiexec -n N longctx plan --measure [--output FILE]\n"
+    "  --hardware NAME   configs/hardware/NAME.yml (default cpu-local; tpu-v5p, tpu-v7, h100, h200)\n"
+    "  --devices N       devices to plan for (default: the config's mesh)\n"
+    "  --validate        run real training steps and compare them with the prediction\n"
+    "  --measure         measure this machine's profile (GEMM, bandwidths, MPI links)\n";
+
 int run_plan(const Args& args) {
   std::string config_path, hardware = "cpu-local", output;
   std::vector<std::string> overrides;
@@ -670,18 +680,14 @@ int run_plan(const Args& args) {
     else if (a == "--devices") options.devices = std::stoll(value());
     else if (a == "--device-memory") options.device_memory = parse_bytes(value());
     else if (a.rfind("--", 0) == 0)
-      throw ConfigError("plan: unknown flag '" + a +
-                        "'; expected --hardware, --devices, --device-memory, --json, --measure, --output, "
-                        "--validate, --steps, --markdown");
+      throw ConfigError("plan: unknown flag '" + a + "'\n" + kPlanUsage);
     else if (a.find('=') != std::string::npos) overrides.push_back(a);
     else if (config_path.empty()) config_path = a;
     else throw ConfigError("plan: unexpected argument '" + a + "'");
   }
   if (measure) return run_measure(output);
   if (config_path.empty())
-    throw ConfigError("usage: longctx plan CONFIG.yml [key=value ...] [--hardware NAME] "
-                      "[--devices N] [--device-memory BYTES] [--json] [--validate [--steps N] "
-                      "[--markdown FILE]] | plan --measure");
+    throw ConfigError(std::string("plan needs a config file\n") + kPlanUsage);
   if (validate)
     return run_validate(load_config(config_path, overrides), load_hardware_profile(hardware), steps, markdown);
   int rank = 0;

@@ -12,6 +12,14 @@
 
 namespace longctx {
 
+const char* const kSelftestUsage =
+    "usage: mpiexec -n N longctx selftest [--json] [--strategy all_gather|ulysses|ring|usp]\n"
+    "         [--layout contiguous|zigzag] [--mask full|causal|local:W|chunked:C[+segments]]\n"
+    "         [--cp C] [--ulysses U] [--batch B] [--seq S] [--heads H] [--kv-heads G]\n"
+    "         [--head-dim D] [--collective-timeout SECONDS]\n"
+    "  defaults: every strategy, layout and mask; cp = N; S = 24 cp; H = lcm(4, cp), G = H/2, D = 16;\n"
+    "  usp at every factorization of cp. Exit status 0 only if every case passes.\n";
+
 namespace {
 
 constexpr double kTolerance = 2e-5;  // max abs error / max abs reference, fp32
@@ -44,7 +52,7 @@ SelftestFlags parse_flags(const Args& args, int world) {
       f.json = true;
       continue;
     }
-    if (i + 1 >= args.size()) throw ConfigError("selftest: unknown flag or missing value: " + a);
+    if (i + 1 >= args.size()) throw ConfigError("selftest: unknown flag or missing value: " + a + "\n" + kSelftestUsage);
     const std::string& v = args[++i];
     if (a == "--batch") f.batch = parse_int(a, v);
     else if (a == "--seq") f.seq = parse_int(a, v);
@@ -57,7 +65,7 @@ SelftestFlags parse_flags(const Args& args, int world) {
     else if (a == "--layout") f.layouts = {v};
     else if (a == "--mask") f.masks = {v};
     else if (a == "--collective-timeout") set_collective_timeout_seconds(static_cast<double>(parse_int(a, v)));
-    else throw ConfigError("selftest: unknown flag " + a);
+    else throw ConfigError("selftest: unknown flag " + a + "\n" + kSelftestUsage);
   }
   if (f.cp == 0) f.cp = world;
   if (f.seq == 0) f.seq = 24 * f.cp;

@@ -18,12 +18,12 @@ namespace longctx {
 // apps/plan.cpp: measures this machine (collective over MPI_COMM_WORLD).
 HardwareProfile measure_cpu_local_profile(bool quick);
 
-namespace {
-
-const char* kTrainUsage =
+const char* const kTrainUsage =
     "usage: mpiexec -n N longctx train CONFIG.yml [key=value ...]\n"
     "  CONFIG.yml   a recipe (e.g. configs/demo.yml); configs/base.yml lists every key\n"
     "  key=value    overrides, e.g. steps=100 ici_context_parallelism=4\n";
+
+namespace {
 
 // context_parallel_strategy=auto: the planner (src/plan) picks the strategy,
 // the ulysses factor and (when nothing else fits) the remat policy for this
@@ -82,10 +82,7 @@ void resolve_auto_strategy(RunConfig& config, int rank) {
 }  // namespace
 
 int run_train(const Args& args) {
-  if (args.empty() || args[0] == "-h" || args[0] == "--help") {
-    std::fputs(kTrainUsage, args.empty() ? stderr : stdout);
-    return args.empty() ? 2 : 0;
-  }
+  if (args.empty()) throw ConfigError(std::string("train needs a config file\n") + kTrainUsage);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);

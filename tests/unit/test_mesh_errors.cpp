@@ -1,4 +1,4 @@
-// Bad configurations, run through the real `longctx` binary under mpiexec on
+// The command line: bad configurations, run through the real `longctx` binary under mpiexec on
 // 2 ranks: each must exit non-zero within 30 s on every rank, each rank
 // printing one line that names the broken rule (never a hang).
 #include <gtest/gtest.h>
@@ -15,10 +15,10 @@ struct RunResult {
   std::string output;
 };
 
-RunResult run_longctx(const std::string& flags) {
+RunResult run_longctx(const std::string& flags, int ranks = 2) {
   const auto exe = std::filesystem::canonical("/proc/self/exe").parent_path().parent_path() / "longctx";
   const std::string cmd = "OMP_NUM_THREADS=1 timeout 30 mpiexec --oversubscribe --allow-run-as-root "
-                          "--bind-to none -n 2 " + exe.string() + " " + flags + " 2>&1";
+                          "--bind-to none -n " + std::to_string(ranks) + " " + exe.string() + " " + flags + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   RunResult r{-1, ""};
   std::array<char, 4096> buf;
@@ -62,6 +62,18 @@ TEST(ConfigErrors, MeshProductMustEqualWorld) {
 
 TEST(ConfigErrors, UnknownStrategy) {
   expect_rule("selftest --strategy spiral", "unknown context_parallel_strategy 'spiral'");
+}
+
+// -h / --help anywhere after a command prints that command's usage and exits 0.
+TEST(CommandLine, HelpForEveryCommand) {
+  for (const char* command : {"train", "plan", "selftest", "bench attention", "bench cp", "bench model"})
+    for (const char* flag : {"--help", "--json -h"}) {
+      RunResult r = run_longctx(std::string(command) + " " + flag, 1);
+      SCOPED_TRACE(std::string(command) + " " + flag + "\n" + r.output);
+      EXPECT_EQ(r.status, 0);
+      EXPECT_NE(r.output.find(std::string("longctx ") + command), std::string::npos);
+      EXPECT_EQ(r.output.find("error"), std::string::npos);
+    }
 }
 
 }  // namespace
