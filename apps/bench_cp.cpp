@@ -28,7 +28,7 @@ const char* const kBenchCpUsage =
     "         [--threads T] [--ring-chunk-tokens C] [--repeat N] [--no-single] [--json]\n"
     "  defaults: zigzag, B=1 S=16384 H=4 G=H D=128 causal, 1 thread per rank,\n"
     "  usp ulysses = 2; documents of --doc-len tokens (default S/4) for +segments;\n"
-    "  --ring-chunk-tokens 0 = automatic (cp_ring_auto_chunk_tokens), default 512;\n"
+    "  --ring-chunk-tokens 0 = automatic (cp_ring_auto_chunk_tokens, the default);\n"
     "  --repeat N runs N steps\n"
     "  (and N 1-rank steps) and keeps the fastest, for a machine shared with others\n";
 

@@ -38,10 +38,10 @@ class CpAttention {
 struct CpOptions {
   // ring/usp: K,V shards travel in chunks of about this many tokens (double
   // buffered), bounding ring memory to a few chunks instead of whole shards.
-  // 0 picks it from the shard: cp_ring_auto_chunk_tokens. The default stays
-  // 512 until the planner (src/plan, ring_chunks/kRingChunkTokens) mirrors
-  // the automatic rule: the chunk count sets the summary all-gather's bytes.
-  int64_t ring_chunk_tokens = 512;
+  // 0 (the default) picks it from the shard: cp_ring_auto_chunk_tokens. The
+  // planner mirrors the rule (src/plan/planner.cpp, ring_chunks): the chunk
+  // count sets the ring's buffers and its summary all-gather's bytes.
+  int64_t ring_chunk_tokens = 0;
 };
 
 // The automatic chunk for a ring shard of `local_tokens` tokens: local/16

@@ -168,13 +168,16 @@ Heads heads_after_all_to_all(const Shape& s) {
   return {s.Hl / s.U, s.Gl % s.U == 0 ? s.Gl / s.U : 1};
 }
 
-// Chunks per ring shard (cp_ring_chunks in src/cp/cp_common.cpp).
+// Chunks per ring shard (cp_ring_chunks in src/cp/cp_common.cpp); chunk_tokens
+// 0 is the automatic rule (cp_ring_auto_chunk_tokens): local / 16 rounded down
+// to the kernel's 128-token kv tile, at least one tile.
 int64_t ring_chunks(int64_t local_tokens, int64_t chunk_tokens) {
+  if (chunk_tokens == 0) chunk_tokens = std::max<int64_t>(128, local_tokens / 16 / 128 * 128);
   int64_t n = std::max<int64_t>(2, (local_tokens + chunk_tokens - 1) / chunk_tokens);
   n += n % 2;
   return std::min(n, std::max<int64_t>(local_tokens, 1));
 }
-constexpr int64_t kRingChunkTokens = 512;  // CpOptions::ring_chunk_tokens default
+constexpr int64_t kRingChunkTokens = 0;  // CpOptions::ring_chunk_tokens default: automatic
 
 // The ring of R ranks, each holding the tokens of one ring position (for usp,
 // its U ulysses ranks' tokens, gathered in order), cut into n chunks. Which
