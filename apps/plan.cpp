@@ -517,11 +517,12 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
   const StrategyPlan* any = nullptr;
   for (const StrategyPlan& p : r.candidates)
     if (p.valid) any = &p;
-  std::printf("plan: %s, S=%lld x batch %lld, %s mask, %s layout, dtype %s, remat %s\n",
+  std::printf("plan: %s, S=%lld x batch %lld, %s mask, %s layout, dtype %s, remat %s%s\n",
               c.model_name.empty() ? "model" : c.model_name.c_str(),
               (long long)c.max_target_length, (long long)c.per_device_batch_size,
               c.attention_type.c_str(), c.cp_load_balance ? "zigzag" : "contiguous",
-              c.dtype.c_str(), c.remat_policy.c_str());
+              c.dtype.c_str(), c.remat_policy.c_str(),
+              c.shard_optimizer_over_data ? ", optimizer sharded over dp x cp (ZeRO-1)" : "");
   if (any)
     std::printf("      %lld x %s (%s each): dp %lld x cp %lld x tp %lld\n\n", (long long)r.devices,
                 r.hardware.c_str(), human_bytes(double(any->device_memory)).c_str(),
@@ -559,12 +560,13 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
   const PlanRecommendation& rec = r.recommendation;
   std::printf("\nrecommendation: ");
   if (rec.found)
-    std::printf("context_parallel_strategy=%s ici_context_parallelism=%lld%s remat_policy=%s\n  why: %s\n",
+    std::printf("context_parallel_strategy=%s ici_context_parallelism=%lld%s remat_policy=%s%s\n  why: %s\n",
                 rec.strategy.c_str(), (long long)rec.cp,
                 rec.strategy == "usp"
                     ? (" ici_context_usp_ulysses_parallelism=" + std::to_string(rec.ulysses)).c_str()
                     : "",
-                rec.remat_policy.c_str(), rec.reason.c_str());
+                rec.remat_policy.c_str(), rec.shard_optimizer_over_data ? " shard_optimizer_over_data=true" : "",
+                rec.reason.c_str());
   else
     std::printf("none: %s\n", rec.reason.c_str());
   std::printf("(planned in %.3f s)\n", plan_seconds);
@@ -710,7 +712,9 @@ int run_plan(const Args& args) {
     j["recommendation"] = {{"found", rec.found}, {"reason", rec.reason}};
     if (rec.found)
       j["recommendation"].update({{"strategy", rec.strategy}, {"cp", rec.cp}, {"ulysses", rec.ulysses},
-                                  {"remat_policy", rec.remat_policy}, {"plan", to_json(rec.plan)}});
+                                  {"remat_policy", rec.remat_policy},
+                                  {"shard_optimizer_over_data", rec.shard_optimizer_over_data},
+                                  {"plan", to_json(rec.plan)}});
     j["plan_seconds"] = elapsed;
     std::printf("%s\n", j.dump(2).c_str());
   } else {

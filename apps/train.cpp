@@ -66,15 +66,17 @@ void resolve_auto_strategy(RunConfig& config, int rank) {
   values["ici_context_parallelism"] = r.cp;
   values["ici_context_usp_ulysses_parallelism"] = r.strategy == "usp" ? r.ulysses : int64_t(1);
   if (!r.remat_policy.empty()) values["remat_policy"] = r.remat_policy;
+  values["shard_optimizer_over_data"] = r.shard_optimizer_over_data;
   RunConfig resolved = config_from_values(values);
   resolved.sources = config.sources;
   config = resolved;
   if (rank == 0) {
-    std::printf("auto: context_parallel_strategy=%s ici_context_parallelism=%lld%s remat_policy=%s (%s)\n"
+    std::printf("auto: context_parallel_strategy=%s ici_context_parallelism=%lld%s remat_policy=%s%s (%s)\n"
                 "  why: %s\n",
                 r.strategy.c_str(), static_cast<long long>(r.cp),
                 r.strategy == "usp" ? (" ici_context_usp_ulysses_parallelism=" + std::to_string(r.ulysses)).c_str() : "",
-                r.remat_policy.c_str(), source.c_str(), r.reason.c_str());
+                r.remat_policy.c_str(), r.shard_optimizer_over_data ? " shard_optimizer_over_data=true" : "",
+                source.c_str(), r.reason.c_str());
     std::fflush(stdout);
   }
 }

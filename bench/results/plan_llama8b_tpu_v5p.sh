@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's Planning example: the Llama 3.1 8B shape on 64 TPU v5p chips,
 # tp = 8, bf16, causal, zigzag, remat_policy=full, from 64K to 14M tokens.
-# One summary line per length (from `longctx plan --json`), then the full
-# table at 1M tokens with the recommended cp.
+# One summary line per length (from `longctx plan --json`; "+ZeRO-1" where
+# the planner had to turn on shard_optimizer_over_data), then the full table
+# at 1M tokens with the recommended cp.
 #   bench/results/plan_llama8b_tpu_v5p.sh [BUILD_DIR] > bench/results/plan_llama8b_tpu_v5p.txt
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,8 +19,9 @@ if not r["found"]:
     print("%9d          nothing fits: %s  (planned in %.2f s)" % (S, r["reason"], j["plan_seconds"]))
 else:
     p = r["plan"]
-    rec = "%-10s cp=%d%s%s" % (r["strategy"], r["cp"], " U=%d" % r["ulysses"] if r["strategy"] == "usp" else "",
-                               "" if r["remat_policy"] == "full" else " remat=" + r["remat_policy"])
+    rec = "%-10s cp=%d%s%s%s" % (r["strategy"], r["cp"], " U=%d" % r["ulysses"] if r["strategy"] == "usp" else "",
+                                 "" if r["remat_policy"] == "full" else " remat=" + r["remat_policy"],
+                                 " +ZeRO-1" if r.get("shard_optimizer_over_data") else "")
     print("%9d          %-35s %7.1f s/step  MFU %.1f%%  %6.2f GiB  (planned in %.2f s)"
           % (S, rec, p["step_seconds"], 100 * p["mfu"], p["memory_total_bytes"] / 2**30, j["plan_seconds"]))
 '

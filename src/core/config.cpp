@@ -82,6 +82,7 @@ const std::vector<ConfigKey>& config_keys() {
       {"adam_eps", 1e-8, "AdamW epsilon"},
       {"adam_weight_decay", 0.1, "AdamW decoupled weight decay (matrices only)"},
       {"gradient_clipping_threshold", 1.0, "global-norm clipping; 0 = off"},
+      {"shard_optimizer_over_data", false, "ZeRO-1: shard AdamW moments over the dp x cp replicas"},
       {"init_weights_seed", I(0), "seed of weights and synthetic data"},
       // system
       {"device_memory_budget", I(0), "bytes (or \"8GiB\"); 0 = unlimited"},
@@ -382,6 +383,7 @@ RunConfig config_from_values(const std::map<std::string, ConfigValue>& given) {
   c.adam_eps = D("adam_eps");
   c.adam_weight_decay = D("adam_weight_decay");
   c.gradient_clipping_threshold = D("gradient_clipping_threshold");
+  c.shard_optimizer_over_data = B("shard_optimizer_over_data");
   c.init_weights_seed = I("init_weights_seed");
 
   c.device_memory_budget = I("device_memory_budget");
@@ -580,6 +582,16 @@ void validate_config(RunConfig& c, int64_t world) {
   require(c.adam_weight_decay >= 0, "adam_weight_decay must be >= 0");
   require(c.gradient_clipping_threshold >= 0, "gradient_clipping_threshold must be >= 0 (0 = off)");
   require(c.init_weights_seed >= 0, "init_weights_seed must be >= 0");
+  if (c.shard_optimizer_over_data) {
+    // Each of the dp x cp replicas owns a contiguous piece of at least one element.
+    const int64_t tp_params = m.num_layers * (2 * m.d_model + (m.num_heads + 2 * m.num_kv_heads) * m.head_dim *
+                                                  m.d_model / c.tp + m.d_model * m.num_heads * m.head_dim / c.tp +
+                                              3 * m.mlp_dim * m.d_model / c.tp) +
+                              m.vocab_size * m.d_model * (m.tie_embeddings ? 1 : 2) + m.d_model;
+    require(tp_params >= c.dp * c.cp,
+            "shard_optimizer_over_data needs at least one parameter per replica (dp * cp = " + str(c.dp * c.cp) +
+                ", parameters per tp rank = " + str(tp_params) + ")");
+  }
 
   // ---- run and system
   require(c.checkpoint_period >= 0, "checkpoint_period must be >= 0 (0 = only at the end)");

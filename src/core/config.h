@@ -93,6 +93,10 @@ struct RunConfig {
   double cosine_learning_rate_final_fraction = 0;  // cosine_learning_rate_final_fraction
   double adam_b1 = 0, adam_b2 = 0, adam_eps = 0, adam_weight_decay = 0;
   double gradient_clipping_threshold = 0;  // gradient_clipping_threshold (0 = off)
+  // shard_optimizer_over_data (ZeRO-1): each of the dp x cp replicas keeps the
+  // AdamW moments of one contiguous piece of the parameters; gradients are
+  // reduce-scattered and the updated pieces all-gathered (src/train/trainer.h).
+  bool shard_optimizer_over_data = false;
   int64_t init_weights_seed = 0;      // init_weights_seed (also seeds synthetic data)
 
   // ---- system

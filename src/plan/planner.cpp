@@ -87,6 +87,12 @@ struct Shape {
   SeqLayout layout;
   SaveSet save;
   int64_t params_local;  // fp32 parameters on this device
+  // shard_optimizer_over_data (ZeRO-1) over the dp x cp replicas (src/train
+  // flat_piece): equal blocks of floor(P / replicas), the remainder (tail)
+  // on the last replica, the busiest, which the device stands for.
+  bool zero1;
+  int64_t piece_block, piece_tail;
+  int64_t optimizer_elements;  // moments per device: the largest piece, or every parameter
   int64_t threads;       // kernel threads per device (per-thread attention scratch)
   bool segments;         // packed documents: segment ids travel with K,V
 };
@@ -153,6 +159,11 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.save = save_set(c);
   s.params_local = local_parameters(m, c.tp);
   s.segments = c.packing;
+  const int64_t replicas = s.dp * s.cp;
+  s.zero1 = c.shard_optimizer_over_data && replicas > 1;
+  s.piece_block = s.zero1 ? s.params_local / replicas : s.params_local;
+  s.piece_tail = s.zero1 ? s.params_local % replicas : 0;
+  s.optimizer_elements = s.piece_block + s.piece_tail;
   return s;
 }
 
@@ -399,7 +410,10 @@ void plan_memory(const Shape& s, StrategyPlan& p) {
   const int64_t P = s.params_local, N = s.N, e = s.act, L = s.L;
   add_memory(p, "parameters", "model parameters (fp32)", P * 4);
   add_memory(p, "gradients", "model gradients (fp32)", P * 4);
-  add_memory(p, "optimizer", "AdamW first and second moments (fp32)", 2 * P * 4);
+  add_memory(p, "optimizer",
+             s.zero1 ? "AdamW moments (fp32), ZeRO-1 piece 1/" + str(s.dp * s.cp)
+                     : std::string("AdamW first and second moments (fp32)"),
+             2 * s.optimizer_elements * 4);
 
   // Saved per layer when the policy keeps it, else one buffer every layer reuses.
   auto per_layer = [&](const std::string& name, bool saved, int64_t elems) {
@@ -422,8 +436,14 @@ void plan_memory(const Shape& s, StrategyPlan& p) {
   int64_t rows = std::min(N, std::max<int64_t>(1, (int64_t{64} << 20) / (4 * s.V)));
   add_memory(p, "activations", "loss chunk hidden, d hidden, logits", rows * (2 * s.d + s.V) * e);
 
+  // Transient communication buffers, never alive together: each attention
+  // call's workspace, then (ZeRO-1) the trainer's gradient/parameter piece.
   const Workspace ws = attention_workspace(s);
-  add_memory(p, "communication", "attention workspace (peak of one call): " + ws.what, ws.bytes);
+  const int64_t zero1_staging = s.zero1 ? s.piece_block * 4 : 0;
+  if (zero1_staging > ws.bytes)
+    add_memory(p, "communication", "ZeRO-1 gradient/parameter piece (fp32, after backward)", zero1_staging);
+  else
+    add_memory(p, "communication", "attention workspace (peak of one call): " + ws.what, ws.bytes);
 
   for (const MemoryLine& m : p.memory) p.memory_total += m.bytes;
 }
@@ -591,7 +611,7 @@ std::vector<std::pair<std::string, double>> elementwise_elements(const Shape& s)
           {"swiglu_forward", N * s.Fl * 2 * L},
           {"swiglu_backward", N * s.Fl * L},
           {"cross_entropy", N * s.V},
-          {"optimizer", double(s.params_local)}};
+          {"optimizer", double(s.optimizer_elements)}};
 }
 
 void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w, DType dtype,
@@ -788,12 +808,24 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
   const int64_t tp_calls = s.L * (4 + (s.save.out_proj ? 0 : 1));
   add_collective(p, hw, "all_reduce", "tp", s.tp, 1, "layer outputs and input gradients",
                  s.N * s.d * 4, tp_calls);
-  // Gradients are averaged over every rank holding the same parameters (dp x cp).
-  add_collective(p, hw, "all_reduce", "dp", s.dp * s.cp, s.tp, "gradients (fp32)",
-                 s.params_local * 4, 1);
+  // Gradients are summed over every rank holding the same parameters (dp x cp):
+  // all-reduced, or (ZeRO-1) reduce-scattered in equal blocks, the remainder
+  // all-reduced, and the updated parameter pieces all-gathered the same way.
+  const int64_t replicas = s.dp * s.cp;
+  if (s.zero1) {
+    add_collective(p, hw, "reduce_scatter", "dp", replicas, s.tp, "gradient pieces (fp32)", s.piece_block * 4, 1);
+    add_collective(p, hw, "all_reduce", "dp", replicas, s.tp, "gradient tail (fp32)", s.piece_tail * 4, 1);
+    add_collective(p, hw, "all_gather", "dp", replicas, s.tp, "updated parameter pieces (fp32)",
+                   s.piece_block * 4, 1);
+    add_collective(p, hw, "all_gather", "dp", replicas, s.tp, "updated parameter tail (fp32)", s.piece_tail * 4, 1);
+  } else {
+    add_collective(p, hw, "all_reduce", "dp", replicas, s.tp, "gradients (fp32)", s.params_local * 4, 1);
+  }
   // The trainer's small reductions (src/train/trainer.cpp, optimizer.cpp):
-  // loss and weight sums over the replicas, the squared gradient norm over tp.
-  add_collective(p, hw, "all_reduce", "dp", s.dp * s.cp, s.tp, "loss sums (2 x fp64)", 16, 1);
+  // loss and weight sums over the replicas, the squared gradient norm over
+  // tp (and first over the replicas' pieces with ZeRO-1).
+  add_collective(p, hw, "all_reduce", "dp", replicas, s.tp, "loss sums (2 x fp64)", 16, 1);
+  if (s.zero1) add_collective(p, hw, "all_reduce", "dp", replicas, s.tp, "gradient norm pieces (fp64)", 8, 1);
   add_collective(p, hw, "all_reduce", "tp", s.tp, 1, "gradient norm (fp64)", 8, 1);
   for (const CommLine& line : p.comm) p.comm_bytes_sent += line.bytes_sent;
   plan_time(s, hw, w, dtype_of(c), fwd_calls, p);
@@ -882,36 +914,47 @@ PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, cons
   PlanOptions opts = o;
   opts.devices = devices;
   // Remat policies to try: the configured one, then (only if nothing fits)
-  // the ones that save less.
+  // the ones that save less; at each, the configured optimizer sharding,
+  // then ZeRO-1 (it moves the same bytes, so it comes before more recompute).
   std::vector<std::string> remats{c.remat_policy};
   bool past = false;
   for (const char* r : kRematLadder) {
     if (past) remats.push_back(r);
     past = past || c.remat_policy == r;
   }
+  std::vector<bool> shardings{c.shard_optimizer_over_data};
+  if (!c.shard_optimizer_over_data) shardings.push_back(true);
   for (const std::string& remat : remats)
-    for (int64_t cp : cp_sizes(c, devices)) {
-      std::vector<StrategyPlan> plans = plans_at(c, hw, opts, cp, remat);
-      const StrategyPlan* best = fastest_fitting(plans);
-      if (!best) continue;
-      PlanRecommendation r;
-      r.found = true;
-      r.strategy = best->strategy;
-      r.cp = best->cp;
-      r.ulysses = best->ulysses;
-      r.remat_policy = remat;
-      r.plan = *best;
-      r.reason = reason_for(c, *best, plans);
-      if (cp != cp_sizes(c, devices).front())
-        r.reason = "cp=" + str(cp) + " is the smallest that fits; " + r.reason;
-      if (remat != c.remat_policy)
-        r.reason += "; remat_policy=" + remat + " because nothing fits with " + c.remat_policy;
-      return r;
+    for (bool shard : shardings) {
+      RunConfig k = c;
+      k.shard_optimizer_over_data = shard;
+      for (int64_t cp : cp_sizes(c, devices)) {
+        std::vector<StrategyPlan> plans = plans_at(k, hw, opts, cp, remat);
+        const StrategyPlan* best = fastest_fitting(plans);
+        if (!best) continue;
+        PlanRecommendation r;
+        r.found = true;
+        r.strategy = best->strategy;
+        r.cp = best->cp;
+        r.ulysses = best->ulysses;
+        r.remat_policy = remat;
+        r.shard_optimizer_over_data = shard;
+        r.plan = *best;
+        r.reason = reason_for(k, *best, plans);
+        if (cp != cp_sizes(c, devices).front())
+          r.reason = "cp=" + str(cp) + " is the smallest that fits; " + r.reason;
+        if (remat != c.remat_policy)
+          r.reason += "; remat_policy=" + remat + " because nothing fits with " + c.remat_policy;
+        if (shard != c.shard_optimizer_over_data)
+          r.reason += "; shard_optimizer_over_data=true because nothing fits without it";
+        return r;
+      }
     }
   PlanRecommendation none;
   none.reason = "nothing fits on " + str(devices) + " devices with tp=" + str(c.tp) +
-                " at any cp and remat policy: raise ici_tensor_parallelism, add devices or shorten "
-                "max_target_length";
+                " at any cp and remat policy" +
+                std::string(c.shard_optimizer_over_data ? "" : ", with or without shard_optimizer_over_data") +
+                ": raise ici_tensor_parallelism, add devices or shorten max_target_length";
   return none;
 }
 
@@ -922,9 +965,19 @@ PlanReport make_plan(const RunConfig& c, const HardwareProfile& hw, const PlanOp
   PlanOptions opts = o;
   opts.devices = report.devices;
   report.candidates = plans_at(c, hw, opts, c.cp, c.remat_policy);
-  // Advice for what does not fit: the lightest remat, then the smallest larger cp.
+  // Advice for what does not fit: sharding the optimizer, the lightest remat,
+  // then the smallest larger cp.
   for (StrategyPlan& p : report.candidates) {
     if (!p.valid || p.fits) continue;
+    if (!c.shard_optimizer_over_data) {
+      RunConfig k = with_candidate(c, p.cp, p.strategy, p.ulysses, c.remat_policy);
+      k.shard_optimizer_over_data = true;
+      StrategyPlan q = plan_strategy(k, hw, opts);
+      if (q.valid && q.fits) {
+        p.advice = "fits with shard_optimizer_over_data=true";
+        continue;
+      }
+    }
     for (const char* remat : kRematLadder) {
       StrategyPlan q = plan_strategy(with_candidate(c, p.cp, p.strategy, p.ulysses, remat), hw, opts);
       if (q.valid && q.fits) {
@@ -941,7 +994,10 @@ PlanReport make_plan(const RunConfig& c, const HardwareProfile& hw, const PlanOp
         break;
       }
     }
-    if (p.advice.empty()) p.advice = "does not fit with any remat policy or larger cp";
+    if (p.advice.empty())
+      p.advice = c.shard_optimizer_over_data
+                     ? "does not fit with any remat policy or larger cp"
+                     : "does not fit with shard_optimizer_over_data, any remat policy or larger cp";
   }
   report.recommendation = recommend(c, hw, opts);
   return report;

@@ -80,6 +80,7 @@ struct PlanRecommendation {
   std::string strategy;
   int64_t cp = 1, ulysses = 1;
   std::string remat_policy;
+  bool shard_optimizer_over_data = false;  // ZeRO-1, tried when nothing fits without it
   std::string reason;  // one line, in the users' terms
   StrategyPlan plan;
 };
@@ -127,7 +128,9 @@ int64_t attention_workspace_bytes(const RunConfig& config);
 
 // The recommended configuration: the smallest cp that fits (searched only
 // when ici_data_parallelism is -1, i.e. the mesh is not pinned), the fastest
-// strategy there, the configured remat policy unless nothing fits with it.
+// strategy there, the configured remat policy unless nothing fits with it,
+// without shard_optimizer_over_data (unless configured) unless nothing fits
+// without it.
 PlanRecommendation recommend(const RunConfig& config, const HardwareProfile& hw,
                              const PlanOptions& options = {});
 

@@ -155,6 +155,22 @@ void take_shard(const NamedTensor& nt, const HostTensor& full, float* local) {
     std::memcpy(local + r * lcols, &full.data[(r0 + r) * cols + c0], static_cast<size_t>(lcols) * sizeof(float));
 }
 
+// A flat vector of n elements from every replica's piece of it (collective
+// over mesh->replicas(); pieces as in flat_piece).
+std::vector<float> gather_pieces(std::span<const float> mine, const FlatPiece& piece, size_t n, const Mesh* mesh) {
+  const Communicator& reps = mesh->replicas();
+  std::vector<float> full(n);
+  reps.all_gather(mine.data(), full.data(), piece.block * sizeof(float));
+  if (piece.tail > 0) {
+    std::vector<float> tails(piece.tail * static_cast<size_t>(reps.size()));
+    const float* my_tail = mine.data() + piece.block;  // only the last replica's is real
+    std::vector<float> zeros(piece.tail);
+    reps.all_gather(reps.rank() + 1 == reps.size() ? my_tail : zeros.data(), tails.data(), piece.tail * sizeof(float));
+    std::copy_n(tails.data() + (tails.size() - piece.tail), piece.tail, full.data() + (n - piece.tail));
+  }
+  return full;
+}
+
 std::vector<int64_t> full_shape_of(const NamedTensor& nt) {
   return nt.local.rank == 2 ? std::vector<int64_t>{nt.full_shape[0], nt.full_shape[1]}
                             : std::vector<int64_t>{nt.full_shape[0]};
@@ -215,14 +231,25 @@ std::string hf_config_json(const LlamaConfig& c, int64_t max_position_embeddings
 std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const AdamW& optimizer,
                             const TrainState& state, const RunConfig& config, const Mesh* mesh) {
   // Gather (collective over tp on every rank), then rank 0 writes.
+  // The moments of this tp rank's whole flat vector: the replicas' pieces
+  // gathered first when the optimizer is sharded (ZeRO-1).
   const auto& params = model.parameters();
   const float* flat = model.flat_parameters().data();
+  std::vector<float> full_m, full_v;
+  const float* m_all = optimizer.exp_avg().data();
+  const float* v_all = optimizer.exp_avg_sq().data();
+  if (optimizer.sharded()) {
+    full_m = gather_pieces(optimizer.exp_avg(), optimizer.piece(), model.flat_parameters().size(), mesh);
+    full_v = gather_pieces(optimizer.exp_avg_sq(), optimizer.piece(), model.flat_parameters().size(), mesh);
+    m_all = full_m.data();
+    v_all = full_v.data();
+  }
   std::vector<HostTensor> weights, exp_avg, exp_avg_sq;
   for (const NamedTensor& p : params) {
     const size_t off = static_cast<size_t>(p.local.f32() - flat);
     weights.push_back(gather_full(p, p.local.f32(), mesh));
-    exp_avg.push_back(gather_full(p, optimizer.exp_avg().data() + off, mesh));
-    exp_avg_sq.push_back(gather_full(p, optimizer.exp_avg_sq().data() + off, mesh));
+    exp_avg.push_back(gather_full(p, m_all + off, mesh));
+    exp_avg_sq.push_back(gather_full(p, v_all + off, mesh));
   }
   char name[32];
   std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(state.step));
@@ -348,13 +375,18 @@ TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& op
   state.data_cursor = st.at("data_cursor").get<int64_t>();
   state.init_weights_seed = st.at("init_weights_seed").get<int64_t>();
   // 3. Only now touch the model and optimizer.
+  // The moments: this tp rank's shards, then only this replica's piece of them.
   const float* flat = model.flat_parameters().data();
+  const FlatPiece& piece = optimizer.piece();
+  std::vector<float> full_m(model.flat_parameters().size()), full_v(full_m.size());
   for (const NamedTensor& p : params) {
     const size_t off = static_cast<size_t>(p.local.f32() - flat);
     take_shard(p, weights.at(p.name), p.local.f32());
-    take_shard(p, moments.at(p.name + ".exp_avg"), optimizer.exp_avg().data() + off);
-    take_shard(p, moments.at(p.name + ".exp_avg_sq"), optimizer.exp_avg_sq().data() + off);
+    take_shard(p, moments.at(p.name + ".exp_avg"), full_m.data() + off);
+    take_shard(p, moments.at(p.name + ".exp_avg_sq"), full_v.data() + off);
   }
+  std::copy_n(full_m.data() + piece.begin, piece.size, optimizer.exp_avg().data());
+  std::copy_n(full_v.data() + piece.begin, piece.size, optimizer.exp_avg_sq().data());
   optimizer.set_step(st.at("optimizer_step").get<int64_t>());
   return state;
 }

@@ -35,7 +35,9 @@ struct TrainState {
   int64_t init_weights_seed = 0;  // the only RNG state: init and synthetic data are pure functions of it
 };
 
-// Collective over the world (every rank calls it); world rank 0 writes.
+// Collective over the world (every rank calls it); world rank 0 writes. A
+// sharded optimizer's (ZeRO-1) moment pieces are gathered over the replicas
+// first: the files never depend on the mesh or on sharding.
 // Returns the checkpoint directory.
 std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const AdamW& optimizer,
                             const TrainState& state, const RunConfig& config, const Mesh* mesh);
@@ -47,7 +49,8 @@ std::string latest_checkpoint(const std::string& checkpoint_dir);
 // save_checkpoint calls it with max_num_checkpoints_to_keep after each save.
 void prune_checkpoints(const std::string& checkpoint_dir, int64_t keep);
 
-// Verifies and loads (every rank reads the files and keeps its shard).
+// Verifies and loads (every rank reads the files and keeps its shard, and of
+// the moments only its optimizer's piece).
 // DataError when a file is missing, a checksum or size differs, or the
 // tensors do not match the model's names and shapes.
 TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& optimizer);

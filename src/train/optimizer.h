@@ -24,26 +24,59 @@ double learning_rate_at(const RunConfig& config, int64_t step);
 // already reduced gradients). mesh == nullptr: one rank.
 double global_gradient_norm(const std::vector<NamedTensor>& gradients, const Mesh* mesh);
 
+// The piece of the flat parameter vector (LlamaModel::flat_parameters) that
+// replica `rank` of `replicas` owns under shard_optimizer_over_data (ZeRO-1):
+// pieces of floor(n / replicas) elements in replica order, the last one also
+// takes the n % replicas remainder ("tail"), so every piece is contiguous
+// and the first replicas x floor(n / replicas) elements reduce-scatter in
+// equal blocks.
+struct FlatPiece {
+  size_t begin = 0, size = 0;
+  size_t block = 0;  // floor(n / replicas): the equal block of the reduce-scatter and all-gather
+  size_t tail = 0;   // n % replicas: reduced and gathered separately, owned by the last replica
+};
+FlatPiece flat_piece(size_t n, int replicas, int rank);
+
 class AdamW {
  public:
-  // Moments m, v (fp32, tracked as optimizer memory), zero, one per local parameter element.
-  AdamW(const LlamaModel& model, const RunConfig& config);
+  // Moments m, v (fp32, tracked as optimizer memory), zero, one per element
+  // of this rank's piece: all local parameters, or with
+  // shard_optimizer_over_data and a mesh with more than one replica, the
+  // piece flat_piece(n, replicas().size(), replicas().rank()).
+  AdamW(const LlamaModel& model, const RunConfig& config, const Mesh* mesh = nullptr);
 
-  // One update with this learning rate; increments step(). Weight decay is
+  // One update of this rank's piece with this learning rate, from the
+  // gradients at the same flat offsets; increments step(). Weight decay is
   // applied to matrices only (rank-2 parameters), not to norm weights.
   void update(LlamaModel& model, double lr);
 
+  // Sum of squared gradients over this rank's piece, each parameter counted
+  // as global_gradient_norm counts it (replicated tensors on tp rank 0 only).
+  double piece_gradient_sum_sq(const LlamaModel& model, int tp_rank) const;
+  // Multiplies the gradients of this rank's piece by `scale`.
+  void scale_piece_gradients(LlamaModel& model, float scale) const;
+
   int64_t step() const { return step_; }  // updates done
   void set_step(int64_t step) { step_ = step; }
-  // Flat moments, same layout as LlamaModel::flat_parameters().
-  std::span<float> exp_avg() const { return {m_.as<float>(), count_}; }
-  std::span<float> exp_avg_sq() const { return {v_.as<float>(), count_}; }
+  bool sharded() const { return sharded_; }
+  const FlatPiece& piece() const { return piece_; }
+  // Flat moments of this rank's piece: element i belongs to
+  // flat_parameters()[piece().begin + i].
+  std::span<float> exp_avg() const { return {m_.as<float>(), piece_.size}; }
+  std::span<float> exp_avg_sq() const { return {v_.as<float>(), piece_.size}; }
 
  private:
+  // Where a parameter tensor overlaps the piece.
+  struct Segment {
+    size_t begin, size;  // in the piece
+    size_t param;        // index into LlamaModel::parameters()
+  };
   double b1_, b2_, eps_, weight_decay_;
   int64_t step_ = 0;
-  size_t count_;
-  Buffer m_, v_;  // [count_] each
+  bool sharded_ = false;
+  FlatPiece piece_;
+  std::vector<Segment> segments_;
+  Buffer m_, v_;  // [piece_.size] each
 };
 
 }  // namespace longctx

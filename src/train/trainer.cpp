@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -54,7 +55,7 @@ Trainer::Trainer(const RunConfig& config, const Mesh* mesh) : config_(config), m
   mask_ = mask_from_config(c);
   model_ = std::make_unique<LlamaModel>(c.model, model_options_from_config(c, mesh_),
                                         static_cast<uint64_t>(c.init_weights_seed));
-  optimizer_ = std::make_unique<AdamW>(*model_, c);
+  optimizer_ = std::make_unique<AdamW>(*model_, c, mesh_);
   state_.init_weights_seed = c.init_weights_seed;
 
   // MFU denominator: the given peak, or this rank's fp32 GEMM rate now
@@ -99,19 +100,53 @@ StepMetrics Trainer::train_step() {
   LossStats local = model_->forward_backward(batch.view(), 1.0f / static_cast<float>(batch.global_target_tokens));
   std::span<float> grads = model_->flat_gradients();
   double loss_sums[2] = {local.loss_sum, local.weight_sum};
-  if (mesh_ && mesh_->replicas().size() > 1) {
+  const bool replicated = mesh_ && mesh_->replicas().size() > 1;
+  const FlatPiece& piece = optimizer_->piece();
+  // ZeRO-1: each replica receives its piece of the summed gradient (the
+  // equal blocks by reduce-scatter, the last piece's tail by all-reduce) into
+  // `staging`, copied back to the piece's place in the flat gradients; the
+  // same buffer later sends the updated parameter piece.
+  Buffer staging;
+  if (optimizer_->sharded()) {
+    const Communicator& reps = mesh_->replicas();
+    staging = Buffer(MemCategory::communication, "zero1 gradient/parameter piece", piece.block * sizeof(float));
+    reps.reduce_scatter_sum(grads.data(), staging.as<float>(), piece.block);
+    std::copy_n(staging.as<float>(), piece.block, grads.data() + piece.begin);
+    if (piece.tail > 0) reps.all_reduce_sum(grads.data() + grads.size() - piece.tail, piece.tail);
+    reps.all_reduce_sum(loss_sums, 2);
+  } else if (replicated) {
     mesh_->replicas().all_reduce_sum(grads.data(), grads.size());
     mesh_->replicas().all_reduce_sum(loss_sums, 2);
   }
 
   StepMetrics m;
-  m.grad_norm = global_gradient_norm(model_->gradients(), mesh_);
+  if (optimizer_->sharded()) {
+    double sum_sq = optimizer_->piece_gradient_sum_sq(*model_, mesh_->tp_rank());
+    mesh_->replicas().all_reduce_sum(&sum_sq, 1);
+    if (mesh_->shape().tp > 1) mesh_->tp().all_reduce_sum(&sum_sq, 1);
+    m.grad_norm = std::sqrt(sum_sq);
+  } else {
+    m.grad_norm = global_gradient_norm(model_->gradients(), mesh_);
+  }
   if (c.gradient_clipping_threshold > 0 && m.grad_norm > c.gradient_clipping_threshold) {
     const float scale = static_cast<float>(c.gradient_clipping_threshold / m.grad_norm);
-    for (float& g : grads) g *= scale;
+    optimizer_->scale_piece_gradients(*model_, scale);
   }
   m.learning_rate = learning_rate_at(c, state_.step);
   optimizer_->update(*model_, m.learning_rate);
+  if (optimizer_->sharded()) {
+    // Every replica gets the full updated parameters back.
+    const Communicator& reps = mesh_->replicas();
+    std::span<float> params = model_->flat_parameters();
+    std::copy_n(params.data() + piece.begin, piece.block, staging.as<float>());
+    reps.all_gather(staging.as<float>(), params.data(), piece.block * sizeof(float));
+    if (piece.tail > 0) {
+      std::vector<float> tails(piece.tail * static_cast<size_t>(reps.size()));
+      float* mine = params.data() + params.size() - piece.tail;
+      reps.all_gather(mine, tails.data(), piece.tail * sizeof(float));
+      std::copy_n(tails.data() + (tails.size() - piece.tail), piece.tail, mine);  // the last replica's
+    }
+  }
   state_.step += 1;
   state_.data_cursor += c.per_device_batch_size * dp;
 

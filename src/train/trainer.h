@@ -9,7 +9,11 @@
 //
 // Gradients: each rank's forward_backward is scaled by 1 / (target tokens of
 // the GLOBAL batch), then summed over mesh.replicas(): the mean loss's
-// gradient, whatever the dp and cp sizes. Same config + seed + mesh gives
+// gradient, whatever the dp and cp sizes. With shard_optimizer_over_data
+// (ZeRO-1) the sum is a reduce-scatter: each replica gets only its piece
+// (AdamW::piece()), computes the global norm from the pieces (all-reduced
+// over the replicas, then over tp), clips and updates that piece with its
+// share of the moments, and all-gathers the updated pieces. Same config + seed + mesh gives
 // bit-identical losses (no atomics, fixed reduction order).
 #include <cstdint>
 #include <cstdio>
@@ -54,6 +58,7 @@ class Trainer {
   int64_t data_cursor() const { return state_.data_cursor; }
   LlamaModel& model() { return *model_; }
   const RunConfig& config() const { return config_; }
+  const AdamW& optimizer() const { return *optimizer_; }
   double peak_tflops_per_device() const { return peak_tflops_; }
 
  private:

@@ -5,7 +5,10 @@
 //   several sequence lengths, batch sizes and remat policies;
 // - the trainer's reductions: predicted all-reduce bytes over the replicas
 //   (gradients, loss sums) and over tp (layer outputs, input gradients,
-//   gradient norm) equal the communicators' counters exactly.
+//   gradient norm) equal the communicators' counters exactly;
+// - with shard_optimizer_over_data (ZeRO-1): the same, plus the replicas'
+//   reduce-scatter and all-gather bytes exactly, and the optimizer memory
+//   exactly on the last replica (the busiest: it owns the tail).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -28,6 +31,8 @@ struct Case {
   int64_t seq, batch;
   std::string remat;
   bool packing;
+  bool shard = false;
+  int64_t d_model = 32;
 };
 
 std::string describe(const Case& k) {
@@ -36,12 +41,14 @@ std::string describe(const Case& k) {
                 k.strategy.c_str(), (long long)k.dp, (long long)k.cp, (long long)k.ulysses,
                 (long long)k.tp, (long long)k.seq, (long long)k.batch, k.remat.c_str(),
                 k.packing ? " packed" : "");
-  return buf;
+  std::string out = buf;
+  if (k.shard) out += " ZeRO-1 d=" + std::to_string(k.d_model);
+  return out;
 }
 
 RunConfig config_for(const Case& k) {
   std::map<std::string, ConfigValue> v = {
-      {"base_emb_dim", int64_t(32)},       {"base_num_query_heads", int64_t(4)},
+      {"base_emb_dim", k.d_model},         {"base_num_query_heads", int64_t(4)},
       {"base_num_kv_heads", int64_t(2)},   {"head_dim", int64_t(16)},
       {"base_mlp_dim", int64_t(64)},       {"base_num_decoder_layers", int64_t(2)},
       {"dataset_type", std::string("synthetic")}, {"packing", k.packing},
@@ -51,7 +58,8 @@ RunConfig config_for(const Case& k) {
       {"context_parallel_strategy", k.strategy}, {"context_parallel_load_balance", true},
       {"remat_policy", k.remat},           {"steps", int64_t(kSteps)},
       {"peak_tflops_per_device", 1.0},     {"enable_checkpointing", false},
-      {"metrics_file", std::string("/dev/null")}, {"num_threads", int64_t(1)}};
+      {"metrics_file", std::string("/dev/null")}, {"num_threads", int64_t(1)},
+      {"shard_optimizer_over_data", k.shard}};
   return config_from_values(v);
 }
 
@@ -93,13 +101,29 @@ std::vector<Case> cases(int world) {
   if (world == 8) out.push_back({"ulysses", 2, 2, 1, 2, 512, 1, "none", false});
   if (world == 8) out.push_back({"usp", 1, 4, 2, 2, 1024, 1, "save_context", true});
   if (world == 4) out.push_back({"all_gather", 2, 2, 1, 1, 512, 1, "full", false});
+  // ZeRO-1: pure cp, dp x cp, with tp; d_model 33 leaves a tail on the last
+  // replica (odd parameter counts), 32 none.
+  out.push_back({"all_gather", 1, world, 1, 1, 256, 1, "full", false, true, 33});
+  if (world >= 2) out.push_back({"ring", 1, world, 1, 1, 512, 1, "none", false, true, 32});
+  if (world == 4) out.push_back({"ring", 2, 1, 1, 2, 512, 1, "full", false, true, 33});
+  if (world == 8) out.push_back({"usp", 2, 2, 2, 2, 512, 1, "minimal", true, true, 33});
+  if (world == 8) out.push_back({"ulysses", 2, 4, 1, 1, 256, 1, "save_context", false, true, 33});
   return out;
 }
 
-int64_t predicted_all_reduce(const StrategyPlan& p, const std::string& axis) {
+int64_t predicted_bytes(const StrategyPlan& p, const std::string& op, const std::string& axis) {
   int64_t bytes = 0;
   for (const CommLine& l : p.comm)
-    if (l.op == "all_reduce" && l.axis == axis) bytes += l.bytes_sent;
+    if (l.op == op && l.axis == axis) bytes += l.bytes_sent;
+  return bytes;
+}
+
+int64_t predicted_all_reduce(const StrategyPlan& p, const std::string& axis) { return predicted_bytes(p, "all_reduce", axis); }
+
+int64_t predicted_memory(const StrategyPlan& p, const std::string& category) {
+  int64_t bytes = 0;
+  for (const MemoryLine& m : p.memory)
+    if (m.category == category) bytes += m.bytes;
   return bytes;
 }
 
@@ -120,12 +144,18 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
     Mesh mesh(mesh_shape_from_config(c));
     const size_t before = MemoryTracker::global().current_total();
     MemoryTracker::global().reset_peaks();
-    int64_t replicas = 0, tp = 0;
+    int64_t replicas = 0, tp = 0, rs = 0, ag = 0;
+    int64_t optimizer_bytes = 0;
+    bool last_replica = false;
     {
       Trainer trainer(c, &mesh);
+      optimizer_bytes = int64_t(MemoryTracker::global().current(MemCategory::optimizer));
+      last_replica = mesh.replicas().rank() + 1 == mesh.replicas().size();
       mesh.reset_counters();
       for (int s = 0; s < kSteps; ++s) trainer.train_step();
       replicas = mesh.replicas().counters()[CommOp::all_reduce].bytes_sent;
+      rs = mesh.replicas().counters()[CommOp::reduce_scatter].bytes_sent;
+      ag = mesh.replicas().counters()[CommOp::all_gather].bytes_sent;
       tp = mesh.tp().counters()[CommOp::all_reduce].bytes_sent;
     }
     const double measured = double(MemoryTracker::global().peak_total() - before);
@@ -138,7 +168,53 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
                                     << " bytes, predicted " << predicted;
     EXPECT_EQ(replicas, kSteps * predicted_all_reduce(plan, "dp")) << what << " rank " << rank;
     EXPECT_EQ(tp, kSteps * predicted_all_reduce(plan, "tp")) << what << " rank " << rank;
+    EXPECT_EQ(rs, kSteps * predicted_bytes(plan, "reduce_scatter", "dp")) << what << " rank " << rank;
+    EXPECT_EQ(ag, kSteps * predicted_bytes(plan, "all_gather", "dp")) << what << " rank " << rank;
+    if (k.shard && k.dp * k.cp > 1) {
+      EXPECT_GT(rs, 0) << what;
+    }
+    // Moments: exact on the busiest replica (the tail's owner), less by the tail elsewhere.
+    if (last_replica || !k.shard)
+      EXPECT_EQ(optimizer_bytes, predicted_memory(plan, "optimizer")) << what << " rank " << rank;
+    else
+      EXPECT_LE(optimizer_bytes, predicted_memory(plan, "optimizer")) << what << " rank " << rank;
     ++ran;
   }
   EXPECT_GT(ran, 0);
+}
+
+TEST(PlanMemory, ZeroOneShrinksTheMomentsAndIsRecommendedOnlyWhenNeeded) {
+  // A pure planner check (no ranks needed): 8 devices, cp = 8, tp = 1.
+  Case k{"ring", 1, 8, 1, 1, 512, 1, "full", false, false, 33};
+  RunConfig c = config_for(k);
+  PlanOptions o;
+  o.devices = 8;
+  HardwareProfile hw = any_profile();
+  const StrategyPlan plain = plan_strategy(c, hw, o);
+  c.shard_optimizer_over_data = true;
+  const StrategyPlan zero = plan_strategy(c, hw, o);
+  const int64_t n = predicted_memory(plain, "parameters") / 4;
+  ASSERT_EQ(n % 8, 3);  // a tail on the last replica
+  EXPECT_EQ(predicted_memory(plain, "optimizer"), 8 * n);
+  EXPECT_EQ(predicted_memory(zero, "optimizer"), 8 * (n / 8 + n % 8));
+  EXPECT_EQ(predicted_bytes(zero, "reduce_scatter", "dp"), 4 * (n / 8) * 7);
+  EXPECT_EQ(predicted_bytes(zero, "all_gather", "dp"), 4 * (n / 8) * 7 + 4 * (n % 8) * 7);
+  EXPECT_EQ(predicted_bytes(plain, "reduce_scatter", "dp"), 0);
+  EXPECT_LT(zero.memory_total, plain.memory_total);
+
+  // A device between the two: only ZeRO-1 fits, and the planner says so.
+  c.shard_optimizer_over_data = false;
+  hw.memory_bytes = (zero.memory_total + plain.memory_total) / 2;
+  PlanRecommendation r = recommend(c, hw, o);
+  ASSERT_TRUE(r.found) << r.reason;
+  EXPECT_TRUE(r.shard_optimizer_over_data);
+  EXPECT_NE(r.reason.find("shard_optimizer_over_data=true"), std::string::npos) << r.reason;
+  PlanReport report = make_plan(c, hw, o);
+  bool advised = false;
+  for (const StrategyPlan& p : report.candidates)
+    advised = advised || p.advice == "fits with shard_optimizer_over_data=true";
+  EXPECT_TRUE(advised);
+  // Room for everything: not recommended.
+  hw.memory_bytes = plain.memory_total * 2;
+  EXPECT_FALSE(recommend(c, hw, o).shard_optimizer_over_data);
 }

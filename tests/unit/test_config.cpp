@@ -162,6 +162,20 @@ TEST(Config, ValidationRulesNameTheRule) {
             S::npos);
   EXPECT_NE(rule({{"steps", I(0)}}, 1).find("steps must be >= 1"), S::npos);
   EXPECT_NE(rule({{"head_dim", I(7)}}, 1).find("even"), S::npos);
+  // ZeRO-1: any mesh, as long as every replica owns at least one parameter (16 here).
+  EXPECT_EQ(rule({{"shard_optimizer_over_data", true}, {"ici_data_parallelism", I(2)},
+                  {"ici_context_parallelism", I(2)}, {"ici_tensor_parallelism", I(2)}}, 8), "");
+  const std::map<std::string, ConfigValue> speck = {
+      {"shard_optimizer_over_data", true}, {"vocab_size", I(1)},       {"base_emb_dim", I(1)},
+      {"base_num_query_heads", I(1)},      {"base_num_kv_heads", I(1)}, {"head_dim", I(2)},
+      {"base_mlp_dim", I(1)},              {"base_num_decoder_layers", I(1)}};
+  auto with_dp = [&](int64_t dp) {
+    auto v = speck;
+    v["ici_data_parallelism"] = dp;
+    return v;
+  };
+  EXPECT_EQ(rule(with_dp(16), 16), "");
+  EXPECT_NE(rule(with_dp(32), 32).find("shard_optimizer_over_data needs at least one parameter per replica"), S::npos);
   // dp = -1 fills the world.
   RunConfig c = config_from_values({{"dataset_type", S("synthetic")}, {"ici_data_parallelism", I(-1)},
                                     {"ici_context_parallelism", I(2)}});

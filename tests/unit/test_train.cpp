@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/memory.h"
 #include "train/trainer.h"
 #include "temp_dir.h"
 
@@ -66,6 +67,34 @@ TEST(Train, AdamWDecaysMatricesOnly) {
     for (int64_t j = 0; j < p.local.numel(); j += 7)
       EXPECT_NEAR(p.local.f32()[j], before[i][j] * factor, 1e-7) << p.name;
   }
+}
+
+TEST(Train, FlatPiecesAreContiguousNearEqualAndCoverEveryElement) {
+  for (size_t n : {size_t(8), size_t(41312), size_t(42603), size_t(7)})
+    for (int R : {1, 2, 3, 4, 7, 8}) {
+      if (n < size_t(R)) continue;
+      size_t next = 0;
+      for (int r = 0; r < R; ++r) {
+        const FlatPiece p = flat_piece(n, R, r);
+        EXPECT_EQ(p.begin, next) << n << " / " << R << " piece " << r;
+        EXPECT_EQ(p.block, n / R);
+        EXPECT_EQ(p.size, n / R + (r == R - 1 ? n % R : 0));
+        next = p.begin + p.size;
+      }
+      EXPECT_EQ(next, n) << n << " / " << R;
+    }
+}
+
+TEST(Train, WithoutAMeshTheOptimizerIsNeverSharded) {
+  TempDir t;
+  RunConfig c = tiny(t.path, {{"shard_optimizer_over_data", true}});
+  LlamaModel m(c.model, ModelOptions{}, 0);
+  const size_t before = MemoryTracker::global().current(MemCategory::optimizer);
+  AdamW opt(m, c, nullptr);
+  EXPECT_FALSE(opt.sharded());
+  EXPECT_EQ(opt.piece().begin, 0u);
+  EXPECT_EQ(opt.piece().size, m.flat_parameters().size());
+  EXPECT_EQ(MemoryTracker::global().current(MemCategory::optimizer) - before, 8 * m.flat_parameters().size());
 }
 
 TEST(Train, SameConfigSameLossesAndTheLossFalls) {
