@@ -14,7 +14,8 @@
 //   ring()      same (dp, ulysses, tp), varying ring_rank         size ring
 //   tp()        same (dp, cp), varying tp_rank                    size tp
 //   replicas()  same tp_rank: every rank holding the same parameter
-//               shard (dp x cp); gradients are all-reduced here    size dp*cp
+//               shard (dp x cp); gradients are all-reduced here     size dp*cp
+//               (reduce-scattered with shard_optimizer_over_data)
 //
 // Strategies all_gather, ulysses and ring use cp() as one group; usp uses
 // ulysses() for its all-to-all and ring() for its ring.
