@@ -65,6 +65,15 @@ RunResult train(const RunConfig& c, const Mesh* mesh) {
   return r;
 }
 
+// One directory name for all ranks of the job: rank 0's pid names it.
+std::filesystem::path shared_temp_dir(const std::string& prefix) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  long long id = rank == 0 ? static_cast<long long>(::getpid()) : 0;
+  MPI_Bcast(&id, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  return std::filesystem::temp_directory_path() / (prefix + std::to_string(id));
+}
+
 double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
 
 using ValuesFor = std::function<std::map<std::string, ConfigValue>(int64_t dp, int64_t cp, int64_t tp,
@@ -125,10 +134,7 @@ TEST(TrainParallel, CheckpointFromAShardedMeshResumesOnOneRank) {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  // One directory for all ranks: rank 0's pid names it.
-  long long id = rank == 0 ? static_cast<long long>(::getpid()) : 0;
-  MPI_Bcast(&id, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("longctx_reshard_" + std::to_string(id));
+  const std::filesystem::path dir = shared_temp_dir("longctx_reshard_");
 
   RunConfig single = config_from_values(tiny_values(1, 1, 1, "all_gather", 1));
   validate_config(single, 1);
@@ -212,9 +218,7 @@ TEST(TrainParallel, ShardedCheckpointResumesOnTheSameMeshAnotherMeshAndUnsharded
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  long long id = rank == 0 ? static_cast<long long>(::getpid()) : 0;
-  MPI_Bcast(&id, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("longctx_zero1_" + std::to_string(id));
+  const std::filesystem::path dir = shared_temp_dir("longctx_zero1_");
   constexpr int kHalf = 5;
   auto with_dir = [&](std::map<std::string, ConfigValue> v) {
     v["checkpoint_dir"] = dir.string();
