@@ -120,14 +120,11 @@ StepMetrics Trainer::train_step() {
   }
 
   StepMetrics m;
-  if (optimizer_->sharded()) {
-    double sum_sq = optimizer_->piece_gradient_sum_sq(*model_, mesh_->tp_rank());
-    mesh_->replicas().all_reduce_sum(&sum_sq, 1);
-    if (mesh_->shape().tp > 1) mesh_->tp().all_reduce_sum(&sum_sq, 1);
-    m.grad_norm = std::sqrt(sum_sq);
-  } else {
-    m.grad_norm = global_gradient_norm(model_->gradients(), mesh_);
-  }
+  // The global norm from this rank's piece (the whole vector when not sharded).
+  double sum_sq = optimizer_->piece_gradient_sum_sq(*model_, mesh_ ? mesh_->tp_rank() : 0);
+  if (optimizer_->sharded()) mesh_->replicas().all_reduce_sum(&sum_sq, 1);
+  if (mesh_ && mesh_->shape().tp > 1) mesh_->tp().all_reduce_sum(&sum_sq, 1);
+  m.grad_norm = std::sqrt(sum_sq);
   if (c.gradient_clipping_threshold > 0 && m.grad_norm > c.gradient_clipping_threshold) {
     const float scale = static_cast<float>(c.gradient_clipping_threshold / m.grad_norm);
     optimizer_->scale_piece_gradients(*model_, scale);
