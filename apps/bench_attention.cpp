@@ -82,7 +82,7 @@ Flags parse_flags(const Args& args) {
                       ") must be a multiple of --kv-heads (" + std::to_string(f.kv_heads) + ")");
   if (f.clock != "wall" && f.clock != "cpu")
     throw ConfigError("bench attention: --clock must be wall or cpu, got '" + f.clock + "'");
-  if (parse_dtype(f.dtype) != DType::f32)
+  if (parse_enum<DType>(f.dtype) != DType::f32)
     throw ConfigError("bench attention: --dtype " + f.dtype + " is not supported yet: use fp32");
   return f;
 }

@@ -163,13 +163,13 @@ int run_bench_cp(const Args& args) {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  CpStrategy strategy = parse_cp_strategy(f.strategy);
+  CpStrategy strategy = parse_enum<CpStrategy>(f.strategy);
   int ulysses = 1;
   if (strategy == CpStrategy::usp) ulysses = f.ulysses ? f.ulysses : (world % 2 == 0 ? 2 : 1);
   else if (f.ulysses) throw ConfigError("bench cp: --ulysses applies to --strategy usp only");
   omp_set_num_threads(f.threads);
   Mesh mesh(1, world, ulysses, 1);
-  CpLayout layout(parse_layout_kind(f.layout), f.seq, world, ulysses);
+  CpLayout layout(parse_enum<LayoutKind>(f.layout), f.seq, world, ulysses);
   const MaskSpec mask = MaskSpec::parse(f.mask);
 
   // Global positions and segments: documents of doc_len tokens with positions
@@ -233,7 +233,7 @@ int run_bench_cp(const Args& args) {
   const double single_step = single.forward + single.backward;
   const double efficiency = f.single ? single_step / (world * step_max) : 0.0;
   const double cpu_efficiency = f.single && cpu_max > 0 ? single.cpu / (world * cpu_max) : 0.0;
-  std::string name = cp_strategy_name(strategy);
+  std::string name = name_of(strategy);
   if (strategy == CpStrategy::usp) name += "(" + std::to_string(ulysses) + "x" + std::to_string(world / ulysses) + ")";
   nlohmann::json out = {
       {"strategy", name}, {"ranks", world}, {"layout", f.layout}, {"mask", f.mask},

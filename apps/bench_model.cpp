@@ -135,7 +135,7 @@ int run_bench_model(const Args& args) {
   const LlamaConfig& c = f.model;
   const MaskSpec mask = MaskSpec::parse(f.mask);
   ModelOptions opt;
-  opt.remat = parse_remat_policy(f.remat);
+  opt.remat = parse_enum<RematPolicy>(f.remat);
   opt.mask = mask;
 
   // The GEMM rate is measured before and after the steps and the higher one

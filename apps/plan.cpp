@@ -114,7 +114,7 @@ AttentionNumbers measure_attention(double gemm_flops, int64_t S, int64_t D, int 
     std::vector<float> q(n * H * D), k(n * G * D), v(n * G * D), o(n * H * D), dout(n * H * D), dq(q), dk(k),
         dv(k), lse(n * H), delta(n * H);
     fill_normal(q, 1.0f, 1), fill_normal(k, 1.0f, 2), fill_normal(v, 1.0f, 3), fill_normal(dout, 1.0f, 4);
-    const int64_t block = attention_blocking(D).kv_block, stride = std::max<int64_t>(1, n / block);
+    const int64_t block = kAttentionTile, stride = std::max<int64_t>(1, n / block);
     std::vector<int64_t> q_pos(n), kv_pos(n);
     for (int64_t i = 0; i < n; ++i) q_pos[i] = i, kv_pos[i] = strided ? (i % block) * stride + i / block : i;
     AttentionArgs a;
@@ -377,7 +377,7 @@ HardwareProfile measure_cpu_local_profile(bool quick) {
   h.attention_efficiency = attention[128];
   h.attention_efficiency_per_head_dim = attention;
   h.attention_forward_efficiency_per_head_dim = attention_fwd;
-  h.attention_block = attention_blocking(64).q_block;  // square tiles, the same for every head dim today
+  h.attention_block = kAttentionTile;  // square tiles, the same for every head dim today
   h.attention_partial_tile_cost = partial;
   h.threads_per_device = threads;
   h.memory_bytes = physical_memory_bytes() / P;
@@ -403,7 +403,7 @@ HardwareProfile measure_cpu_local_profile(bool quick) {
                                    ", H=4 G=2 D=128, random data), 14 D FLOPs per pair, over the GEMM rate" + how},
       {"attention_efficiency_per_head_dim", "measured as attention_efficiency, at D = 16, 32, 64, 128"},
       {"attention_forward_efficiency_per_head_dim", "measured: the forward alone (4 D FLOPs per pair), same runs"},
-      {"attention_block", "the attention kernel's tile (attention_blocking in src/kernels/attention.h)"},
+      {"attention_block", "the attention kernel's tile (kAttentionTile in src/kernels/attention.h)"},
       {"attention_partial_tile_cost",
        "measured per mask kind: fwd+bwd time per tile with kv positions strided over the sequence (every tile "
        "partial, about half masked) over that of full tiles"},
@@ -480,8 +480,8 @@ std::string seconds(double s) {
 }
 
 json to_json(const StrategyPlan& p) {
-  json j = {{"strategy", p.strategy}, {"dp", p.dp}, {"cp", p.cp}, {"ulysses", p.ulysses},
-            {"ring", p.ring}, {"tp", p.tp}, {"remat_policy", p.remat_policy}, {"valid", p.valid}};
+  json j = {{"strategy", name_of(p.strategy)}, {"dp", p.dp}, {"cp", p.cp}, {"ulysses", p.ulysses},
+            {"ring", p.ring}, {"tp", p.tp}, {"remat_policy", name_of(p.remat_policy)}, {"valid", p.valid}};
   if (!p.valid) {
     j["invalid_reason"] = p.invalid_reason;
     return j;
@@ -508,9 +508,9 @@ json to_json(const StrategyPlan& p) {
   return j;
 }
 
-std::string name_of(const StrategyPlan& p) {
-  return p.strategy == "usp" ? "usp " + std::to_string(p.ulysses) + "x" + std::to_string(p.ring)
-                             : p.strategy;
+std::string plan_label(const StrategyPlan& p) {
+  return p.strategy == CpStrategy::usp ? "usp " + std::to_string(p.ulysses) + "x" + std::to_string(p.ring)
+                                       : name_of(p.strategy);
 }
 
 void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
@@ -520,8 +520,7 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
   std::printf("plan: %s, S=%lld x batch %lld, %s mask, %s layout, dtype %s, remat %s%s\n",
               c.model_name.empty() ? "model" : c.model_name.c_str(),
               (long long)c.max_target_length, (long long)c.per_device_batch_size,
-              c.attention_type.c_str(), c.cp_load_balance ? "zigzag" : "contiguous",
-              c.dtype.c_str(), c.remat_policy.c_str(),
+              name_of(c.attention_type), name_of(c.layout()), name_of(c.dtype), name_of(c.remat_policy),
               c.shard_optimizer_over_data ? ", optimizer sharded over dp x cp (ZeRO-1)" : "");
   if (any)
     std::printf("      %lld x %s (%s each): dp %lld x cp %lld x tp %lld\n\n", (long long)r.devices,
@@ -531,10 +530,10 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
               "comm sent", "compute", "comm", "hidden", "step", "imbal.", "tok/s/dev", "MFU");
   for (const StrategyPlan& p : r.candidates) {
     if (!p.valid) {
-      std::printf("%-12s invalid: %s\n", name_of(p).c_str(), p.invalid_reason.c_str());
+      std::printf("%-12s invalid: %s\n", plan_label(p).c_str(), p.invalid_reason.c_str());
       continue;
     }
-    std::printf("%-12s %10s %6s %12s %10s %10s %10s %10s %8.3f %12.1f %5.1f%%\n", name_of(p).c_str(),
+    std::printf("%-12s %10s %6s %12s %10s %10s %10s %10s %8.3f %12.1f %5.1f%%\n", plan_label(p).c_str(),
                 human_bytes(double(p.memory_total)).c_str(), p.fits ? "yes" : "NO",
                 human_bytes(double(p.comm_bytes_sent)).c_str(), seconds(p.compute_seconds).c_str(),
                 seconds(p.comm_seconds).c_str(), seconds(p.hidden_comm_seconds).c_str(),
@@ -542,7 +541,7 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
   }
   for (const StrategyPlan& p : r.candidates) {
     if (!p.valid) continue;
-    std::printf("\n-- %s: memory per device %s of %s%s\n", name_of(p).c_str(),
+    std::printf("\n-- %s: memory per device %s of %s%s\n", plan_label(p).c_str(),
                 human_bytes(double(p.memory_total)).c_str(), human_bytes(double(p.device_memory)).c_str(),
                 p.fits ? "" : (" -- does NOT fit; " + p.advice).c_str());
     for (const MemoryLine& m : p.memory)
@@ -561,11 +560,11 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
   std::printf("\nrecommendation: ");
   if (rec.found)
     std::printf("context_parallel_strategy=%s ici_context_parallelism=%lld%s remat_policy=%s%s\n  why: %s\n",
-                rec.strategy.c_str(), (long long)rec.cp,
-                rec.strategy == "usp"
+                name_of(rec.strategy), (long long)rec.cp,
+                rec.strategy == CpStrategy::usp
                     ? (" ici_context_usp_ulysses_parallelism=" + std::to_string(rec.ulysses)).c_str()
                     : "",
-                rec.remat_policy.c_str(), rec.shard_optimizer_over_data ? " shard_optimizer_over_data=true" : "",
+                name_of(rec.remat_policy), rec.shard_optimizer_over_data ? " shard_optimizer_over_data=true" : "",
                 rec.reason.c_str());
   else
     std::printf("none: %s\n", rec.reason.c_str());
@@ -611,11 +610,11 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
   const double err = (plan.step_seconds - measured) / measured;
   if (rank != 0) return 0;
   char name[64];
-  std::snprintf(name, sizeof name, "%s%s", plan.strategy.c_str(),
-                plan.strategy == "usp" ? (" " + std::to_string(plan.ulysses) + "x" + std::to_string(plan.ring)).c_str() : "");
+  std::snprintf(name, sizeof name, "%s%s", name_of(plan.strategy),
+                plan.strategy == CpStrategy::usp ? (" " + std::to_string(plan.ulysses) + "x" + std::to_string(plan.ring)).c_str() : "");
   std::printf("validate: %d rank(s), %s cp=%lld, S=%lld B=%lld, remat %s, %s mask\n", world, name,
               (long long)plan.cp, (long long)config.max_target_length, (long long)config.per_device_batch_size,
-              config.remat_policy.c_str(), config.attention_type.c_str());
+              name_of(config.remat_policy), name_of(config.attention_type));
   std::printf("  predicted %.3f s/step: matmul %.3f, attention %.3f, elementwise %.3f, exposed comm %.3f\n",
               plan.step_seconds, plan.matmul_seconds, plan.attention_seconds, plan.elementwise_seconds,
               plan.comm_seconds - plan.hidden_comm_seconds);
@@ -636,8 +635,8 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
                   "| %d | %s | %lldx%lldx%lld | %s | %lld | %lld | %s | %s | %.3f | %.3f | %+.1f%% | %.2f / %.2f / %.2f / %.2f | %.2f / %.2f / %.2f / %.2f |\n",
                   world, config.model_name.c_str(), (long long)plan.dp, (long long)plan.cp, (long long)plan.tp, name,
                   (long long)config.max_target_length, (long long)config.per_device_batch_size,
-                  config.remat_policy.c_str(),
-                  (config.attention_type + (config.attention_type == "local" ? " " + std::to_string(config.sliding_window_size) : "")).c_str(),
+                  name_of(config.remat_policy),
+                  (name_of(config.attention_type) + (config.attention_type == MaskKind::local ? " " + std::to_string(config.sliding_window_size) : "")).c_str(),
                   plan.step_seconds, measured,
                   err * 100, plan.matmul_seconds, plan.attention_seconds, plan.elementwise_seconds,
                   plan.comm_seconds - plan.hidden_comm_seconds, (sum.matmul + sum.loss) / n, sum.attention / n,
@@ -711,8 +710,8 @@ int run_plan(const Args& args) {
     const PlanRecommendation& rec = report.recommendation;
     j["recommendation"] = {{"found", rec.found}, {"reason", rec.reason}};
     if (rec.found)
-      j["recommendation"].update({{"strategy", rec.strategy}, {"cp", rec.cp}, {"ulysses", rec.ulysses},
-                                  {"remat_policy", rec.remat_policy},
+      j["recommendation"].update({{"strategy", name_of(rec.strategy)}, {"cp", rec.cp}, {"ulysses", rec.ulysses},
+                                  {"remat_policy", name_of(rec.remat_policy)},
                                   {"shard_optimizer_over_data", rec.shard_optimizer_over_data},
                                   {"plan", to_json(rec.plan)}});
     j["plan_seconds"] = elapsed;

@@ -72,8 +72,8 @@ SelftestFlags parse_flags(const Args& args, int world) {
   if (f.heads == 0) f.heads = std::lcm<int64_t>(4, f.cp);
   if (f.kv_heads == 0) f.kv_heads = f.heads / 2;
   // Every name is checked before any work, so that each rank fails the same way.
-  for (const auto& s : f.strategies) parse_cp_strategy(s);
-  for (const auto& l : f.layouts) parse_layout_kind(l);
+  for (const auto& s : f.strategies) parse_enum<CpStrategy>(s);
+  for (const auto& l : f.layouts) parse_enum<LayoutKind>(l);
   for (const auto& m : f.masks) MaskSpec::parse(m);
   return f;
 }
@@ -90,7 +90,7 @@ int run_selftest(const Args& args) {
   // (strategy, ulysses degree of the mesh) to run.
   std::vector<std::pair<CpStrategy, int>> runs;
   for (const auto& name : f.strategies) {
-    CpStrategy s = parse_cp_strategy(name);
+    CpStrategy s = parse_enum<CpStrategy>(name);
     if (s != CpStrategy::usp) {
       runs.push_back({s, 1});
       continue;
@@ -99,7 +99,7 @@ int run_selftest(const Args& args) {
       if (f.cp % u == 0 && (f.ulysses == 0 || f.ulysses == u)) runs.push_back({s, u});
   }
   // Shapes are checked on every rank before any communication.
-  for (const auto& l : f.layouts) CpLayout(parse_layout_kind(l), f.seq, f.cp, 1);
+  for (const auto& l : f.layouts) CpLayout(parse_enum<LayoutKind>(l), f.seq, f.cp, 1);
 
   nlohmann::json rows = nlohmann::json::array();
   bool all_pass = true;
@@ -108,14 +108,14 @@ int run_selftest(const Args& args) {
                 "err_o", "err_lse", "err_dq", "err_dk", "err_dv", "result");
   for (const auto& [strategy, u] : runs) {
     Mesh mesh(world / f.cp, f.cp, u, 1);
-    std::string name = cp_strategy_name(strategy);
+    std::string name = name_of(strategy);
     if (strategy == CpStrategy::usp)
       name += "(" + std::to_string(u) + "x" + std::to_string(f.cp / u) + ")";
     for (const auto& l : f.layouts)
       for (const auto& m : f.masks) {
         CpCheckCase c;
         c.strategy = strategy;
-        c.layout = parse_layout_kind(l);
+        c.layout = parse_enum<LayoutKind>(l);
         c.mask = MaskSpec::parse(m);
         c.batch = f.batch;
         c.seq_len = f.seq;

@@ -61,21 +61,17 @@ void resolve_auto_strategy(RunConfig& config, int rank) {
   options.devices = world;
   PlanRecommendation r = recommend(config, hw, options);
   if (!r.found) throw ConfigError("context_parallel_strategy=auto: the planner found no configuration that fits: " + r.reason);
-  std::map<std::string, ConfigValue> values = config.values;
-  values["context_parallel_strategy"] = r.strategy;
-  values["ici_context_parallelism"] = r.cp;
-  values["ici_context_usp_ulysses_parallelism"] = r.strategy == "usp" ? r.ulysses : int64_t(1);
-  if (!r.remat_policy.empty()) values["remat_policy"] = r.remat_policy;
-  values["shard_optimizer_over_data"] = r.shard_optimizer_over_data;
-  RunConfig resolved = config_from_values(values);
-  resolved.sources = config.sources;
-  config = resolved;
+  config.cp_strategy = r.strategy;
+  config.cp = r.cp;
+  config.cp_ulysses = r.strategy == CpStrategy::usp ? r.ulysses : 1;
+  config.remat_policy = r.remat_policy;
+  config.shard_optimizer_over_data = r.shard_optimizer_over_data;
   if (rank == 0) {
     std::printf("auto: context_parallel_strategy=%s ici_context_parallelism=%lld%s remat_policy=%s%s (%s)\n"
                 "  why: %s\n",
-                r.strategy.c_str(), static_cast<long long>(r.cp),
-                r.strategy == "usp" ? (" ici_context_usp_ulysses_parallelism=" + std::to_string(r.ulysses)).c_str() : "",
-                r.remat_policy.c_str(), r.shard_optimizer_over_data ? " shard_optimizer_over_data=true" : "",
+                name_of(r.strategy), static_cast<long long>(r.cp),
+                r.strategy == CpStrategy::usp ? (" ici_context_usp_ulysses_parallelism=" + std::to_string(r.ulysses)).c_str() : "",
+                name_of(r.remat_policy), r.shard_optimizer_over_data ? " shard_optimizer_over_data=true" : "",
                 source.c_str(), r.reason.c_str());
     std::fflush(stdout);
   }
@@ -89,7 +85,7 @@ int run_train(const Args& args) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   RunConfig config = load_config(args[0], Args(args.begin() + 1, args.end()));
-  if (config.cp_strategy == "auto") resolve_auto_strategy(config, rank);
+  if (!config.cp_strategy) resolve_auto_strategy(config, rank);
   validate_config(config, world);
   Mesh mesh(mesh_shape_from_config(config));
   Trainer trainer(config, &mesh);

@@ -12,6 +12,67 @@ namespace longctx {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+std::string type_name(const ConfigValue& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, int64_t>) return "an integer";
+        if constexpr (std::is_same_v<T, double>) return "a number";
+        if constexpr (std::is_same_v<T, bool>) return "a boolean (true/false)";
+        return "a string";
+      },
+      v);
+}
+
+// The value as the field's type; integers are valid numbers.
+template <typename T>
+T value_as(const ConfigValue& v) {
+  if (const T* x = std::get_if<T>(&v)) return *x;
+  if constexpr (std::is_same_v<T, double>)
+    if (const int64_t* i = std::get_if<int64_t>(&v)) return static_cast<double>(*i);
+  throw ConfigError("is " + type_name(v) + ", not the type asked for");
+}
+
+bool parse_save_choice(const std::string& v) {
+  if (v == "device") return true;
+  if (v == "remat") return false;
+  throw ConfigError("must be 'device' (save) or 'remat' (recompute), got '" + v + "'");
+}
+
+}  // namespace
+
+// Bindings of a key to its RunConfig field: plain fields, enums (by their
+// name table), the per-tensor remat choices and the strategy ("auto" = none).
+#define F(member)                                                                \
+  [](const RunConfig& c) -> ConfigValue { return c.member; },                    \
+  [](RunConfig& c, const ConfigValue& v) { c.member = value_as<decltype(c.member)>(v); }
+#define ENUM(member)                                                                        \
+  [](const RunConfig& c) -> ConfigValue { return std::string(name_of(c.member)); },         \
+  [](RunConfig& c, const ConfigValue& v) {                                                  \
+    c.member = parse_enum<decltype(c.member)>(value_as<std::string>(v));                    \
+  }
+#define SAVE(point)                                                                              \
+  [](const RunConfig& c) -> ConfigValue {                                                        \
+    return std::string(c.remat_custom_save[static_cast<int>(SavePoint::point)] ? "device" : "remat"); \
+  },                                                                                             \
+  [](RunConfig& c, const ConfigValue& v) {                                                       \
+    c.remat_custom_save[static_cast<int>(SavePoint::point)] = parse_save_choice(value_as<std::string>(v)); \
+  }
+#define STRATEGY                                                                                  \
+  [](const RunConfig& c) -> ConfigValue {                                                         \
+    return std::string(c.cp_strategy ? name_of(*c.cp_strategy) : "auto");                        \
+  },                                                                                              \
+  [](RunConfig& c, const ConfigValue& v) {                                                        \
+    const std::string name = value_as<std::string>(v);                                            \
+    if (name == "auto") return c.cp_strategy.reset();                                             \
+    for (const auto& [strategy, known] : EnumNames<CpStrategy>::names)                            \
+      if (name == known) return c.cp_strategy.emplace(strategy), void();                          \
+    throw ConfigError("unknown context_parallel_strategy '" + name + "': expected " +             \
+                      enum_choices<CpStrategy>() + "|auto");                                       \
+  }
+
 const std::vector<ConfigKey>& config_keys() {
   using S = std::string;
   using I = int64_t;
@@ -19,79 +80,83 @@ const std::vector<ConfigKey>& config_keys() {
   // (tests/unit/test_config.cpp checks that they agree).
   static const std::vector<ConfigKey> keys = {
       // run / output
-      {"run_name", S("run"), "name of the run (output subdirectory)"},
-      {"base_output_directory", S("runs"), "root of run outputs"},
-      {"checkpoint_dir", S(""), "checkpoints; empty = <base_output_directory>/<run_name>/checkpoints"},
-      {"metrics_file", S(""), "JSON lines; empty = <base_output_directory>/<run_name>/metrics.jsonl"},
-      {"enable_checkpointing", true, "write checkpoints"},
-      {"checkpoint_period", I(0), "steps between checkpoints; 0 = only at the end"},
-      {"max_num_checkpoints_to_keep", I(0), "newest complete checkpoints kept, older ones deleted; 0 = keep all"},
-      {"resume", true, "continue from the latest complete checkpoint in checkpoint_dir"},
-      {"log_period", I(1), "steps between printed step lines"},
+      {"run_name", S("run"), "name of the run (output subdirectory)", F(run_name)},
+      {"base_output_directory", S("runs"), "root of run outputs", F(base_output_directory)},
+      {"checkpoint_dir", S(""), "checkpoints; empty = <base_output_directory>/<run_name>/checkpoints", F(checkpoint_dir)},
+      {"metrics_file", S(""), "JSON lines; empty = <base_output_directory>/<run_name>/metrics.jsonl", F(metrics_file)},
+      {"enable_checkpointing", true, "write checkpoints", F(enable_checkpointing)},
+      {"checkpoint_period", I(0), "steps between checkpoints; 0 = only at the end", F(checkpoint_period)},
+      {"max_num_checkpoints_to_keep", I(0), "newest complete checkpoints kept, older ones deleted; 0 = keep all", F(max_num_checkpoints_to_keep)},
+      {"resume", true, "continue from the latest complete checkpoint in checkpoint_dir", F(resume)},
+      {"log_period", I(1), "steps between printed step lines", F(log_period)},
       // model
-      {"model_name", S(""), "configs/model/<model_name>.yml; empty = the shape keys below"},
-      {"vocab_size", I(259), "vocabulary (byte-level: 256 bytes + BOS, EOS, PAD)"},
-      {"base_emb_dim", I(256), "d_model"},
-      {"base_num_query_heads", I(4), "attention heads"},
-      {"base_num_kv_heads", I(2), "KV heads (GQA)"},
-      {"head_dim", I(64), "per-head dimension"},
-      {"base_mlp_dim", I(768), "SwiGLU hidden size"},
-      {"base_num_decoder_layers", I(2), "decoder layers"},
-      {"rope_max_timescale", 500000.0, "RoPE theta"},
-      {"rope_use_scaling", false, "Llama 3.1 RoPE frequency scaling"},
-      {"rope_scaling_factor", 8.0, "Llama 3.1 scaling factor"},
-      {"rope_low_freq_factor", 1.0, "Llama 3.1 low frequency factor"},
-      {"rope_high_freq_factor", 4.0, "Llama 3.1 high frequency factor"},
-      {"rope_original_max_position", I(8192), "Llama 3.1 original context"},
-      {"normalization_layer_epsilon", 1e-5, "RMSNorm epsilon"},
-      {"logits_via_embedding", false, "tie the LM head to the embedding"},
-      {"dtype", S("float32"), "activation dtype (float32 only today)"},
-      {"remat_policy", S("full"), "none|minimal|save_context|full|custom"},
-      {"decoder_layer_input", S("device"), "custom remat: device (save) | remat"},
-      {"qkv_proj", S("remat"), "custom remat: device (save) | remat"},
-      {"context", S("remat"), "custom remat: device (save) | remat"},
-      {"out_proj", S("remat"), "custom remat: device (save) | remat"},
-      {"mlpwi", S("remat"), "custom remat: device (save) | remat"},
-      {"mlpwo", S("remat"), "custom remat: device (save) | remat"},
+      {"model_name", S(""), "configs/model/<model_name>.yml; empty = the shape keys below", F(model_name)},
+      {"vocab_size", I(259), "vocabulary (byte-level: 256 bytes + BOS, EOS, PAD)", F(model.vocab_size)},
+      {"base_emb_dim", I(256), "d_model", F(model.d_model)},
+      {"base_num_query_heads", I(4), "attention heads", F(model.num_heads)},
+      {"base_num_kv_heads", I(2), "KV heads (GQA)", F(model.num_kv_heads)},
+      {"head_dim", I(64), "per-head dimension", F(model.head_dim)},
+      {"base_mlp_dim", I(768), "SwiGLU hidden size", F(model.mlp_dim)},
+      {"base_num_decoder_layers", I(2), "decoder layers", F(model.num_layers)},
+      {"rope_max_timescale", 500000.0, "RoPE theta", F(model.rope_theta)},
+      {"rope_use_scaling", false, "Llama 3.1 RoPE frequency scaling", F(model.rope_llama3_scaling)},
+      {"rope_scaling_factor", 8.0, "Llama 3.1 scaling factor", F(model.rope_scaling_factor)},
+      {"rope_low_freq_factor", 1.0, "Llama 3.1 low frequency factor", F(model.rope_low_freq_factor)},
+      {"rope_high_freq_factor", 4.0, "Llama 3.1 high frequency factor", F(model.rope_high_freq_factor)},
+      {"rope_original_max_position", I(8192), "Llama 3.1 original context", F(model.rope_original_max_position)},
+      {"normalization_layer_epsilon", 1e-5, "RMSNorm epsilon", F(model.norm_eps)},
+      {"logits_via_embedding", false, "tie the LM head to the embedding", F(model.tie_embeddings)},
+      {"dtype", S("float32"), "activation dtype (float32 only today)", ENUM(dtype)},
+      {"remat_policy", S("full"), "none|minimal|save_context|full|custom", ENUM(remat_policy)},
+      {"decoder_layer_input", S("device"), "custom remat: device (save) | remat", SAVE(decoder_layer_input)},
+      {"qkv_proj", S("remat"), "custom remat: device (save) | remat", SAVE(qkv_proj)},
+      {"context", S("remat"), "custom remat: device (save) | remat", SAVE(context)},
+      {"out_proj", S("remat"), "custom remat: device (save) | remat", SAVE(out_proj)},
+      {"mlpwi", S("remat"), "custom remat: device (save) | remat", SAVE(mlpwi)},
+      {"mlpwo", S("remat"), "custom remat: device (save) | remat", SAVE(mlpwo)},
       // attention
-      {"attention_type", S("causal"), "full|causal|local|chunked"},
-      {"sliding_window_size", I(0), "local: tokens each query sees (itself included)"},
-      {"chunk_attn_window_size", I(0), "chunked: causal attention within blocks of this size"},
-      {"attention_kernel", S("fast"), "fast|reference (float64, for tests)"},
+      {"attention_type", S("causal"), "full|causal|local|chunked", ENUM(attention_type)},
+      {"sliding_window_size", I(0), "local: tokens each query sees (itself included)", F(sliding_window_size)},
+      {"chunk_attn_window_size", I(0), "chunked: causal attention within blocks of this size", F(chunk_attn_window_size)},
+      {"attention_kernel", S("fast"), "fast|reference (float64, for tests)", ENUM(attention_kernel)},
       // parallelism
-      {"ici_data_parallelism", I(1), "dp; -1 = world size / (cp * tp)"},
-      {"ici_context_parallelism", I(1), "cp: ranks that split each sequence"},
-      {"ici_context_usp_ulysses_parallelism", I(1), "usp: all-to-all factor of cp"},
-      {"ici_tensor_parallelism", I(1), "tp (Megatron)"},
-      {"context_parallel_strategy", S("all_gather"), "all_gather|ulysses|ring|usp|auto"},
-      {"context_parallel_load_balance", true, "zigzag layout (true) or contiguous (false)"},
+      {"ici_data_parallelism", I(1), "dp; -1 = world size / (cp * tp)", F(dp)},
+      {"ici_context_parallelism", I(1), "cp: ranks that split each sequence", F(cp)},
+      {"ici_context_usp_ulysses_parallelism", I(1), "usp: all-to-all factor of cp", F(cp_ulysses)},
+      {"ici_tensor_parallelism", I(1), "tp (Megatron)", F(tp)},
+      {"context_parallel_strategy", S("all_gather"), "all_gather|ulysses|ring|usp|auto", STRATEGY},
+      {"context_parallel_load_balance", true, "zigzag layout (true) or contiguous (false)", F(cp_load_balance)},
       // data
-      {"dataset_type", S("text"), "text|binary|synthetic"},
-      {"dataset_path", S("data/kjv"), "text file or directory, or .bin of uint32 ids"},
-      {"document_separator", S(""), "text: split files at this string; empty = one document per file"},
-      {"packing", true, "pack documents with segment ids (document mask) or concatenate"},
-      {"max_target_length", I(1024), "tokens per sequence"},
-      {"per_device_batch_size", I(1), "sequences per dp replica per step"},
+      {"dataset_type", S("text"), "text|binary|synthetic", ENUM(dataset_type)},
+      {"dataset_path", S("data/kjv"), "text file or directory, or .bin of uint32 ids", F(dataset_path)},
+      {"document_separator", S(""), "text: split files at this string; empty = one document per file", F(document_separator)},
+      {"packing", true, "pack documents with segment ids (document mask) or concatenate", F(packing)},
+      {"max_target_length", I(1024), "tokens per sequence", F(max_target_length)},
+      {"per_device_batch_size", I(1), "sequences per dp replica per step", F(per_device_batch_size)},
       // optimisation
-      {"steps", I(20), "optimizer steps"},
-      {"learning_rate", 3e-4, "peak learning rate"},
-      {"warmup_steps_fraction", 0.1, "fraction of steps of linear warmup"},
-      {"cosine_learning_rate_final_fraction", 0.1, "final lr as a fraction of the peak"},
-      {"adam_b1", 0.9, "AdamW beta1"},
-      {"adam_b2", 0.95, "AdamW beta2"},
-      {"adam_eps", 1e-8, "AdamW epsilon"},
-      {"adam_weight_decay", 0.1, "AdamW decoupled weight decay (matrices only)"},
-      {"gradient_clipping_threshold", 1.0, "global-norm clipping; 0 = off"},
-      {"shard_optimizer_over_data", false, "ZeRO-1: shard AdamW moments over the dp x cp replicas"},
-      {"init_weights_seed", I(0), "seed of weights and synthetic data"},
+      {"steps", I(20), "optimizer steps", F(steps)},
+      {"learning_rate", 3e-4, "peak learning rate", F(learning_rate)},
+      {"warmup_steps_fraction", 0.1, "fraction of steps of linear warmup", F(warmup_steps_fraction)},
+      {"cosine_learning_rate_final_fraction", 0.1, "final lr as a fraction of the peak", F(cosine_learning_rate_final_fraction)},
+      {"adam_b1", 0.9, "AdamW beta1", F(adam_b1)},
+      {"adam_b2", 0.95, "AdamW beta2", F(adam_b2)},
+      {"adam_eps", 1e-8, "AdamW epsilon", F(adam_eps)},
+      {"adam_weight_decay", 0.1, "AdamW decoupled weight decay (matrices only)", F(adam_weight_decay)},
+      {"gradient_clipping_threshold", 1.0, "global-norm clipping; 0 = off", F(gradient_clipping_threshold)},
+      {"shard_optimizer_over_data", false, "ZeRO-1: shard AdamW moments over the dp x cp replicas", F(shard_optimizer_over_data)},
+      {"init_weights_seed", I(0), "seed of weights and synthetic data", F(init_weights_seed)},
       // system
-      {"device_memory_budget", I(0), "bytes (or \"8GiB\"); 0 = unlimited"},
-      {"peak_tflops_per_device", 0.0, "MFU denominator; 0 = measure fp32 GEMM at start-up"},
-      {"collective_timeout_seconds", I(600), "abort when a collective waits longer"},
-      {"num_threads", I(0), "OpenMP threads per rank; 0 = OpenMP default"},
+      {"device_memory_budget", I(0), "bytes (or \"8GiB\"); 0 = unlimited", F(device_memory_budget)},
+      {"peak_tflops_per_device", 0.0, "MFU denominator; 0 = measure fp32 GEMM at start-up", F(peak_tflops_per_device)},
+      {"collective_timeout_seconds", I(600), "abort when a collective waits longer", F(collective_timeout_seconds)},
+      {"num_threads", I(0), "OpenMP threads per rank; 0 = OpenMP default", F(num_threads)},
   };
   return keys;
 }
+#undef F
+#undef ENUM
+#undef SAVE
+#undef STRATEGY
 
 int64_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<int64_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -144,18 +209,6 @@ const ConfigKey* find_key(const std::string& name) {
   }
   throw ConfigError(where + ": unknown key '" + name + "'; did you mean '" + best->name +
                     "'? (configs/base.yml lists every key)");
-}
-
-std::string type_name(const ConfigValue& v) {
-  return std::visit(
-      [](const auto& x) -> std::string {
-        using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, int64_t>) return "an integer";
-        if constexpr (std::is_same_v<T, double>) return "a number";
-        if constexpr (std::is_same_v<T, bool>) return "a boolean (true/false)";
-        return "a string";
-      },
-      v);
 }
 
 // Converts a YAML scalar to the type of the key's default.
@@ -269,131 +322,91 @@ Layer parse_overrides(const std::vector<std::string>& overrides) {
   return layer;
 }
 
-template <typename T>
-T value_as(const std::map<std::string, ConfigValue>& values, const std::string& key) {
-  auto it = values.find(key);
-  if (it == values.end()) throw ConfigError("config has no key '" + key + "'");
-  if (const T* v = std::get_if<T>(&it->second)) return *v;
-  if constexpr (std::is_same_v<T, double>)
-    if (const int64_t* i = std::get_if<int64_t>(&it->second)) return static_cast<double>(*i);
-  throw ConfigError("config key '" + key + "' is " + type_name(it->second) + ", not the type asked for");
-}
-
-bool parse_save_choice(const std::map<std::string, ConfigValue>& values, const char* key) {
-  std::string v = value_as<std::string>(values, key);
-  if (v == "device") return true;
-  if (v == "remat") return false;
-  throw ConfigError("key '" + std::string(key) + "' must be 'device' (save) or 'remat' (recompute), got '" + v + "'");
-}
-
 }  // namespace
 
 template <typename T>
 T RunConfig::get(const std::string& key) const {
-  return value_as<T>(values, key);
+  const ConfigKey* k = find_key(key);
+  if (!k) throw ConfigError("config has no key '" + key + "'");
+  try {
+    return value_as<T>(k->get(*this));
+  } catch (const ConfigError& e) {
+    throw ConfigError("config key '" + key + "' " + e.what());
+  }
 }
 template int64_t RunConfig::get<int64_t>(const std::string&) const;
 template double RunConfig::get<double>(const std::string&) const;
 template bool RunConfig::get<bool>(const std::string&) const;
 template std::string RunConfig::get<std::string>(const std::string&) const;
 
-RunConfig config_from_values(const std::map<std::string, ConfigValue>& given) {
-  std::map<std::string, ConfigValue> v;
-  for (const auto& k : config_keys()) v[k.name] = k.default_value;
+namespace {
+
+// Defaults, then `given` (checked against the schema), each key set through
+// its binding; `source_of` names where a value came from, for errors.
+RunConfig config_from(const std::map<std::string, ConfigValue>& given,
+                      const std::map<std::string, std::string>& source_of) {
+  RunConfig c;
+  for (const ConfigKey& k : config_keys()) k.set(c, k.default_value);
   for (const auto& [key, value] : given) {
     const ConfigKey* k = find_key(key);
-    if (!k) unknown_key(key, "config");
-    if (value.index() != k->default_value.index()) {
-      // Integers are valid numbers.
-      if (std::holds_alternative<double>(k->default_value) && std::holds_alternative<int64_t>(value)) {
-        v[key] = static_cast<double>(std::get<int64_t>(value));
-        continue;
-      }
-      throw ConfigError("config: key '" + key + "' must be " + type_name(k->default_value));
+    const std::string where = source_of.count(key) ? source_of.at(key) : "config";
+    if (!k) unknown_key(key, where);
+    const bool number_from_integer =
+        std::holds_alternative<double>(k->default_value) && std::holds_alternative<int64_t>(value);
+    if (value.index() != k->default_value.index() && !number_from_integer)
+      throw ConfigError(where + ": key '" + key + "' must be " + type_name(k->default_value));
+    try {
+      k->set(c, value);
+    } catch (const ConfigError& e) {
+      throw ConfigError(where + ": key '" + key + "': " + e.what());
     }
-    v[key] = value;
   }
-  auto S = [&](const char* k) { return value_as<std::string>(v, k); };
-  auto I = [&](const char* k) { return value_as<int64_t>(v, k); };
-  auto D = [&](const char* k) { return value_as<double>(v, k); };
-  auto B = [&](const char* k) { return value_as<bool>(v, k); };
-
-  RunConfig c;
-  c.run_name = S("run_name");
-  c.base_output_directory = S("base_output_directory");
-  c.checkpoint_dir = S("checkpoint_dir");
   if (c.checkpoint_dir.empty())
     c.checkpoint_dir = (fs::path(c.base_output_directory) / c.run_name / "checkpoints").string();
-  c.metrics_file = S("metrics_file");
   if (c.metrics_file.empty())
     c.metrics_file = (fs::path(c.base_output_directory) / c.run_name / "metrics.jsonl").string();
-  c.enable_checkpointing = B("enable_checkpointing");
-  c.checkpoint_period = I("checkpoint_period");
-  c.max_num_checkpoints_to_keep = I("max_num_checkpoints_to_keep");
-  c.resume = B("resume");
-  c.log_period = I("log_period");
-
-  c.model_name = S("model_name");
-  LlamaConfig& m = c.model;
-  m.vocab_size = I("vocab_size");
-  m.d_model = I("base_emb_dim");
-  m.num_heads = I("base_num_query_heads");
-  m.num_kv_heads = I("base_num_kv_heads");
-  m.head_dim = I("head_dim");
-  m.mlp_dim = I("base_mlp_dim");
-  m.num_layers = I("base_num_decoder_layers");
-  m.rope_theta = D("rope_max_timescale");
-  m.rope_llama3_scaling = B("rope_use_scaling");
-  m.rope_scaling_factor = D("rope_scaling_factor");
-  m.rope_low_freq_factor = D("rope_low_freq_factor");
-  m.rope_high_freq_factor = D("rope_high_freq_factor");
-  m.rope_original_max_position = I("rope_original_max_position");
-  m.norm_eps = D("normalization_layer_epsilon");
-  m.tie_embeddings = B("logits_via_embedding");
-  c.dtype = S("dtype");
-  c.remat_policy = S("remat_policy");
-  for (const char* k : {"decoder_layer_input", "qkv_proj", "context", "out_proj", "mlpwi", "mlpwo"})
-    c.remat_custom_save.push_back(parse_save_choice(v, k));
-
-  c.attention_type = S("attention_type");
-  c.sliding_window_size = I("sliding_window_size");
-  c.chunk_attn_window_size = I("chunk_attn_window_size");
-  c.attention_kernel = S("attention_kernel");
-
-  c.dp = I("ici_data_parallelism");
-  c.cp = I("ici_context_parallelism");
-  c.cp_ulysses = I("ici_context_usp_ulysses_parallelism");
-  c.tp = I("ici_tensor_parallelism");
-  c.cp_strategy = S("context_parallel_strategy");
-  c.cp_load_balance = B("context_parallel_load_balance");
-
-  c.dataset_type = S("dataset_type");
-  c.dataset_path = S("dataset_path");
-  c.document_separator = S("document_separator");
-  c.packing = B("packing");
-  c.max_target_length = I("max_target_length");
-  c.per_device_batch_size = I("per_device_batch_size");
-
-  c.steps = I("steps");
-  c.learning_rate = D("learning_rate");
-  c.warmup_steps_fraction = D("warmup_steps_fraction");
-  c.cosine_learning_rate_final_fraction = D("cosine_learning_rate_final_fraction");
-  c.adam_b1 = D("adam_b1");
-  c.adam_b2 = D("adam_b2");
-  c.adam_eps = D("adam_eps");
-  c.adam_weight_decay = D("adam_weight_decay");
-  c.gradient_clipping_threshold = D("gradient_clipping_threshold");
-  c.shard_optimizer_over_data = B("shard_optimizer_over_data");
-  c.init_weights_seed = I("init_weights_seed");
-
-  c.device_memory_budget = I("device_memory_budget");
-  c.peak_tflops_per_device = D("peak_tflops_per_device");
-  c.collective_timeout_seconds = I("collective_timeout_seconds");
-  c.num_threads = I("num_threads");
-
-  c.values = std::move(v);
-  for (const auto& k : config_keys()) c.sources[k.name] = given.count(k.name) ? "config" : "default";
+  for (const ConfigKey& k : config_keys())
+    c.sources[k.name] = source_of.count(k.name) ? source_of.at(k.name) : given.count(k.name) ? "config" : "default";
   return c;
+}
+
+}  // namespace
+
+RunConfig config_from_values(const std::map<std::string, ConfigValue>& given) { return config_from(given, {}); }
+
+std::map<std::string, ConfigValue> RunConfig::values() const {
+  std::map<std::string, ConfigValue> v;
+  for (const ConfigKey& k : config_keys()) v[k.name] = k.get(*this);
+  return v;
+}
+
+CpStrategy RunConfig::strategy() const {
+  if (!cp_strategy) throw ConfigError("context_parallel_strategy=auto must be resolved by the planner first");
+  return *cp_strategy;
+}
+
+int64_t RunConfig::ulysses_degree() const {
+  if (cp_strategy == CpStrategy::ulysses) return cp;
+  if (cp_strategy == CpStrategy::usp) return cp_ulysses;
+  return 1;
+}
+
+LayoutKind RunConfig::layout() const {
+  return cp_load_balance && cp > 1 ? LayoutKind::zigzag : LayoutKind::contiguous;
+}
+
+MaskSpec RunConfig::mask() const {
+  switch (attention_type) {
+    case MaskKind::full: return MaskSpec::full();
+    case MaskKind::causal: return MaskSpec::causal();
+    case MaskKind::local:  // the window counts the query itself
+      if (sliding_window_size <= 0) throw ConfigError("attention_type=local needs sliding_window_size > 0");
+      return MaskSpec::local(sliding_window_size - 1, 0);
+    case MaskKind::chunked:
+      if (chunk_attn_window_size <= 0) throw ConfigError("attention_type=chunked needs chunk_attn_window_size > 0");
+      return MaskSpec::chunked(chunk_attn_window_size);
+  }
+  return MaskSpec::causal();
 }
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
@@ -425,15 +438,13 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
   }
   apply_layer(cmdline, values, sources);
 
-  RunConfig c = config_from_values(values);
-  for (const auto& [k, s] : sources) c.sources[k] = s;
-  return c;
+  return config_from(values, sources);
 }
 
 std::string RunConfig::to_yaml() const {
   std::ostringstream out;
   for (const auto& k : config_keys()) {
-    const ConfigValue& v = values.at(k.name);
+    const ConfigValue v = k.get(*this);
     out << k.name << ": ";
     std::visit(
         [&](const auto& x) {
@@ -482,7 +493,6 @@ void validate_config(RunConfig& c, int64_t world) {
             "ici_data_parallelism=-1 needs the world size (" + str(world) +
                 ") divisible by ici_context_parallelism * ici_tensor_parallelism (" + str(c.cp * c.tp) + ")");
     c.dp = world / (c.cp * c.tp);
-    c.values["ici_data_parallelism"] = c.dp;
   }
   require(c.dp * c.cp * c.tp == world,
           "ici_data_parallelism * ici_context_parallelism * ici_tensor_parallelism = " + str(c.dp) + " * " +
@@ -490,21 +500,19 @@ void validate_config(RunConfig& c, int64_t world) {
               " must equal the number of ranks (" + str(world) + ")");
 
   // ---- strategy
-  const std::string& s = c.cp_strategy;
-  require(s == "all_gather" || s == "ulysses" || s == "ring" || s == "usp" || s == "auto",
-          "context_parallel_strategy must be all_gather|ulysses|ring|usp|auto (got '" + s + "')");
-  require(s != "auto", "context_parallel_strategy=auto must be resolved by the planner before validation");
-  if (s == "usp") {
+  require(c.cp_strategy.has_value(), "context_parallel_strategy=auto must be resolved by the planner before validation");
+  const CpStrategy s = *c.cp_strategy;
+  if (s == CpStrategy::usp) {
     require(c.cp_ulysses >= 1 && c.cp % c.cp_ulysses == 0,
             "ici_context_usp_ulysses_parallelism (" + str(c.cp_ulysses) +
                 ") must divide ici_context_parallelism (" + str(c.cp) + ")");
   } else {
     require(c.cp_ulysses == 1, "ici_context_usp_ulysses_parallelism is only used by "
-                               "context_parallel_strategy=usp (got " + str(c.cp_ulysses) + " with " + s + ")");
+                               "context_parallel_strategy=usp (got " + str(c.cp_ulysses) + " with " + name_of(s) + ")");
   }
   // Ranks that exchange heads by all-to-all: all of cp for ulysses, the
   // ulysses factor for usp.
-  const int64_t a2a = s == "ulysses" ? c.cp : c.cp_ulysses;
+  const int64_t a2a = c.ulysses_degree();
 
   // ---- model shape
   require(m.vocab_size >= 1 && m.d_model >= 1 && m.num_heads >= 1 && m.num_kv_heads >= 1 &&
@@ -528,27 +536,17 @@ void validate_config(RunConfig& c, int64_t world) {
                                           ") divisible by the ulysses degree (" + str(u) +
                                           ") or dividing it (KV heads replicated)");
   }
-  require(c.dtype == "float32" || c.dtype == "fp32",
-          "dtype must be float32 (bf16 compute is not implemented yet), got '" + c.dtype + "'");
-  {
-    const std::string& r = c.remat_policy;
-    require(r == "none" || r == "minimal" || r == "save_context" || r == "full" || r == "custom",
-            "remat_policy must be none|minimal|save_context|full|custom (got '" + r + "')");
-    require(r != "custom" || c.remat_custom_save[0],
-            "remat_policy=custom needs decoder_layer_input: device (the layer input is the recompute boundary)");
-  }
+  require(c.dtype == DType::f32,
+          "dtype must be float32 (bf16 compute is not implemented yet), got '" + std::string(name_of(c.dtype)) + "'");
+  c.save_set();  // ConfigError when a custom policy does not keep the layer input
 
   // ---- attention
-  const std::string& a = c.attention_type;
-  require(a == "full" || a == "causal" || a == "local" || a == "chunked",
-          "attention_type must be full|causal|local|chunked (got '" + a + "')");
-  require(a != "local" || c.sliding_window_size > 0,
+  const MaskKind a = c.attention_type;
+  require(a != MaskKind::local || c.sliding_window_size > 0,
           "attention_type=local needs sliding_window_size > 0 (got " + str(c.sliding_window_size) + ")");
-  require(a != "chunked" || c.chunk_attn_window_size > 0,
+  require(a != MaskKind::chunked || c.chunk_attn_window_size > 0,
           "attention_type=chunked needs chunk_attn_window_size > 0 (got " + str(c.chunk_attn_window_size) + ")");
   require(c.sliding_window_size >= 0 && c.chunk_attn_window_size >= 0, "window sizes must be >= 0");
-  require(c.attention_kernel == "fast" || c.attention_kernel == "reference",
-          "attention_kernel must be fast|reference (got '" + c.attention_kernel + "')");
 
   // ---- sequence and layout
   require(c.max_target_length >= 2, "max_target_length must be >= 2 (got " + str(c.max_target_length) + ")");
@@ -563,11 +561,10 @@ void validate_config(RunConfig& c, int64_t world) {
   require(c.per_device_batch_size >= 1, "per_device_batch_size must be >= 1");
 
   // ---- data
-  const std::string& d = c.dataset_type;
-  require(d == "text" || d == "binary" || d == "synthetic",
-          "dataset_type must be text|binary|synthetic (got '" + d + "')");
-  require(d == "synthetic" || !c.dataset_path.empty(), "dataset_path must be set for dataset_type=" + d);
-  require(d != "text" || m.vocab_size >= 259,
+  const DatasetType d = c.dataset_type;
+  require(d == DatasetType::synthetic || !c.dataset_path.empty(),
+          "dataset_path must be set for dataset_type=" + std::string(name_of(d)));
+  require(d != DatasetType::text || m.vocab_size >= 259,
           "dataset_type=text (byte tokenizer: 256 bytes + BOS, EOS, PAD) needs vocab_size >= 259 (got " +
               str(m.vocab_size) + ")");
 
@@ -584,10 +581,7 @@ void validate_config(RunConfig& c, int64_t world) {
   require(c.init_weights_seed >= 0, "init_weights_seed must be >= 0");
   if (c.shard_optimizer_over_data) {
     // Each of the dp x cp replicas owns a contiguous piece of at least one element.
-    const int64_t tp_params = m.num_layers * (2 * m.d_model + (m.num_heads + 2 * m.num_kv_heads) * m.head_dim *
-                                                  m.d_model / c.tp + m.d_model * m.num_heads * m.head_dim / c.tp +
-                                              3 * m.mlp_dim * m.d_model / c.tp) +
-                              m.vocab_size * m.d_model * (m.tie_embeddings ? 1 : 2) + m.d_model;
+    const int64_t tp_params = parameters_per_tp_rank(m, c.tp);
     require(tp_params >= c.dp * c.cp,
             "shard_optimizer_over_data needs at least one parameter per replica (dp * cp = " + str(c.dp * c.cp) +
                 ", parameters per tp rank = " + str(tp_params) + ")");

@@ -13,19 +13,27 @@
 // Usage:
 //   RunConfig cfg = load_config("configs/demo.yml", {"steps=10"});
 //   validate_config(cfg, world_size);   // every rule, before any work
-//   cfg.model.d_model; cfg.steps; cfg.get<int64_t>("steps");
+//   cfg.model.d_model; cfg.steps; cfg.strategy(); cfg.get<int64_t>("steps");
+//
+// The typed fields are the only truth: each key of config_keys() is bound to
+// one field, parsed once (enums by core/vocabulary.h) when the configuration
+// is read; the key/value form (values(), to_yaml(), get<T>()) is derived
+// from the fields.
 //
 // Every error is a ConfigError naming the file/key and the broken rule; an
 // unknown key suggests the nearest valid one. The planner (src/plan) reads
 // configs through the same functions.
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include "core/error.h"
-#include "model/llama_config.h"
+#include "core/mask.h"
+#include "core/model_shape.h"
+#include "core/vocabulary.h"
 
 namespace longctx {
 
@@ -33,16 +41,20 @@ namespace longctx {
 // integers (learning_rate: 1), booleans are YAML booleans.
 using ConfigValue = std::variant<int64_t, double, bool, std::string>;
 
-// The schema: every valid key, its type (the default's alternative) and default.
+struct RunConfig;
+
+// The schema: every valid key, its type (the default's alternative), default,
+// and the field it is bound to.
 struct ConfigKey {
   const char* name;
   ConfigValue default_value;
   const char* help;  // one line; configs/base.yml carries the longer comment
+  ConfigValue (*get)(const RunConfig&);
+  void (*set)(RunConfig&, const ConfigValue&);  // ConfigError on a bad name or type
 };
 const std::vector<ConfigKey>& config_keys();
 
-// The parsed configuration. Typed fields for what the engine reads; every key
-// (including these) is also in `values`, for get<T>() and for saving.
+// The parsed configuration.
 struct RunConfig {
   // ---- run / output
   std::string run_name;               // run_name
@@ -58,28 +70,29 @@ struct RunConfig {
   // ---- model
   std::string model_name;             // model_name (configs/model/<name>.yml; "" = keys below)
   LlamaConfig model;                  // base_emb_dim, base_num_query_heads, ...
-  std::string dtype;                  // dtype (float32 only today)
-  std::string remat_policy;           // remat_policy: none|minimal|save_context|full|custom
+  DType dtype = DType::f32;            // dtype (float32 only today)
+  RematPolicy remat_policy = RematPolicy::full;  // remat_policy
   // custom remat: true = save ("device"), false = recompute ("remat"), in
   // SavePoint order: decoder_layer_input, qkv_proj, context, out_proj, mlpwi, mlpwo.
-  std::vector<bool> remat_custom_save;
+  CustomSave remat_custom_save = kDefaultCustomSave;
 
   // ---- attention
-  std::string attention_type;         // attention_type: full|causal|local|chunked
+  MaskKind attention_type = MaskKind::causal;  // attention_type
   int64_t sliding_window_size = 0;    // sliding_window_size (local)
   int64_t chunk_attn_window_size = 0; // chunk_attn_window_size (chunked)
-  std::string attention_kernel;       // attention_kernel: fast|reference
+  KernelImpl attention_kernel = KernelImpl::fast;  // attention_kernel
 
   // ---- parallelism (dp x cp x tp == world size; cp = ulysses x ring)
   int64_t dp = 1;                     // ici_data_parallelism (-1 in the file = fill the rest)
   int64_t cp = 1;                     // ici_context_parallelism
   int64_t cp_ulysses = 1;             // ici_context_usp_ulysses_parallelism (usp only; 1 otherwise)
   int64_t tp = 1;                     // ici_tensor_parallelism
-  std::string cp_strategy;            // context_parallel_strategy: all_gather|ulysses|ring|usp|auto
+  // context_parallel_strategy; nullopt = "auto" (the planner picks; apps/train.cpp).
+  std::optional<CpStrategy> cp_strategy = CpStrategy::all_gather;
   bool cp_load_balance = true;        // context_parallel_load_balance: zigzag (true) or contiguous
 
   // ---- data
-  std::string dataset_type;           // dataset_type: text|binary|synthetic
+  DatasetType dataset_type = DatasetType::text;  // dataset_type
   std::string dataset_path;           // dataset_path: file or directory
   std::string document_separator;     // document_separator ("" = one document per file)
   bool packing = true;                // packing
@@ -108,8 +121,20 @@ struct RunConfig {
   // The ring factor of cp (the mesh's ring axis, src/comm/mesh.h): cp for
   // all_gather/ring/ulysses (their group is all of cp), cp / ulysses for usp.
   int64_t ring() const { return cp / cp_ulysses; }
+  // The resolved strategy (ConfigError while it is still "auto").
+  CpStrategy strategy() const;
+  // The ulysses (all-to-all) degree of the strategy: cp for ulysses, the
+  // usp factor for usp, 1 for all_gather and ring.
+  int64_t ulysses_degree() const;
+  // The token layout over the cp ranks (zigzag only when cp > 1).
+  LayoutKind layout() const;
+  // The attention mask of attention_type and its window.
+  MaskSpec mask() const;
+  // save_set_for(remat_policy, remat_custom_save).
+  SaveSet save_set() const { return save_set_for(remat_policy, remat_custom_save); }
 
-  std::map<std::string, ConfigValue> values;  // every key, final values
+  // Every key with its value, derived from the fields.
+  std::map<std::string, ConfigValue> values() const;
   // Where each key's value came from ("default", a file path, "command line").
   std::map<std::string, std::string> sources;
 
@@ -122,13 +147,13 @@ struct RunConfig {
 // Reads `path` (following base_config and model_name) and applies overrides
 // of the form key=value (value parsed as YAML). Checks key names and types.
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
-// Same, from an in-memory map (tests, checkpoints).
+// Same, from an in-memory map (tests, checkpoints): defaults, then `values`.
 RunConfig config_from_values(const std::map<std::string, ConfigValue>& values);
 
 // Every rule that does not need the data: mesh product vs world size,
 // divisibility of sequence and heads, strategy constraints, ranges. Resolves
 // ici_data_parallelism = -1. Throws ConfigError naming the rule. Call it on
-// every rank before any work. context_parallel_strategy == "auto" must be
+// every rank before any work. context_parallel_strategy "auto" must be
 // resolved (apps/train.cpp asks the planner) before this is called.
 void validate_config(RunConfig& config, int64_t world_size);
 

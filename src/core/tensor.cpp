@@ -2,14 +2,6 @@
 
 namespace longctx {
 
-const char* dtype_name(DType t) { return t == DType::f32 ? "fp32" : "bf16"; }
-
-DType parse_dtype(const std::string& name) {
-  if (name == "fp32" || name == "float32") return DType::f32;
-  if (name == "bf16" || name == "bfloat16") return DType::bf16;
-  throw ConfigError("unknown dtype '" + name + "': expected fp32 or bf16");
-}
-
 TensorView::TensorView(void* d, DType t, std::initializer_list<int64_t> shp) : data(d), dtype(t) {
   check_shape(shp.size() <= kMaxRank, "tensor rank above kMaxRank");
   rank = static_cast<int>(shp.size());
@@ -53,13 +45,8 @@ std::string TensorView::shape_string() const {
 }
 
 float* TensorView::f32() const {
-  check_shape(dtype == DType::f32, "expected an fp32 tensor, got " + std::string(dtype_name(dtype)));
+  check_shape(dtype == DType::f32, "expected an fp32 tensor, got " + std::string(name_of(dtype)));
   return static_cast<float*>(data);
-}
-
-bf16* TensorView::bf16p() const {
-  check_shape(dtype == DType::bf16, "expected a bf16 tensor, got " + std::string(dtype_name(dtype)));
-  return static_cast<bf16*>(data);
 }
 
 Tensor::Tensor(std::initializer_list<int64_t> shape, DType dtype, MemCategory category,

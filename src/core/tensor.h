@@ -9,14 +9,9 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/vocabulary.h"
 
 namespace longctx {
-
-enum class DType { f32, bf16 };
-
-inline size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
-const char* dtype_name(DType t);
-DType parse_dtype(const std::string& name);  // "fp32"/"float32", "bf16"/"bfloat16"
 
 // bf16 storage type: the high half of an IEEE float, rounded to nearest even.
 struct bf16 {
@@ -63,7 +58,6 @@ struct TensorView {
   std::string shape_string() const;
 
   float* f32() const;   // throws ShapeError unless dtype == f32
-  bf16* bf16p() const;  // throws ShapeError unless dtype == bf16
   // Address of element (i0, i1, ...) for the first `n` indices.
   template <typename T>
   T* at(std::initializer_list<int64_t> idx) const {

@@ -1,6 +1,6 @@
 #pragma once
 // The one interface the model uses for attention across a context-parallel
-// group. The model never knows which strategy runs (DESIGN.md section 1).
+// group. The model never knows which strategy runs (CpStrategy, core/vocabulary.h).
 //
 // Every rank passes its LOCAL tokens: q [B, S_local, H_local, D] and k, v
 // [B, S_local, G_local, D] (H_local, G_local: heads after tensor parallelism),
@@ -12,6 +12,7 @@
 // outlives a call.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/attention.h"
 
@@ -19,9 +20,6 @@ namespace longctx {
 
 class Mesh;  // src/comm/mesh.h
 
-enum class CpStrategy { all_gather, ulysses, ring, usp };
-CpStrategy parse_cp_strategy(const std::string& name);  // ConfigError on unknown names
-const char* cp_strategy_name(CpStrategy s);
 
 class CpAttention {
  public:
@@ -38,9 +36,7 @@ class CpAttention {
 struct CpOptions {
   // ring/usp: K,V shards travel in chunks of about this many tokens (double
   // buffered), bounding ring memory to a few chunks instead of whole shards.
-  // 0 (the default) picks it from the shard: cp_ring_auto_chunk_tokens. The
-  // planner mirrors the rule (src/plan/planner.cpp, ring_chunks): the chunk
-  // count sets the ring's buffers and its summary all-gather's bytes.
+  // 0 (the default) picks it from the shard: cp_ring_auto_chunk_tokens.
   int64_t ring_chunk_tokens = 0;
 };
 
@@ -89,5 +85,55 @@ std::unique_ptr<CpAttention> make_cp_attention(CpStrategy strategy, const Mesh& 
 // at least 2 (so each zigzag half is its own chunk) and even, at most
 // local_tokens. chunk_tokens == 0: cp_ring_auto_chunk_tokens(local_tokens).
 int64_t cp_ring_chunks(int64_t local_tokens, int64_t chunk_tokens);
+
+// ---- sizes the strategies allocate and send with (the planner asks these) ----
+
+// Position and segment bounds of one ring chunk of one batch row.
+struct RingChunkBounds {
+  int64_t pos_min, pos_max, seg_min, seg_max;
+};
+
+// The ring's chunk plan: each of the P shards of `local_tokens` tokens cut
+// into n = cp_ring_chunks(local_tokens, chunk_tokens) chunks, and, given
+// every rank's chunk bounds, which chunks a q rank needs from a kv rank.
+// RingAttention fills the bounds from the all-gathered positions of each
+// call; the planner from the layout.
+struct RingChunks {
+  RingChunks(int64_t P, int64_t B, int64_t local_tokens, int64_t chunk_tokens);
+  int64_t P = 1, B = 0, n = 0;
+  std::vector<int64_t> begin;            // [n + 1] chunk boundaries (local tokens)
+  std::vector<RingChunkBounds> bounds;   // [P, B, n]
+  int64_t len(int64_t c) const { return begin[c + 1] - begin[c]; }
+  int64_t max_len() const;
+  const RingChunkBounds& at(int64_t rank, int64_t b, int64_t c) const { return bounds[(rank * B + b) * n + c]; }
+  // Whether any q of q_rank may attend chunk c of kv_rank, judged from the
+  // bounds (conservative); a piece nobody needs moves nothing.
+  bool needs(const MaskSpec& mask, int64_t q_rank, int64_t kv_rank, int64_t c) const;
+};
+
+// Bytes of one ring K,V chunk of `len` tokens on the wire: K, V (fp32),
+// positions (int64) and, with segment masking, segment ids (int32).
+int64_t ring_chunk_bytes(int64_t B, int64_t len, int64_t G, int64_t D, bool segments);
+
+// One attention call of a strategy on one rank: B sequences of L local
+// tokens, H, G local q and kv heads of dim D (after tp).
+struct CpCallShape {
+  CpStrategy strategy = CpStrategy::all_gather;
+  int64_t cp = 1, ulysses = 1;  // ulysses: the all-to-all degree (cp for ulysses, the usp factor)
+  int64_t B = 1, L = 0, H = 0, G = 0, D = 0;
+  bool segments = false;        // packed documents: segment ids travel with K,V
+  int64_t threads = 1;          // kernel threads (per-thread attention scratch)
+  int64_t ring_chunk_tokens = 0;  // CpOptions::ring_chunk_tokens
+};
+// Peak bytes one call allocates (forward or backward, whichever is larger),
+// tracked as communication and scratch, and what they hold. It follows the
+// buffers of all_gather_attention.cpp, ulysses_attention.cpp and
+// ring_attention.cpp in the order they live (cp_workspace.cpp);
+// tests/mpi/test_plan_memory.cpp holds it against the MemoryTracker.
+struct CpWorkspace {
+  int64_t bytes = 0;
+  std::string what;
+};
+CpWorkspace cp_attention_workspace(const CpCallShape& shape);
 
 }  // namespace longctx

@@ -8,27 +8,8 @@
 
 namespace longctx {
 
-CpStrategy parse_cp_strategy(const std::string& name) {
-  if (name == "all_gather") return CpStrategy::all_gather;
-  if (name == "ulysses") return CpStrategy::ulysses;
-  if (name == "ring") return CpStrategy::ring;
-  if (name == "usp") return CpStrategy::usp;
-  throw ConfigError("unknown context_parallel_strategy '" + name +
-                    "': expected all_gather, ulysses, ring or usp");
-}
-
-const char* cp_strategy_name(CpStrategy s) {
-  switch (s) {
-    case CpStrategy::all_gather: return "all_gather";
-    case CpStrategy::ulysses: return "ulysses";
-    case CpStrategy::ring: return "ring";
-    case CpStrategy::usp: return "usp";
-  }
-  return "?";
-}
-
 int64_t cp_ring_auto_chunk_tokens(int64_t local_tokens) {
-  constexpr int64_t kTile = 128;  // attention_blocking(): the kernel's kv tile
+  constexpr int64_t kTile = kAttentionTile;  // chunks stay whole kernel tiles
   return std::max<int64_t>(kTile, local_tokens / 16 / kTile * kTile);
 }
 

@@ -7,16 +7,6 @@
 
 namespace longctx {
 
-LayoutKind parse_layout_kind(const std::string& name) {
-  if (name == "contiguous") return LayoutKind::contiguous;
-  if (name == "zigzag") return LayoutKind::zigzag;
-  throw ConfigError("unknown layout '" + name + "': expected contiguous or zigzag");
-}
-
-const char* layout_kind_name(LayoutKind kind) {
-  return kind == LayoutKind::contiguous ? "contiguous" : "zigzag";
-}
-
 CpLayout::CpLayout(LayoutKind kind, int64_t seq_len, int cp, int ulysses)
     : kind_(kind), seq_len_(seq_len), cp_(cp) {
   if (cp < 1 || ulysses < 1 || cp % ulysses != 0)

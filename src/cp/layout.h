@@ -21,9 +21,6 @@
 
 namespace longctx {
 
-enum class LayoutKind { contiguous, zigzag };
-LayoutKind parse_layout_kind(const std::string& name);  // "contiguous" | "zigzag"
-const char* layout_kind_name(LayoutKind kind);
 
 class CpLayout {
  public:

@@ -34,14 +34,22 @@
 
 namespace longctx {
 
+RingChunks::RingChunks(int64_t ranks, int64_t batch, int64_t local_tokens, int64_t chunk_tokens)
+    : P(ranks), B(batch), n(cp_ring_chunks(local_tokens, chunk_tokens)) {
+  for (int64_t c = 0; c <= n; ++c) begin.push_back(c * local_tokens / n);
+  bounds.resize(P * B * n);
+}
+
+int64_t RingChunks::max_len() const {
+  int64_t m = 0;
+  for (int64_t c = 0; c < n; ++c) m = std::max(m, len(c));
+  return m;
+}
+
 namespace {
 
-struct Range {
-  int64_t pos_min, pos_max, seg_min, seg_max;
-};
-
 // Whether any q in `q` may attend any kv in `kv` (conservative).
-bool may_attend(const MaskSpec& m, const Range& q, const Range& kv) {
+bool may_attend(const MaskSpec& m, const RingChunkBounds& q, const RingChunkBounds& kv) {
   if (m.same_segment && (q.seg_max < kv.seg_min || kv.seg_max < q.seg_min)) return false;
   switch (m.kind) {
     case MaskSpec::Kind::full: return true;
@@ -55,49 +63,44 @@ bool may_attend(const MaskSpec& m, const Range& q, const Range& kv) {
   return true;
 }
 
+}  // namespace
+
+bool RingChunks::needs(const MaskSpec& m, int64_t q_rank, int64_t kv_rank, int64_t c) const {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t qc = 0; qc < n; ++qc)
+      if (may_attend(m, at(q_rank, b, qc), at(kv_rank, b, c))) return true;
+  return false;
+}
+
+int64_t ring_chunk_bytes(int64_t B, int64_t len, int64_t G, int64_t D, bool segments) {
+  return B * len * (2 * G * D * 4 + 8 + (segments ? 4 : 0));
+}
+
+namespace {
+
 struct Unit {
   int step, chunk;
   bool send, recv;  // own chunk to r+step; chunk of r-step from r-step
 };
 
 // Who sends what to whom, identical on every rank of the ring.
-struct RingPlan {
-  int P = 1, r = 0;
-  int64_t B = 0, n = 0;
-  std::vector<int64_t> begin;  // [n+1] chunk boundaries (local tokens)
-  std::vector<Range> ranges;   // [P, B, n]
-  std::vector<Unit> units;     // (step, chunk) order; pieces with nothing to do are absent
-
-  int64_t len(int c) const { return begin[c + 1] - begin[c]; }
-  int64_t max_len() const {
-    int64_t m = 0;
-    for (int c = 0; c < n; ++c) m = std::max(m, len(c));
-    return m;
-  }
-  const Range& range(int rank, int64_t b, int c) const { return ranges[(rank * B + b) * n + c]; }
-  bool needs(const MaskSpec& m, int q_rank, int kv_rank, int c) const {
-    for (int64_t b = 0; b < B; ++b)
-      for (int qc = 0; qc < n; ++qc)
-        if (may_attend(m, range(q_rank, b, qc), range(kv_rank, b, c))) return true;
-    return false;
-  }
+struct RingPlan : RingChunks {
+  using RingChunks::RingChunks;
+  int r = 0;
+  std::vector<Unit> units;  // (step, chunk) order; pieces with nothing to do are absent
 };
 
 RingPlan make_plan(const Communicator& comm, const AttentionArgs& a, const LocalDims& d,
                    int64_t chunk_tokens) {
-  RingPlan p;
-  p.P = comm.size();
+  RingPlan p(comm.size(), d.B, d.L, chunk_tokens);
   p.r = comm.rank();
-  p.B = d.B;
-  p.n = cp_ring_chunks(d.L, chunk_tokens);
   if (p.P * p.n >= 16384)
     throw ConfigError("ring: cp x chunks per shard (" + std::to_string(p.P) + " x " +
                       std::to_string(p.n) + ") must stay below 16384; raise ring_chunk_tokens");
-  for (int64_t c = 0; c <= p.n; ++c) p.begin.push_back(c * d.L / p.n);
-  std::vector<Range> mine(d.B * p.n);  // [B, n]
+  std::vector<RingChunkBounds> mine(d.B * p.n);  // [B, n]
   for (int64_t b = 0; b < d.B; ++b)
     for (int c = 0; c < p.n; ++c) {
-      Range rg{INT64_MAX, INT64_MIN, INT64_MAX, INT64_MIN};
+      RingChunkBounds rg{INT64_MAX, INT64_MIN, INT64_MAX, INT64_MIN};
       for (int64_t s = p.begin[c]; s < p.begin[c + 1]; ++s) {
         int64_t pos = a.q_pos[b * d.L + s];
         int64_t seg = a.mask.same_segment ? a.q_seg[b * d.L + s] : 0;
@@ -106,8 +109,7 @@ RingPlan make_plan(const Communicator& comm, const AttentionArgs& a, const Local
       }
       mine[b * p.n + c] = rg;
     }
-  p.ranges.resize(p.P * d.B * p.n);
-  comm.all_gather(mine.data(), p.ranges.data(), mine.size() * sizeof(Range));
+  comm.all_gather(mine.data(), p.bounds.data(), mine.size() * sizeof(RingChunkBounds));
   for (int s = 1; s < p.P; ++s)
     for (int c = 0; c < p.n; ++c) {
       Unit u{s, c, p.needs(a.mask, (p.r + s) % p.P, p.r, c),
@@ -122,9 +124,7 @@ RingPlan make_plan(const Communicator& comm, const AttentionArgs& a, const Local
 struct ChunkFormat {
   LocalDims d;
   bool segments;
-  size_t bytes(int64_t len) const {
-    return d.B * len * (2 * d.G * d.D * 4 + 8 + (segments ? 4 : 0));
-  }
+  size_t bytes(int64_t len) const { return ring_chunk_bytes(d.B, len, d.G, d.D, segments); }
   void pack(const AttentionArgs& a, int64_t begin, int64_t len, char* dst) const {
     const int64_t row = 2 * d.G * d.D;
     float* kv = reinterpret_cast<float*>(dst);
@@ -339,7 +339,7 @@ void RingAttention::forward(const AttentionArgs& local, const TensorView& o, flo
     const AttentionArgs piece = f.with_chunk(local, len, in.wait(i));
     for (int64_t b = 0; b < d.B; ++b)
       for (int qc = 0; qc < p.n; ++qc) {
-        if (!may_attend(local.mask, p.range(p.r, b, qc), p.range(src, b, u.chunk))) continue;
+        if (!may_attend(local.mask, p.at(p.r, b, qc), p.at(src, b, u.chunk))) continue;
         const int64_t q0 = p.begin[qc], q_len = p.len(qc);
         const TensorView part(o_part.data(), DType::f32, {1, q_len, d.H, d.D});
         attention_forward(slice(piece, d, b, q0, q_len, len), part, lse_part.as<float>());

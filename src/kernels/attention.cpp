@@ -1,4 +1,4 @@
-// Block-sparse flash attention on CPUs (DESIGN.md section 2).
+// Block-sparse flash attention on CPUs (the interface: attention.h).
 //
 // Every (q block, kv block) tile of a (batch, head) is classified from the
 // bounds of its positions and segment ids before any FLOP: empty tiles are
@@ -32,11 +32,19 @@ namespace longctx {
 using attn::BlockBounds;
 using attn::TileKind;
 
-// 128 x 128 tiles measured best for D = 64, 128 and 256 (oneDNN's per-call
-// packing is amortised; the tile's working set stays in the 1 MiB L2).
-AttentionBlocking attention_blocking(int64_t head_dim) {
-  (void)head_dim;
-  return {128, 128};
+// Per thread, forward: s [bq, bk] scores then probabilities, acc [bq, D],
+// m and l [bq], contiguous copies of the tile's Q [bq, D], K and V [bk, D].
+int64_t attention_forward_scratch_bytes(int64_t D, int64_t threads) {
+  const int64_t b = kAttentionTile;
+  return threads * (b * b + 2 * b * D + 2 * b + 2 * b * D) * static_cast<int64_t>(sizeof(float));
+}
+
+// Per thread, backward: s [bq, bk] (P), dp [bq, bk] (dP then dS), dk_acc,
+// dv_acc [bk, D], dq_tile [bq, D], contiguous copies of K, V [bk, D] and
+// Q, dO [bq, D].
+int64_t attention_backward_scratch_bytes(int64_t D, int64_t threads) {
+  const int64_t b = kAttentionTile;
+  return threads * (2 * b * b + 4 * b * D + 3 * b * D) * static_cast<int64_t>(sizeof(float));
 }
 
 namespace {
@@ -79,8 +87,7 @@ Geometry geometry(const AttentionArgs& a) {
               "attention: mask needs segment ids but none were given");
   g.group = g.H / g.G;
   g.scale = a.scale != 0.0f ? a.scale : static_cast<float>(1.0 / std::sqrt(double(g.D)));
-  AttentionBlocking blk = attention_blocking(g.D);
-  g.bq = blk.q_block, g.bk = blk.kv_block;
+  g.bq = g.bk = kAttentionTile;
   g.nq = (g.Sq + g.bq - 1) / g.bq, g.nk = (g.Skv + g.bk - 1) / g.bk;
   return g;
 }
@@ -163,12 +170,12 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
     }
   sort_for_locality(units);
 
-  // Per thread: s [bq, bk] scores then probabilities, acc [bq, D], m and l [bq],
-  // contiguous copies of the tile's Q [bq, D], K and V [bk, D].
-  const int64_t per_thread = g.bq * g.bk + 2 * g.bq * g.D + 2 * g.bq + 2 * g.bk * g.D;
+  // Per thread: s [bq, bk], acc [bq, D], m, l [bq], then Q, K, V copies
+  // (attention_forward_scratch_bytes).
   const int threads = omp_get_max_threads();
+  const int64_t per_thread = attention_forward_scratch_bytes(g.D, 1) / sizeof(float);
   Buffer scratch(MemCategory::scratch, "attention forward scratch",
-                 sizeof(float) * per_thread * threads);
+                 attention_forward_scratch_bytes(g.D, threads));
   const float scale_log2 = g.scale * kLog2e;
   const int64_t n_units = static_cast<int64_t>(units.size());
   int64_t partial = 0, full = 0;
@@ -259,12 +266,12 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
     }
   sort_for_locality(units);
 
-  // Per thread: s [bq, bk] (P), dp [bq, bk] (dP then dS), dk_acc, dv_acc [bk, D],
-  // dq_tile [bq, D], contiguous copies of K, V [bk, D] and Q, dO [bq, D].
-  const int64_t per_thread = 2 * g.bq * g.bk + 4 * g.bk * g.D + 3 * g.bq * g.D;
+  // Per thread: s, dp [bq, bk], dk_acc, dv_acc [bk, D], dq_tile [bq, D],
+  // then K, V, Q, dO copies (attention_backward_scratch_bytes).
   const int threads = omp_get_max_threads();
+  const int64_t per_thread = attention_backward_scratch_bytes(g.D, 1) / sizeof(float);
   Buffer scratch(MemCategory::scratch, "attention backward scratch",
-                 sizeof(float) * per_thread * threads);
+                 attention_backward_scratch_bytes(g.D, threads));
   // dQ rows of one (batch, head, q block) receive tiles from many units.
   std::unique_ptr<std::mutex[]> dq_locks(new std::mutex[g.B * g.H * g.nq]);
   const float scale_log2 = g.scale * kLog2e;

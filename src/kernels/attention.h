@@ -14,48 +14,11 @@
 #include <limits>
 #include <string>
 
+#include "core/mask.h"
 #include "core/tensor.h"
+#include "core/vocabulary.h"
 
 namespace longctx {
-
-// Which (q, kv) pairs may attend. Positions are global token positions.
-struct MaskSpec {
-  enum class Kind { full, causal, local, chunked };
-  Kind kind = Kind::causal;
-  // local: kv_pos in [q_pos - left, q_pos + right]. causal == local(inf, 0).
-  int64_t left = 0, right = 0;
-  // chunked: q and kv in the same block of `chunk` positions, and causal
-  // (Llama 4 style chunked attention).
-  int64_t chunk = 0;
-  // AND-ed: q and kv must have the same segment id (packed documents).
-  bool same_segment = false;
-
-  static MaskSpec full();
-  static MaskSpec causal();
-  static MaskSpec local(int64_t left, int64_t right);
-  static MaskSpec chunked(int64_t chunk);
-  // "full", "causal", "local:W" (causal window of W tokens: left = W - 1,
-  // right = 0), "local:L:R", "chunked:C"; a "+segments" suffix sets
-  // same_segment. Throws ConfigError on anything else.
-  static MaskSpec parse(const std::string& text);
-  std::string to_string() const;
-
-  bool allows(int64_t q_pos, int64_t kv_pos) const {
-    switch (kind) {
-      case Kind::full: return true;
-      case Kind::causal: return kv_pos <= q_pos;
-      case Kind::local: return kv_pos >= q_pos - left && kv_pos <= q_pos + right;
-      case Kind::chunked: return kv_pos <= q_pos && q_pos / chunk == kv_pos / chunk;
-    }
-    return false;
-  }
-  bool allows(int64_t q_pos, int64_t kv_pos, int32_t q_seg, int32_t kv_seg) const {
-    return (!same_segment || q_seg == kv_seg) && allows(q_pos, kv_pos);
-  }
-};
-
-enum class KernelImpl { fast, reference };
-KernelImpl parse_kernel_impl(const std::string& name);  // "fast" | "reference"
 
 struct AttentionArgs {
   TensorView q, k, v;
@@ -78,12 +41,17 @@ struct AttentionStats {
   int64_t blocks_computed() const { return blocks_partial + blocks_full; }
 };
 
-// Tile sizes of the fast kernel, so that tests can count non-empty tiles.
-struct AttentionBlocking {
-  int64_t q_block;
-  int64_t kv_block;
-};
-AttentionBlocking attention_blocking(int64_t head_dim);
+// The fast kernel's tiles: square, kAttentionTile x kAttentionTile tokens,
+// for every head dim (measured best for D = 64, 128 and 256: oneDNN's
+// per-call packing is amortised and a tile's working set stays in a 1 MiB
+// L2). Tests count non-empty tiles with it, the ring cuts its chunks on it,
+// and the planner classifies tiles with it.
+constexpr int64_t kAttentionTile = 128;
+
+// Scratch bytes one fast forward / backward call allocates (per thread,
+// times `threads`): what the kernel allocates, and what the planner counts.
+int64_t attention_forward_scratch_bytes(int64_t head_dim, int64_t threads);
+int64_t attention_backward_scratch_bytes(int64_t head_dim, int64_t threads);
 
 // O (written) and LSE (written).
 void attention_forward(const AttentionArgs& args, const TensorView& o, float* lse,

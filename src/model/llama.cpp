@@ -15,63 +15,7 @@
 
 namespace longctx {
 
-// ---- names ----------------------------------------------------------------------------
-
-RematPolicy parse_remat_policy(const std::string& name) {
-  if (name == "none") return RematPolicy::none;
-  if (name == "minimal") return RematPolicy::minimal;
-  if (name == "save_context") return RematPolicy::save_context;
-  if (name == "full") return RematPolicy::full;
-  if (name == "custom") return RematPolicy::custom;
-  throw ConfigError("remat_policy '" + name +
-                    "' is unknown: expected none, minimal, save_context, full or custom");
-}
-
-const char* remat_policy_name(RematPolicy p) {
-  switch (p) {
-    case RematPolicy::none: return "none";
-    case RematPolicy::minimal: return "minimal";
-    case RematPolicy::save_context: return "save_context";
-    case RematPolicy::full: return "full";
-    case RematPolicy::custom: return "custom";
-  }
-  return "?";
-}
-
-const char* save_point_name(SavePoint p) {
-  static const char* names[kNumSavePoints] = {"decoder_layer_input", "qkv_proj", "context",
-                                              "out_proj",            "mlpwi",    "mlpwo"};
-  return names[static_cast<int>(p)];
-}
-
 namespace {
-
-// What a layer keeps for backward (the layer input is always kept).
-struct SaveSet {
-  bool qkv = false;      // q, k, v after RoPE             [N, (H+2G) D / tp]
-  bool context = false;  // attention output and its LSE   [N, H D / tp], [N, H / tp]
-  bool out_proj = false; // residual after attention, x2   [N, d]
-  bool mlpwi = false;    // gate/up projection output      [N, 2 F / tp]
-};
-
-SaveSet save_set_for(const ModelOptions& o) {
-  switch (o.remat) {
-    case RematPolicy::none: return {true, true, true, true};
-    case RematPolicy::minimal: return {true, false, true, true};
-    case RematPolicy::save_context: return {false, true, false, false};
-    case RematPolicy::full: return {false, false, false, false};
-    case RematPolicy::custom: {
-      const auto& s = o.custom_save;
-      if (!s[static_cast<int>(SavePoint::decoder_layer_input)])
-        throw ConfigError(
-            "remat_policy custom: decoder_layer_input must be saved (the layer input is the "
-            "recompute boundary)");
-      return {s[static_cast<int>(SavePoint::qkv_proj)], s[static_cast<int>(SavePoint::context)],
-              s[static_cast<int>(SavePoint::out_proj)], s[static_cast<int>(SavePoint::mlpwi)]};
-    }
-  }
-  return {};
-}
 
 // Counter-based normal samples: the value of element i of a tensor depends on
 // (seed, name, i) only, so every mesh initialises the same full model.
@@ -139,40 +83,22 @@ class SingleRankAttention : public CpAttention {
 
 // ---- implementation state ------------------------------------------------------------
 
-// One activation tensor per layer when the policy saves it, else one scratch
-// tensor that every layer overwrites (and backward recomputes into).
-struct PerLayer {
-  std::vector<Buffer> bufs;
-  bool saved = false;
-  float* at(int64_t layer) const { return bufs[saved ? layer : 0].as<float>(); }
-};
-
+// The buffers of activation_table(), each `copies` times; a tensor the
+// policy does not save has one copy that every layer overwrites (and
+// backward recomputes into).
 struct Workspace {
   int64_t tokens = 0;
   bool training = false;
   SaveSet save;
   size_t bytes = 0;
-  std::vector<Buffer> x;             // L + 1 residual streams, [N, d]; x[L] feeds the final norm
-  PerLayer qkv;                      // [N, QKV] (q, k after RoPE)
-  PerLayer ctx, lse;                 // [N, Hl D], [N, Hl]
-  PerLayer x2;                       // [N, d]
-  PerLayer gu;                       // [N, 2 Fl]: gate | up
-  Buffer normed;                     // [N, d]: h1 or h2
-  Buffer act;                        // [N, Fl]: swiglu output, then its gradient
-  Buffer rope_cos, rope_sin;         // [N, D/2]
-  Buffer dresid, dnorm, dctx, dqkv;  // backward: [N, d], [N, d], [N, Hl D], [N, QKV]
-  Buffer head_in, head_dx, logits;   // loss chunk: [R, d], [R, d], [R, V]
+  int64_t loss_rows = 0;  // rows of one loss chunk
+  std::array<std::vector<Buffer>, kNumActivations> bufs;
 
-  Buffer make(const char* name, int64_t floats) {
-    bytes += static_cast<size_t>(floats) * 4;
-    return Buffer(MemCategory::activations, name, static_cast<size_t>(floats) * 4);
+  float* at(Activation a, int64_t layer = 0) const {
+    const std::vector<Buffer>& v = bufs[static_cast<int>(a)];
+    return v[v.size() > 1 ? layer : 0].as<float>();
   }
-  PerLayer make_per_layer(const char* name, bool saved, int64_t layers, int64_t floats) {
-    PerLayer p;
-    p.saved = saved;
-    for (int64_t l = 0; l < (saved ? layers : 1); ++l) p.bufs.push_back(make(name, floats));
-    return p;
-  }
+  size_t size(Activation a) const { return bufs[static_cast<int>(a)][0].size(); }
 };
 
 struct LlamaModel::Impl {
@@ -272,7 +198,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
   m.rope = RopeParams{c.rope_theta, c.rope_llama3_scaling, c.rope_scaling_factor,
                       c.rope_low_freq_factor, c.rope_high_freq_factor,
                       c.rope_original_max_position};
-  m.save = save_set_for(options);
+  m.save = save_set_for(options.remat, options.custom_save);
   m.impl = options.impl;
   m.mask = options.mask;
   m.loss_chunk_rows = options.loss_chunk_rows;
@@ -282,56 +208,29 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
   else
     m.attention = std::make_unique<SingleRankAttention>(options.impl);
 
-  // Parameter table, Hugging Face order. Fused groups (q,k,v and gate,up)
-  // are adjacent so that one GEMM computes each group.
-  struct Spec { std::string name; int64_t rows, cols; TpSplit split; };
-  std::vector<Spec> specs;
-  const int64_t H = c.num_heads, G = c.num_kv_heads, F = c.mlp_dim, d = m.d;
-  specs.push_back({"model.embed_tokens.weight", m.V, d, TpSplit::none});
+  // The parameter table (core/model_shape.h), in its order: fused groups
+  // (q,k,v and gate,up) are adjacent so that one GEMM computes each group.
+  const std::vector<ParameterSpec> specs = parameter_table(c);
+  auto index_of = [&](const std::string& name) {
+    for (size_t i = 0; i < specs.size(); ++i)
+      if (specs[i].name == name) return static_cast<int>(i);
+    throw Error("model: no parameter " + name);
+  };
   for (int64_t l = 0; l < m.L; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    Impl::LayerIdx idx;
-    idx.attn_norm = static_cast<int>(specs.size());
-    specs.push_back({p + "input_layernorm.weight", d, 0, TpSplit::none});
-    idx.q = static_cast<int>(specs.size());
-    specs.push_back({p + "self_attn.q_proj.weight", H * m.D, d, TpSplit::dim0});
-    specs.push_back({p + "self_attn.k_proj.weight", G * m.D, d, TpSplit::dim0});
-    specs.push_back({p + "self_attn.v_proj.weight", G * m.D, d, TpSplit::dim0});
-    idx.o = static_cast<int>(specs.size());
-    specs.push_back({p + "self_attn.o_proj.weight", d, H * m.D, TpSplit::dim1});
-    idx.mlp_norm = static_cast<int>(specs.size());
-    specs.push_back({p + "post_attention_layernorm.weight", d, 0, TpSplit::none});
-    idx.gate = static_cast<int>(specs.size());
-    specs.push_back({p + "mlp.gate_proj.weight", F, d, TpSplit::dim0});
-    specs.push_back({p + "mlp.up_proj.weight", F, d, TpSplit::dim0});
-    idx.down = static_cast<int>(specs.size());
-    specs.push_back({p + "mlp.down_proj.weight", d, F, TpSplit::dim1});
-    m.layer.push_back(idx);
+    m.layer.push_back({index_of(p + "input_layernorm.weight"), index_of(p + "self_attn.q_proj.weight"),
+                       index_of(p + "self_attn.o_proj.weight"), index_of(p + "post_attention_layernorm.weight"),
+                       index_of(p + "mlp.gate_proj.weight"), index_of(p + "mlp.down_proj.weight")});
   }
-  m.final_norm = static_cast<int>(specs.size());
-  specs.push_back({"model.norm.weight", d, 0, TpSplit::none});
-  if (!c.tie_embeddings) {
-    m.lm_head = static_cast<int>(specs.size());
-    specs.push_back({"lm_head.weight", m.V, d, TpSplit::none});
-  }
-  m.embed = 0;
-  if (c.tie_embeddings) m.lm_head = m.embed;
-
-  auto local_shape = [&](const Spec& s) {
-    int64_t r = s.rows, k = s.cols;
-    if (s.split == TpSplit::dim0) r /= tp;
-    if (s.split == TpSplit::dim1) k /= tp;
-    return std::pair<int64_t, int64_t>{r, k};
-  };
-  for (const Spec& s : specs) {
-    auto [r, k] = local_shape(s);
-    m.total += r * (k == 0 ? 1 : k);
-  }
+  m.embed = index_of("model.embed_tokens.weight");
+  m.final_norm = index_of("model.norm.weight");
+  m.lm_head = c.tie_embeddings ? m.embed : index_of("lm_head.weight");
+  m.total = parameters_per_tp_rank(c, tp);
   m.param_buf = Buffer(MemCategory::parameters, "model parameters", m.total * 4);
   m.grad_buf = Buffer(MemCategory::gradients, "model gradients", m.total * 4);
   int64_t offset = 0;
-  for (const Spec& s : specs) {
-    auto [r, k] = local_shape(s);
+  for (const ParameterSpec& s : specs) {
+    const auto [r, k] = s.local_shape(tp);
     NamedTensor p;
     p.name = s.name;
     p.full_shape = {s.rows, s.cols};
@@ -413,7 +312,7 @@ struct Step {
 
   float* param(int i) const { return P[i].local.f32(); }
   float* grad(int i) const { return Gr[i].local.f32(); }
-  float* x(int64_t l) const { return w.x[l].as<float>(); }
+  float* x(int64_t l) const { return w.at(Activation::x, l); }
 
   template <typename F>
   void elementwise(F&& f) {
@@ -429,12 +328,12 @@ struct Step {
   void norm1(int64_t l) {
     ProfileScope p(m.profile.elementwise);
     rmsnorm_forward(mat(x(l), N, m.d), param(m.layer[l].attn_norm), m.eps,
-                    mat(w.normed.as<float>(), N, m.d));
+                    mat(w.at(Activation::normed), N, m.d));
   }
   void norm2(int64_t l) {
     ProfileScope p(m.profile.elementwise);
-    rmsnorm_forward(mat(w.x2.at(l), N, m.d), param(m.layer[l].mlp_norm), m.eps,
-                    mat(w.normed.as<float>(), N, m.d));
+    rmsnorm_forward(mat(w.at(Activation::out_proj, l), N, m.d), param(m.layer[l].mlp_norm), m.eps,
+                    mat(w.at(Activation::normed), N, m.d));
   }
   TensorView heads(float* qkv, int64_t first_col, int64_t n_heads) const {  // [N, n_heads, D]
     return TensorView::strided(qkv + first_col, DType::f32, {N, n_heads, m.D},
@@ -442,16 +341,16 @@ struct Step {
   }
   // qkv = h1 Wqkv^T, then RoPE on q and k. Needs normed = h1.
   void project_qkv(int64_t l) {
-    float* qkv = w.qkv.at(l);
-    matmul(false, true, N, m.qkv_cols, m.d, 1.0f, w.normed.as<float>(), m.d,
+    float* qkv = w.at(Activation::qkv, l);
+    matmul(false, true, N, m.qkv_cols, m.d, 1.0f, w.at(Activation::normed), m.d,
              param(m.layer[l].q), m.d, 0.0f, qkv, m.qkv_cols);
     ProfileScope p(m.profile.elementwise);
-    rope_forward(heads(qkv, 0, m.Hl + m.Gl), w.rope_cos.as<float>(),
-                 w.rope_sin.as<float>());  // q and k heads are adjacent
+    rope_forward(heads(qkv, 0, m.Hl + m.Gl), w.at(Activation::rope_cos),
+                 w.at(Activation::rope_sin));  // q and k heads are adjacent
   }
   AttentionArgs attention_args(int64_t l) const {
     AttentionArgs a;
-    m.attention_args(w.qkv.at(l), a);
+    m.attention_args(w.at(Activation::qkv, l), a);
     return a;
   }
   TensorView context_view(float* ctx) const {  // [B, S, Hl, D]
@@ -459,38 +358,38 @@ struct Step {
   }
   void attend(int64_t l) {
     ProfileScope p(m.profile.attention);
-    m.attention->forward(attention_args(l), context_view(w.ctx.at(l)), w.lse.at(l));
+    m.attention->forward(attention_args(l), context_view(w.at(Activation::context, l)), w.at(Activation::context_lse, l));
   }
   // x2 = x + ctx Wo^T (row-parallel: partial sums all-reduced over tp).
   void out_proj(int64_t l) {
-    float* x2 = w.x2.at(l);
-    matmul(false, true, N, m.d, m.Hl * m.D, 1.0f, w.ctx.at(l), m.Hl * m.D,
+    float* x2 = w.at(Activation::out_proj, l);
+    matmul(false, true, N, m.d, m.Hl * m.D, 1.0f, w.at(Activation::context, l), m.Hl * m.D,
              param(m.layer[l].o), m.Hl * m.D, 0.0f, x2, m.d);
     m.tp_all_reduce(x2, N * m.d);
     add_into(x2, x(l));
   }
   // gu = h2 Wgu^T. Needs normed = h2.
   void mlp_in(int64_t l) {
-    matmul(false, true, N, 2 * m.Fl, m.d, 1.0f, w.normed.as<float>(), m.d,
-             param(m.layer[l].gate), m.d, 0.0f, w.gu.at(l), 2 * m.Fl);
+    matmul(false, true, N, 2 * m.Fl, m.d, 1.0f, w.at(Activation::normed), m.d,
+             param(m.layer[l].gate), m.d, 0.0f, w.at(Activation::mlpwi, l), 2 * m.Fl);
   }
   TensorView gate(int64_t l) const {
-    return TensorView::strided(w.gu.at(l), DType::f32, {N, m.Fl}, {2 * m.Fl, 1});
+    return TensorView::strided(w.at(Activation::mlpwi, l), DType::f32, {N, m.Fl}, {2 * m.Fl, 1});
   }
   TensorView up(int64_t l) const {
-    return TensorView::strided(w.gu.at(l) + m.Fl, DType::f32, {N, m.Fl}, {2 * m.Fl, 1});
+    return TensorView::strided(w.at(Activation::mlpwi, l) + m.Fl, DType::f32, {N, m.Fl}, {2 * m.Fl, 1});
   }
   void swiglu(int64_t l) {
     ProfileScope p(m.profile.elementwise);
-    swiglu_forward(gate(l), up(l), mat(w.act.as<float>(), N, m.Fl));
+    swiglu_forward(gate(l), up(l), mat(w.at(Activation::mlp_act), N, m.Fl));
   }
   // x[l+1] = x2 + act Wdown^T (row-parallel).
   void mlp_out(int64_t l) {
     float* y = x(l + 1);
-    matmul(false, true, N, m.d, m.Fl, 1.0f, w.act.as<float>(), m.Fl, param(m.layer[l].down),
+    matmul(false, true, N, m.d, m.Fl, 1.0f, w.at(Activation::mlp_act), m.Fl, param(m.layer[l].down),
              m.Fl, 0.0f, y, m.d);
     m.tp_all_reduce(y, N * m.d);
-    add_into(y, w.x2.at(l));
+    add_into(y, w.at(Activation::out_proj, l));
   }
   void add_into(float* dst, const float* src) const {
     ProfileScope p(m.profile.elementwise);
@@ -514,11 +413,11 @@ struct Step {
   // training, the LM head and final norm gradients and dresid = dL/dx[L].
   double loss_head(bool training, float grad_scale) {
     ProfileScope p(m.profile.loss);
-    const int64_t R = w.head_in.size() / (4 * m.d);
+    const int64_t R = w.loss_rows;
     float* W = param(m.lm_head);
     float* x_last = x(m.L);
-    float* hin = w.head_in.as<float>();
-    float* z = w.logits.as<float>();
+    float* hin = w.at(Activation::loss_hidden);
+    float* z = w.at(Activation::loss_logits);
     double total = 0.0;
     for (int64_t r0 = 0; r0 < N; r0 += R) {
       const int64_t rows = std::min(R, N - r0);
@@ -529,11 +428,11 @@ struct Step {
       total += cross_entropy(zv, b.targets + r0, b.loss_weights ? b.loss_weights + r0 : nullptr,
                              grad_scale, training ? &zv : nullptr);
       if (!training) continue;
-      float* dhin = w.head_dx.as<float>();
+      float* dhin = w.at(Activation::loss_d_hidden);
       gemm_f32(true, false, m.V, m.d, rows, 1.0f, z, m.V, hin, m.d, 1.0f, grad(m.lm_head), m.d);
       gemm_f32(false, false, rows, m.d, m.V, 1.0f, z, m.V, W, m.d, 0.0f, dhin, m.d);
       rmsnorm_backward(mat(x_last + r0 * m.d, rows, m.d), param(m.final_norm), m.eps,
-                       mat(dhin, rows, m.d), mat(w.dresid.as<float>() + r0 * m.d, rows, m.d),
+                       mat(dhin, rows, m.d), mat(w.at(Activation::d_resid) + r0 * m.d, rows, m.d),
                        grad(m.final_norm));
     }
     return total;
@@ -550,44 +449,44 @@ struct Step {
     if (!m.save.mlpwi) mlp_in(l);
     swiglu(l);
 
-    float* dy = w.dresid.as<float>();  // [N, d]
-    float* act = w.act.as<float>();    // [N, Fl]
-    float* dnorm = w.dnorm.as<float>();
+    float* dy = w.at(Activation::d_resid);  // [N, d]
+    float* act = w.at(Activation::mlp_act);    // [N, Fl]
+    float* dnorm = w.at(Activation::d_normed);
     // MLP: down projection, SwiGLU (in place over gu), gate/up projection.
     matmul(true, false, m.d, m.Fl, N, 1.0f, dy, m.d, act, m.Fl, 1.0f, grad(li.down), m.Fl);
     matmul(false, false, N, m.Fl, m.d, 1.0f, dy, m.d, param(li.down), m.Fl, 0.0f, act, m.Fl);
     elementwise([&] { swiglu_backward(gate(l), up(l), mat(act, N, m.Fl), gate(l), up(l)); });
-    float* dgu = w.gu.at(l);
-    matmul(true, false, 2 * m.Fl, m.d, N, 1.0f, dgu, 2 * m.Fl, w.normed.as<float>(), m.d, 1.0f,
+    float* dgu = w.at(Activation::mlpwi, l);
+    matmul(true, false, 2 * m.Fl, m.d, N, 1.0f, dgu, 2 * m.Fl, w.at(Activation::normed), m.d, 1.0f,
              grad(li.gate), m.d);
     matmul(false, false, N, m.d, 2 * m.Fl, 1.0f, dgu, 2 * m.Fl, param(li.gate), m.d, 0.0f,
              dnorm, m.d);
     m.tp_all_reduce(dnorm, N * m.d);
     elementwise([&] {
-      rmsnorm_backward(mat(w.x2.at(l), N, m.d), param(li.mlp_norm), m.eps, mat(dnorm, N, m.d),
+      rmsnorm_backward(mat(w.at(Activation::out_proj, l), N, m.d), param(li.mlp_norm), m.eps, mat(dnorm, N, m.d),
                        mat(dy, N, m.d), grad(li.mlp_norm));  // dy is now dL/dx2
     });
 
     // Attention: output projection, attention, RoPE, q/k/v projection.
     const int64_t hd = m.Hl * m.D;
-    float* ctx = w.ctx.at(l);
-    float* dctx = w.dctx.as<float>();
+    float* ctx = w.at(Activation::context, l);
+    float* dctx = w.at(Activation::d_context);
     matmul(true, false, m.d, hd, N, 1.0f, dy, m.d, ctx, hd, 1.0f, grad(li.o), hd);
     matmul(false, false, N, hd, m.d, 1.0f, dy, m.d, param(li.o), hd, 0.0f, dctx, hd);
-    float* dqkv = w.dqkv.as<float>();
+    float* dqkv = w.at(Activation::d_qkv);
     AttentionArgs a = attention_args(l);
     AttentionArgs da;
     m.attention_args(dqkv, da);
     {
       ProfileScope p(m.profile.attention);
-      m.attention->backward(a, context_view(ctx), w.lse.at(l), context_view(dctx), da.q, da.k,
+      m.attention->backward(a, context_view(ctx), w.at(Activation::context_lse, l), context_view(dctx), da.q, da.k,
                             da.v);
     }
     elementwise([&] {
-      rope_backward(heads(dqkv, 0, m.Hl + m.Gl), w.rope_cos.as<float>(), w.rope_sin.as<float>());
+      rope_backward(heads(dqkv, 0, m.Hl + m.Gl), w.at(Activation::rope_cos), w.at(Activation::rope_sin));
     });
     norm1(l);  // normed = h1 again
-    matmul(true, false, m.qkv_cols, m.d, N, 1.0f, dqkv, m.qkv_cols, w.normed.as<float>(), m.d,
+    matmul(true, false, m.qkv_cols, m.d, N, 1.0f, dqkv, m.qkv_cols, w.at(Activation::normed), m.d,
              1.0f, grad(li.q), m.d);
     matmul(false, false, N, m.d, m.qkv_cols, 1.0f, dqkv, m.qkv_cols, param(li.q), m.d, 0.0f,
              dnorm, m.d);
@@ -607,8 +506,43 @@ void check_batch(const Batch& b) {
 
 }  // namespace
 
+std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig& c, int64_t tp,
+                                                               const SaveSet& save, int64_t N, bool training,
+                                                               int64_t loss_chunk_rows) {
+  const int64_t d = c.d_model, D = c.head_dim, L = c.num_layers, Hl = c.num_heads / tp;
+  const int64_t qkv = (Hl + 2 * c.num_kv_heads / tp) * D, Fl = c.mlp_dim / tp;
+  const SaveSet kept = training ? save : SaveSet{};  // evaluation recomputes nothing
+  auto per_layer = [&](bool saved) { return saved ? L : 1; };
+  const int64_t t = training ? 1 : 0;  // backward buffers only when training
+  // Loss chunk: rows x vocab logits under 64 MiB unless asked otherwise.
+  int64_t R = loss_chunk_rows > 0 ? loss_chunk_rows : std::max<int64_t>(1, (int64_t{64} << 20) / (4 * c.vocab_size));
+  R = std::min(R, N);
+  std::array<ActivationBuffer, kNumActivations> table;
+  auto set = [&](Activation a, const char* name, int64_t elements, int64_t copies = 1) {
+    table[static_cast<int>(a)] = {name, elements, copies};
+  };
+  set(Activation::x, "x (layer input)", N * d, L + 1);
+  set(Activation::qkv, "qkv_proj", N * qkv, per_layer(kept.qkv));
+  set(Activation::context, "context", N * Hl * D, per_layer(kept.context));
+  set(Activation::context_lse, "context lse", N * Hl, per_layer(kept.context));
+  set(Activation::out_proj, "out_proj residual", N * d, per_layer(kept.out_proj));
+  set(Activation::mlpwi, "mlpwi", N * 2 * Fl, per_layer(kept.mlpwi));
+  set(Activation::normed, "normed", N * d);
+  set(Activation::mlp_act, "mlp activation", N * Fl);
+  set(Activation::rope_cos, "rope cos", N * D / 2);
+  set(Activation::rope_sin, "rope sin", N * D / 2);
+  set(Activation::d_resid, "d residual", t * N * d);
+  set(Activation::d_normed, "d normed", t * N * d);
+  set(Activation::d_context, "d context", t * N * Hl * D);
+  set(Activation::d_qkv, "d qkv", t * N * qkv);
+  set(Activation::loss_hidden, "loss chunk hidden", R * d);
+  set(Activation::loss_d_hidden, "loss chunk d hidden", t * R * d);
+  set(Activation::loss_logits, "loss chunk logits", R * c.vocab_size);
+  return table;
+}
+
 // Allocates (or reuses) the activation workspace for this batch size.
-static Workspace& workspace_for(LlamaModel::Impl& m, int64_t N, bool training) {
+static Workspace& workspace_for(LlamaModel::Impl& m, const LlamaConfig& c, int64_t N, bool training) {
   // A training workspace serves evaluation too (it has every buffer).
   if (m.ws && m.ws->tokens == N && (m.ws->training || !training)) return *m.ws;
   m.ws.reset();
@@ -616,53 +550,39 @@ static Workspace& workspace_for(LlamaModel::Impl& m, int64_t N, bool training) {
   w->tokens = N;
   w->training = training;
   w->save = training ? m.save : SaveSet{};
-  const int64_t L = m.L, d = m.d;
-  for (int64_t l = 0; l <= L; ++l) w->x.push_back(w->make("x (layer input)", N * d));
-  w->qkv = w->make_per_layer("qkv_proj", w->save.qkv, L, N * m.qkv_cols);
-  w->ctx = w->make_per_layer("context", w->save.context, L, N * m.Hl * m.D);
-  w->lse = w->make_per_layer("context lse", w->save.context, L, N * m.Hl);
-  w->x2 = w->make_per_layer("out_proj residual", w->save.out_proj, L, N * d);
-  w->gu = w->make_per_layer("mlpwi", w->save.mlpwi, L, N * 2 * m.Fl);
-  w->normed = w->make("normed", N * d);
-  w->act = w->make("mlp activation", N * m.Fl);
-  w->rope_cos = w->make("rope cos", N * m.D / 2);
-  w->rope_sin = w->make("rope sin", N * m.D / 2);
-  if (training) {
-    w->dresid = w->make("d residual", N * d);
-    w->dnorm = w->make("d normed", N * d);
-    w->dctx = w->make("d context", N * m.Hl * m.D);
-    w->dqkv = w->make("d qkv", N * m.qkv_cols);
+  const auto table = activation_table(c, m.tp, m.save, N, training, m.loss_chunk_rows);
+  for (int a = 0; a < kNumActivations; ++a) {
+    const ActivationBuffer& t = table[a];
+    if (t.elements == 0) continue;
+    for (int64_t i = 0; i < t.copies; ++i) {
+      w->bufs[a].emplace_back(MemCategory::activations, t.name, static_cast<size_t>(t.elements) * 4);
+      w->bytes += static_cast<size_t>(t.elements) * 4;
+    }
   }
-  // Loss chunk: rows x vocab logits under 64 MiB unless asked otherwise.
-  int64_t R = m.loss_chunk_rows > 0 ? m.loss_chunk_rows
-                                    : std::max<int64_t>(1, (int64_t{64} << 20) / (4 * m.V));
-  R = std::min(R, N);
-  w->head_in = w->make("loss chunk hidden", R * d);
-  w->head_dx = w->make("loss chunk d hidden", training ? R * d : 0);
-  w->logits = w->make("loss chunk logits", R * m.V);
+  w->loss_rows = table[static_cast<int>(Activation::loss_hidden)].elements / c.d_model;
   m.ws = std::move(w);
   return *m.ws;
 }
 
-static LossStats run(LlamaModel::Impl& m, const std::vector<NamedTensor>& P,
+static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vector<NamedTensor>& P,
                      const std::vector<NamedTensor>& Gr, const Batch& b, bool training,
                      float grad_scale) {
   check_batch(b);
   const int64_t N = b.batch * b.seq_local;
-  Workspace& w = workspace_for(m, N, training);
+  Workspace& w = workspace_for(m, c, N, training);
   m.peak_bytes = w.bytes;
   m.batch = &b;
   Step s{m, P, Gr, w, b, N};
   m.profile = StepProfile{};
 
   s.elementwise([&] {
-    rope_table(m.rope, m.D, b.positions, N, w.rope_cos.as<float>(), w.rope_sin.as<float>());
+    rope_table(m.rope, m.D, b.positions, N, w.at(Activation::rope_cos), w.at(Activation::rope_sin));
     embedding_forward(b.tokens, N, s.param(m.embed), m.V, mat(s.x(0), N, m.d));
   });
   for (int64_t l = 0; l < m.L; ++l) s.forward_layer(l);
 
   LossStats out;
-  if (training) std::memset(w.dresid.data(), 0, w.dresid.size());
+  if (training) std::memset(w.at(Activation::d_resid), 0, w.size(Activation::d_resid));
   out.loss_sum = s.loss_head(training, grad_scale);
   if (b.loss_weights) {
     for (int64_t i = 0; i < N; ++i) out.weight_sum += b.loss_weights[i];
@@ -673,18 +593,18 @@ static LossStats run(LlamaModel::Impl& m, const std::vector<NamedTensor>& P,
 
   for (int64_t l = m.L - 1; l >= 0; --l) s.backward_layer(l);
   s.elementwise([&] {
-    embedding_backward(b.tokens, N, mat(w.dresid.as<float>(), N, m.d), s.grad(m.embed), m.V);
+    embedding_backward(b.tokens, N, mat(w.at(Activation::d_resid), N, m.d), s.grad(m.embed), m.V);
   });
   m.batch = nullptr;
   return out;
 }
 
 LossStats LlamaModel::forward_backward(const Batch& batch, float grad_scale) {
-  return run(*impl_, params_, grads_, batch, true, grad_scale);
+  return run(*impl_, config_, params_, grads_, batch, true, grad_scale);
 }
 
 LossStats LlamaModel::forward(const Batch& batch) {
-  return run(*impl_, params_, grads_, batch, false, 1.0f);
+  return run(*impl_, config_, params_, grads_, batch, false, 1.0f);
 }
 
 }  // namespace longctx

@@ -26,36 +26,16 @@
 #include "core/tensor.h"
 #include "cp/cp_attention.h"
 #include "kernels/attention.h"
-#include "model/llama_config.h"
+#include "core/model_shape.h"
 
 namespace longctx {
 
 class Mesh;  // src/comm/mesh.h
 
-// What each decoder layer keeps from forward for backward; the rest is
-// recomputed (MaxText's remat_policy names).
-//   none          save everything below (fastest, most memory)
-//   minimal       save the matmul outputs: qkv_proj, out_proj, mlpwi, mlpwo
-//   save_context  save the attention output and its LSE only
-//   full          save nothing but the layer input (least memory)
-//   custom        the per-tensor choice in ModelOptions::custom_save
-enum class RematPolicy { none, minimal, save_context, full, custom };
-RematPolicy parse_remat_policy(const std::string& name);  // ConfigError on unknown names
-const char* remat_policy_name(RematPolicy p);
-
-// Index into ModelOptions::custom_save (and the names MaxText uses).
-enum class SavePoint { decoder_layer_input, qkv_proj, context, out_proj, mlpwi, mlpwo };
-constexpr int kNumSavePoints = 6;
-const char* save_point_name(SavePoint p);
-
 struct ModelOptions {
   RematPolicy remat = RematPolicy::full;
-  // true = save, false = recompute; used only when remat == custom.
-  // decoder_layer_input must be true (the layer input is the recompute
-  // boundary). mlpwo is accepted for MaxText compatibility but changes
-  // nothing here: the MLP output only feeds the next layer's input, which is
-  // always kept.
-  std::array<bool, kNumSavePoints> custom_save{true, false, false, false, false, false};
+  // Used only when remat == custom (core/vocabulary.h).
+  CustomSave custom_save = kDefaultCustomSave;
   // Attention mask over global positions (causal, sliding window, chunked).
   // When a Batch carries segment ids, same_segment is AND-ed in.
   MaskSpec mask = MaskSpec::causal();
@@ -98,13 +78,6 @@ struct StepProfile {
   double total() const { return matmul + attention + loss + elementwise + tp_comm; }
 };
 
-// How a full tensor is cut over the tp ranks.
-enum class TpSplit {
-  none,  // replicated: every tp rank holds the full tensor
-  dim0,  // rows (output features): column-parallel layers
-  dim1,  // columns (input features): row-parallel layers
-};
-
 // A parameter (or its gradient): this rank's shard as a contiguous view into
 // the model's flat buffer, with what a checkpoint needs to gather/scatter it.
 struct NamedTensor {
@@ -114,6 +87,34 @@ struct NamedTensor {
   TpSplit split = TpSplit::none;
   int64_t split_offset = 0;      // first row (dim0) or column (dim1) of the shard in the full tensor
 };
+
+// The activation buffers one forward/backward allocates for `tokens` local
+// tokens (B * S_local) of this tp rank: what the remat policy trades against
+// compute. The model allocates exactly these (each `copies` times, one per
+// layer when saved); the planner counts the same table.
+enum class Activation {
+  x,            // residual stream, one per layer + 1       [N, d]
+  qkv,          // q, k (after RoPE), v                      [N, (H+2G) D / tp]
+  context,      // attention output                          [N, H D / tp]
+  context_lse,  // its log-sum-exp                           [N, H / tp]
+  out_proj,     // residual after attention                  [N, d]
+  mlpwi,        // gate | up                                 [N, 2 F / tp]
+  normed,       // rmsnorm output, h1 or h2                  [N, d]
+  mlp_act,      // SwiGLU output, then its gradient          [N, F / tp]
+  rope_cos, rope_sin,                                     // [N, D / 2]
+  d_resid, d_normed, d_context, d_qkv,                    // backward only
+  loss_hidden, loss_d_hidden, loss_logits,                // one chunk of rows
+};
+constexpr int kNumActivations = 17;
+struct ActivationBuffer {
+  const char* name;
+  int64_t elements = 0;  // fp32 elements of one copy (0: not allocated)
+  int64_t copies = 1;
+};
+// loss_chunk_rows: ModelOptions::loss_chunk_rows (0 = automatic).
+std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig& config, int64_t tp,
+                                                               const SaveSet& save, int64_t tokens,
+                                                               bool training, int64_t loss_chunk_rows = 0);
 
 class LlamaModel {
  public:

@@ -20,7 +20,7 @@ double HardwareProfile::peak_flops(DType dtype) const {
   double peak = dtype == DType::bf16 ? peak_flops_bf16 : peak_flops_fp32;
   if (peak <= 0)
     throw ConfigError("hardware profile '" + name + "' has no peak FLOP/s for " +
-                      dtype_name(dtype) + "; choose another dtype or profile");
+                      name_of(dtype) + "; choose another dtype or profile");
   return peak;
 }
 

@@ -6,19 +6,9 @@
 
 namespace longctx {
 
-SeqLayout parse_seq_layout(const std::string& name) {
-  if (name == "contiguous") return SeqLayout::contiguous;
-  if (name == "zigzag") return SeqLayout::zigzag;
-  throw ConfigError("unknown layout '" + name + "': expected contiguous or zigzag");
-}
-
-const char* seq_layout_name(SeqLayout layout) {
-  return layout == SeqLayout::contiguous ? "contiguous" : "zigzag";
-}
-
-std::vector<PositionRange> layout_ranges(SeqLayout layout, int64_t seq_len, int64_t parts,
+std::vector<PositionRange> layout_ranges(LayoutKind layout, int64_t seq_len, int64_t parts,
                                          int64_t index) {
-  if (layout == SeqLayout::contiguous) {
+  if (layout == LayoutKind::contiguous) {
     if (seq_len % parts != 0)
       throw ConfigError("contiguous layout: " + std::to_string(parts) +
                         " ranks must divide the sequence length " + std::to_string(seq_len));

@@ -20,16 +20,13 @@ struct PositionRange {
   int64_t size() const { return end - begin; }
 };
 
-// How a sequence of S tokens is cut over `parts` ranks (DESIGN.md section 1):
+// How a sequence of S tokens is cut over `parts` ranks (src/cp/layout.h):
 // contiguous: rank i holds [i S/parts, (i+1) S/parts);
 // zigzag: 2 * parts chunks, rank i holds chunks i and 2 parts - 1 - i.
-enum class SeqLayout { contiguous, zigzag };
-SeqLayout parse_seq_layout(const std::string& name);  // ConfigError on unknown names
-const char* seq_layout_name(SeqLayout layout);
 
 // The position ranges rank `index` of `parts` holds. ConfigError when parts
 // does not divide seq_len (2 * parts for zigzag).
-std::vector<PositionRange> layout_ranges(SeqLayout layout, int64_t seq_len, int64_t parts,
+std::vector<PositionRange> layout_ranges(LayoutKind layout, int64_t seq_len, int64_t parts,
                                          int64_t index);
 
 // Pairs (q, kv) with q in `q`, kv in `kv` that the mask allows (per batch

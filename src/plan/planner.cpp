@@ -7,13 +7,15 @@
 #include <memory>
 #include <span>
 
+#include "cp/cp_attention.h"
+#include "kernels/attention.h"
+#include "model/llama.h"
 #include "plan/mask_pairs.h"
+#include "train/optimizer.h"
 
 namespace longctx {
 
 namespace {
-
-const char* const kStrategies[] = {"all_gather", "ulysses", "ring", "usp"};
 
 std::string str(int64_t v) { return std::to_string(v); }
 
@@ -23,89 +25,30 @@ std::string gib(double bytes) {
   return buf;
 }
 
-// What each decoder layer keeps for backward (mirrors SaveSet in src/model/llama.cpp).
-struct SaveSet {
-  bool qkv = false, context = false, out_proj = false, mlpwi = false;
-};
-
-SaveSet save_set(const RunConfig& c) {
-  const std::string& r = c.remat_policy;
-  if (r == "none") return {true, true, true, true};
-  if (r == "minimal") return {true, false, true, true};
-  if (r == "save_context") return {false, true, false, false};
-  if (r == "full") return {false, false, false, false};
-  if (r == "custom") {
-    const auto& s = c.remat_custom_save;  // SavePoint order
-    if (s.size() < 5) throw ConfigError("remat_policy=custom: the per-tensor choices are missing");
-    return {s[1], s[2], s[3], s[4]};
-  }
-  throw ConfigError("remat_policy must be none|minimal|save_context|full|custom (got '" + r + "')");
-}
-
 // Policies from most to least memory; the planner escalates along it.
-const char* const kRematLadder[] = {"none", "minimal", "save_context", "full"};
-
-MaskSpec mask_of(const RunConfig& c) {
-  MaskSpec m;
-  const std::string& a = c.attention_type;
-  if (a == "full") {
-    m.kind = MaskSpec::Kind::full;
-  } else if (a == "causal") {
-    m.kind = MaskSpec::Kind::causal;
-  } else if (a == "local") {
-    if (c.sliding_window_size <= 0)
-      throw ConfigError("attention_type=local needs sliding_window_size > 0");
-    m.kind = MaskSpec::Kind::local;  // the window counts the query itself
-    m.left = c.sliding_window_size - 1;
-    m.right = 0;
-  } else if (a == "chunked") {
-    if (c.chunk_attn_window_size <= 0)
-      throw ConfigError("attention_type=chunked needs chunk_attn_window_size > 0");
-    m.kind = MaskSpec::Kind::chunked;
-    m.chunk = c.chunk_attn_window_size;
-  } else {
-    throw ConfigError("attention_type must be full|causal|local|chunked (got '" + a + "')");
-  }
-  return m;
-}
-
-DType dtype_of(const RunConfig& c) {
-  const std::string& t = c.dtype;
-  if (t == "float32" || t == "fp32") return DType::f32;
-  if (t == "bfloat16" || t == "bf16") return DType::bf16;
-  throw ConfigError("dtype must be float32 or bfloat16 (got '" + t + "')");
-}
+constexpr RematPolicy kRematLadder[] = {RematPolicy::none, RematPolicy::minimal, RematPolicy::save_context,
+                                        RematPolicy::full};
 
 // Everything the formulas need, derived once from the config.
 struct Shape {
-  std::string strategy;
+  CpStrategy strategy;
   int64_t B, S, dp, cp, U, R, tp, devices;
   int64_t d, V, D, L, Hl, Gl, Fl, qkv_cols;
   int64_t N;      // tokens per device: B * S / cp
   int64_t act;    // bytes per activation element
   MaskSpec mask;
-  SeqLayout layout;
+  LayoutKind layout;
   SaveSet save;
+  LlamaConfig model;
   int64_t params_local;  // fp32 parameters on this device
-  // shard_optimizer_over_data (ZeRO-1) over the dp x cp replicas (src/train
-  // flat_piece): equal blocks of floor(P / replicas), the remainder (tail)
-  // on the last replica, the busiest, which the device stands for.
+  // shard_optimizer_over_data (ZeRO-1) over the dp x cp replicas: the piece
+  // of the last replica (it also takes the remainder), which the device
+  // stands for.
   bool zero1;
-  int64_t piece_block, piece_tail;
-  int64_t optimizer_elements;  // moments per device: the largest piece, or every parameter
+  FlatPiece piece;
   int64_t threads;       // kernel threads per device (per-thread attention scratch)
   bool segments;         // packed documents: segment ids travel with K,V
 };
-
-// Parameters per device, in the model's table order (src/model/llama.cpp):
-// embedding and norms replicated, q/k/v/gate/up split by rows, o/down by columns.
-int64_t local_parameters(const LlamaConfig& m, int64_t tp) {
-  const int64_t d = m.d_model, D = m.head_dim;
-  int64_t layer = 2 * d + (m.num_heads + 2 * m.num_kv_heads) * D * d / tp +
-                  d * m.num_heads * D / tp + 3 * m.mlp_dim * d / tp;
-  int64_t embed = m.vocab_size * d;
-  return embed + m.num_layers * layer + d + (m.tie_embeddings ? 0 : embed);
-}
 
 // The rule a (strategy, U, R) factorization breaks at this mesh, or "".
 std::string invalid_reason(const RunConfig& c, int64_t cp, int64_t U) {
@@ -134,16 +77,17 @@ int64_t threads_of(const RunConfig& c, const HardwareProfile* hw) {
 Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   Shape s;
   s.threads = threads;
-  s.strategy = c.cp_strategy;
+  s.strategy = c.strategy();
   s.B = c.per_device_batch_size;
   s.S = c.max_target_length;
   s.cp = c.cp;
   s.tp = c.tp;
-  s.U = c.cp_strategy == "ulysses" ? c.cp : c.cp_strategy == "usp" ? c.cp_ulysses : 1;
+  s.U = c.ulysses_degree();
   s.R = c.cp / s.U;
   s.devices = devices;
   s.dp = devices / (c.cp * c.tp);
   const LlamaConfig& m = c.model;
+  s.model = m;
   s.d = m.d_model;
   s.V = m.vocab_size;
   s.D = m.head_dim;
@@ -153,21 +97,36 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.Fl = m.mlp_dim / c.tp;
   s.qkv_cols = (s.Hl + 2 * s.Gl) * s.D;
   s.N = s.B * s.S / s.cp;
-  s.act = static_cast<int64_t>(dtype_size(dtype_of(c)));
-  s.mask = mask_of(c);
-  s.layout = c.cp_load_balance ? SeqLayout::zigzag : SeqLayout::contiguous;
-  s.save = save_set(c);
-  s.params_local = local_parameters(m, c.tp);
+  s.act = static_cast<int64_t>(dtype_size(c.dtype));
+  s.mask = c.mask();
+  s.layout = c.layout();
+  s.save = c.save_set();
+  s.params_local = parameters_per_tp_rank(m, c.tp);
   s.segments = c.packing;
   const int64_t replicas = s.dp * s.cp;
   s.zero1 = c.shard_optimizer_over_data && replicas > 1;
-  s.piece_block = s.zero1 ? s.params_local / replicas : s.params_local;
-  s.piece_tail = s.zero1 ? s.params_local % replicas : 0;
-  s.optimizer_elements = s.piece_block + s.piece_tail;
+  s.piece = s.zero1 ? flat_piece(s.params_local, static_cast<int>(replicas), static_cast<int>(replicas - 1))
+                    : flat_piece(s.params_local, 1, 0);
   return s;
 }
 
-// ---- one attention call (mirrors src/cp: byte formulas in cp_attention.h) -------------
+// One attention call of this device as the strategies see it.
+CpCallShape call_shape(const Shape& s) {
+  CpCallShape k;
+  k.strategy = s.strategy;
+  k.cp = s.cp;
+  k.ulysses = s.U;
+  k.B = s.B;
+  k.L = s.S / s.cp;
+  k.H = s.Hl;
+  k.G = s.Gl;
+  k.D = s.D;
+  k.segments = s.segments;
+  k.threads = s.threads;
+  return k;
+}
+
+// ---- one attention call: bytes per src/cp/cp_attention.h and the ring's own chunk plan ----
 
 // Heads per device after the all-to-all: q heads split, KV heads split when
 // the degree divides them, else one replicated KV head.
@@ -179,36 +138,22 @@ Heads heads_after_all_to_all(const Shape& s) {
   return {s.Hl / s.U, s.Gl % s.U == 0 ? s.Gl / s.U : 1};
 }
 
-// Chunks per ring shard (cp_ring_chunks in src/cp/cp_common.cpp); chunk_tokens
-// 0 is the automatic rule (cp_ring_auto_chunk_tokens): local / 16 rounded down
-// to the kernel's 128-token kv tile, at least one tile.
-int64_t ring_chunks(int64_t local_tokens, int64_t chunk_tokens) {
-  if (chunk_tokens == 0) chunk_tokens = std::max<int64_t>(128, local_tokens / 16 / 128 * 128);
-  int64_t n = std::max<int64_t>(2, (local_tokens + chunk_tokens - 1) / chunk_tokens);
-  n += n % 2;
-  return std::min(n, std::max<int64_t>(local_tokens, 1));
-}
-constexpr int64_t kRingChunkTokens = 0;  // CpOptions::ring_chunk_tokens default: automatic
-
 // The ring of R ranks, each holding the tokens of one ring position (for usp,
-// its U ulysses ranks' tokens, gathered in order), cut into n chunks. Which
-// (step, chunk) pieces move is decided from each chunk's position range,
-// exactly as RingAttention's may_attend does.
+// its U ulysses ranks' tokens, gathered in order), cut into chunks by the
+// ring's own chunk plan (RingChunks), whose bounds come from the layout's
+// positions; which pieces move is the ring's own decision (needs).
 struct RingModel {
-  int64_t P = 1, L = 0, n = 0;
-  std::vector<int64_t> begin;                          // [n + 1] local token boundaries
-  std::vector<std::vector<PositionRange>> chunk;       // [P][n] positions [min, max] (max inclusive in .end)
-
+  int64_t P = 1, n = 0;
   // [q_rank * P + kv_rank]: chunks of kv_rank that q_rank needs, and their tokens.
   std::vector<int64_t> chunks_needed, tokens_needed;
 
-  explicit RingModel(const Shape& s) : P(s.R), L(s.S / s.R) {
-    n = ring_chunks(L, kRingChunkTokens);
-    for (int64_t c = 0; c <= n; ++c) begin.push_back(c * L / n);
-    chunk.resize(P);
+  explicit RingModel(const Shape& s) : P(s.R) {
+    const int64_t L = s.S / s.R;
+    RingChunks chunks(P, 1, L, CpOptions{}.ring_chunk_tokens);
+    n = chunks.n;
     for (int64_t r = 0; r < P; ++r) {
       std::vector<PositionRange> ranges = layout_ranges(s.layout, s.S, P, r);
-      auto position = [&](int64_t local) {  // local index -> global position
+      auto position = [&](int64_t local) {  // local index -> global position (increasing)
         for (const PositionRange& g : ranges) {
           if (local < g.size()) return g.begin + local;
           local -= g.size();
@@ -216,33 +161,14 @@ struct RingModel {
         return int64_t{-1};
       };
       for (int64_t c = 0; c < n; ++c)
-        chunk[r].push_back({position(begin[c]), position(begin[c + 1] - 1)});
+        chunks.bounds[r * n + c] = {position(chunks.begin[c]), position(chunks.begin[c + 1] - 1), 0, 0};
     }
     chunks_needed.assign(P * P, 0);
     tokens_needed.assign(P * P, 0);
     for (int64_t q = 0; q < P; ++q)
       for (int64_t kv = 0; kv < P; ++kv)
         for (int64_t c = 0; q != kv && c < n; ++c)
-          if (needs(s.mask, q, kv, c)) chunks_needed[q * P + kv]++, tokens_needed[q * P + kv] += len(c);
-  }
-  int64_t len(int64_t c) const { return begin[c + 1] - begin[c]; }
-  // Whether any query chunk of q_rank may attend chunk c of kv_rank. Chunk
-  // ranges grow with the chunk index, so the first query chunk reaching the
-  // window decides (binary search).
-  bool needs(const MaskSpec& m, int64_t q_rank, int64_t kv_rank, int64_t c) const {
-    const PositionRange& kv = chunk[kv_rank][c];  // [begin, end] inclusive
-    const int64_t inf = std::numeric_limits<int64_t>::max();
-    int64_t lo = std::numeric_limits<int64_t>::min(), hi = inf;  // need q.max >= lo, q.min <= hi
-    switch (m.kind) {
-      case MaskSpec::Kind::full: return true;
-      case MaskSpec::Kind::causal: lo = kv.begin; break;
-      case MaskSpec::Kind::local: lo = kv.begin - m.right; hi = kv.end + m.left; break;
-      case MaskSpec::Kind::chunked: lo = kv.begin; hi = (kv.end / m.chunk + 1) * m.chunk - 1; break;
-    }
-    const auto& q = chunk[q_rank];
-    auto it = std::lower_bound(q.begin(), q.end(), lo,
-                               [](const PositionRange& r, int64_t v) { return r.end < v; });
-    return it != q.end() && it->begin <= hi;
+          if (chunks.needs(s.mask, q, kv, c)) chunks_needed[q * P + kv]++, tokens_needed[q * P + kv] += chunks.len(c);
   }
 };
 
@@ -255,7 +181,7 @@ std::vector<CommLine> attention_call_comm(const Shape& s, const RingModel* ring_
   };
   if (s.cp == 1) return out;
   const int64_t B = s.B, D = s.D, L = s.S / s.cp, e = s.act, seg = s.segments ? 4 : 0;
-  if (s.strategy == "all_gather") {
+  if (s.strategy == CpStrategy::all_gather) {
     const int64_t P = s.cp, G = s.Gl;
     add("all_gather", "cp", "K,V", 1, (P - 1) * B * L * 2 * G * D * e, (P - 1) * B * L * 2 * G * D * e);
     add("all_gather", "cp", "positions", 1, (P - 1) * B * L * 8, (P - 1) * B * L * 8);
@@ -283,8 +209,8 @@ std::vector<CommLine> attention_call_comm(const Shape& s, const RingModel* ring_
   if (s.R > 1) {
     const RingModel& ring = *ring_model;
     const int64_t P = ring.P, r = cp_rank / s.U;  // cp_rank = ring_rank * U + ulysses_rank
-    add("all_gather", "ring", "chunk position ranges", 1, (P - 1) * B * ring.n * 32,
-        (P - 1) * B * ring.n * 32);
+    add("all_gather", "ring", "chunk position ranges", 1, (P - 1) * B * ring.n * int64_t(sizeof(RingChunkBounds)),
+        (P - 1) * B * ring.n * int64_t(sizeof(RingChunkBounds)));
     int64_t sends = 0, recvs = 0, sent_tokens = 0, recv_tokens = 0;
     for (int64_t other = 0; other < P; ++other) {  // send own chunks to other, receive its
       sends += ring.chunks_needed[other * P + r], sent_tokens += ring.tokens_needed[other * P + r];
@@ -302,144 +228,32 @@ std::vector<CommLine> attention_call_comm(const Shape& s, const RingModel* ring_
   return out;
 }
 
-// Peak bytes one attention call allocates (forward or backward, whichever is
-// larger), following the tracked buffers of src/cp and src/kernels in the
-// order they live. Every rule below names the allocation it mirrors; the MPI
-// test tests/mpi/test_plan_memory.cpp holds the sum against the
-// MemoryTracker of real training steps.
-struct Workspace {
-  int64_t bytes = 0;
-  std::string what;
-};
-
-// The fast kernel's tile (attention_blocking() in src/kernels/attention.cpp)
-// and its per-thread scratch: forward s [bq, bk], acc and a Q copy [bq, D],
-// m, l [bq], K, V copies [bk, D]; backward s, dp [bq, bk], dk, dv and K, V
-// copies [bk, D], dq and Q, dO copies [bq, D].
-constexpr int64_t kAttentionBlock = 128;
-int64_t kernel_forward_scratch(const Shape& s) {
-  const int64_t b = kAttentionBlock;
-  return s.threads * (b * b + 2 * b * s.D + 2 * b + 2 * b * s.D) * 4;
-}
-int64_t kernel_backward_scratch(const Shape& s) {
-  const int64_t b = kAttentionBlock;
-  return s.threads * (2 * b * b + 4 * b * s.D + 3 * b * s.D) * 4;
-}
-
-// A buffer gathered token-major over P ranks (gather_tokens, or an
-// all-to-all followed by rank_major_to_batch_major): for B > 1 the reorder
-// holds a second copy while it runs.
-int64_t reorder_copies(const Shape& s) { return s.B > 1 ? 2 : 1; }
-
-// RingAttention over R ranks with `tokens` local tokens of h heads
-// (ring_attention.cpp): one chunk to send and two receiving; forward adds
-// the partial O and LSE (scratch) and the kernel's scratch, backward the
-// returning dK, dV (one sending, two receiving) and the kernel's scratch.
-int64_t ring_call_peak(const Shape& s, const Heads& h, int64_t tokens, bool backward) {
-  const int64_t n = ring_chunks(tokens, kRingChunkTokens);
-  int64_t max_len = 0;
-  for (int64_t c = 0; c < n; ++c) max_len = std::max(max_len, (c + 1) * tokens / n - c * tokens / n);
-  const int64_t B = s.B, seg = s.segments ? 4 : 0;
-  const int64_t cap = B * max_len * (2 * h.G * s.D * 4 + 8 + seg);
-  const int64_t grad_cap = B * max_len * 2 * h.G * s.D * 4;
-  if (!backward) return 3 * cap + B * tokens * h.H * (s.D + 1) * 4 + kernel_forward_scratch(s);
-  return 3 * cap + 3 * grad_cap + kernel_backward_scratch(s);
-}
-
-Workspace attention_workspace(const Shape& s) {
-  Workspace w;
-  const int64_t B = s.B, D = s.D, L = s.S / s.cp, seg_row = s.segments ? 4 : 0;
-  const int64_t t = reorder_copies(s);
-  const int64_t delta = B * L * s.Hl * 4;  // CpAttentionImpl::backward's "cp delta"
-  if (s.cp == 1) {  // LocalAttention: the kernel alone
-    w.bytes = std::max(kernel_forward_scratch(s), delta + kernel_backward_scratch(s));
-    w.what = "kernel scratch and delta";
-    return w;
-  }
-  if (s.strategy == "all_gather") {
-    // gather_kv: the local K,V copy lives while K,V, positions, segments are gathered.
-    const int64_t local = B * L * 2 * s.Gl * D * 4;
-    const int64_t kv = B * s.S * 2 * s.Gl * D * 4, pos = B * s.S * 8, seg = B * s.S * seg_row;
-    const int64_t gather = std::max({local + t * kv, local + kv + t * pos, local + kv + pos + t * seg});
-    const int64_t gathered = kv + pos + seg;
-    const int64_t fwd = std::max(gather, gathered + kernel_forward_scratch(s));
-    // Backward: full-sequence fp32 dK,dV, reordered rank-major, reduce-scattered into `mine`.
-    const int64_t dkv = B * s.S * 2 * s.Gl * D * 4;
-    const int64_t bwd = delta + std::max({gather, gathered + dkv + kernel_backward_scratch(s),
-                                          gathered + t * dkv, gathered + dkv + local});
-    w.bytes = std::max(fwd, bwd);
-    w.what = "gathered K,V [B, S, G, D] and their fp32 gradients";
-    return w;
-  }
-  const Heads h = heads_after_all_to_all(s);
-  if (s.U == 1) {  // ring
-    w.bytes = std::max(ring_call_peak(s, h, L, false), delta + ring_call_peak(s, h, L, true));
-    w.what = "ring K,V chunks (1 send, 2 receive) and returning dK,dV";
-    return w;
-  }
-  // ulysses (R = 1) or usp: UlyssesAttention around LocalAttention or RingAttention.
-  const int64_t Sg = s.S / s.R;  // tokens after the all-to-all
-  const int64_t Hu = h.H, Gu = h.G;
-  const int64_t pos = B * Sg * 8, seg = B * Sg * seg_row;
-  const int64_t inner_f = s.R > 1 ? ring_call_peak(s, h, Sg, false) : kernel_forward_scratch(s);
-  const int64_t inner_b = s.R > 1 ? ring_call_peak(s, h, Sg, true) : kernel_backward_scratch(s);
-  // Forward: send + recv, reorder, gather positions/segments, O|LSE records
-  // and LSE scratch around the inner call, reorder O back, receive it.
-  const int64_t q = B * Sg * (Hu + 2 * Gu) * D * 4, o = B * Sg * Hu * (D + 1) * 4, lse = B * Sg * Hu * 4;
-  const int64_t fwd = std::max({2 * q, t * q, q + t * pos, q + pos + t * seg,
-                                q + pos + seg + o + lse + inner_f, pos + seg + t * o + lse,
-                                pos + seg + 2 * o + lse});
-  // Backward: Q,K,V,dO,LSE,delta records, LSE and delta scratch, dQ,dK,dV records.
-  const int64_t qb = B * Sg * ((2 * Hu + 2 * Gu) * D + 2 * Hu) * 4, g = B * Sg * (Hu + 2 * Gu) * D * 4;
-  const int64_t bwd = delta + std::max({2 * qb, t * qb, qb + t * pos, qb + pos + t * seg,
-                                        qb + pos + seg + 2 * lse + g + inner_b,
-                                        pos + seg + 2 * lse + t * g, pos + seg + 2 * lse + 2 * g});
-  w.bytes = std::max(fwd, bwd);
-  w.what = s.R > 1 ? "all-to-all buffers [B, S/R, H/U, D] plus the inner ring's chunks"
-                   : "all-to-all buffers [B, S, H/U, D] (Q,K,V,dO in; O or dQ,dK,dV out)";
-  return w;
-}
-
-// ---- memory (mirrors LlamaModel's workspace and the trainer's buffers) ---------------
+// ---- memory: what the engine allocates, from its own tables ----------------------------
 
 void add_memory(StrategyPlan& p, const char* category, const std::string& name, int64_t bytes) {
   if (bytes > 0) p.memory.push_back({category, name, bytes});
 }
 
 void plan_memory(const Shape& s, StrategyPlan& p) {
-  const int64_t P = s.params_local, N = s.N, e = s.act, L = s.L;
+  const int64_t P = s.params_local, e = s.act;
   add_memory(p, "parameters", "model parameters (fp32)", P * 4);
   add_memory(p, "gradients", "model gradients (fp32)", P * 4);
   add_memory(p, "optimizer",
              s.zero1 ? "AdamW moments (fp32), ZeRO-1 piece 1/" + str(s.dp * s.cp)
                      : std::string("AdamW first and second moments (fp32)"),
-             2 * s.optimizer_elements * 4);
+             kAdamWMoments * int64_t(s.piece.size) * 4);
 
-  // Saved per layer when the policy keeps it, else one buffer every layer reuses.
-  auto per_layer = [&](const std::string& name, bool saved, int64_t elems) {
-    int64_t copies = saved ? L : 1;
-    add_memory(p, "activations", name + " x" + str(copies), copies * elems * e);
-  };
-  add_memory(p, "activations", "x (layer input) x" + str(L + 1), (L + 1) * N * s.d * e);
-  per_layer("qkv_proj", s.save.qkv, N * s.qkv_cols);
-  per_layer("context", s.save.context, N * s.Hl * s.D);
-  per_layer("context lse", s.save.context, N * s.Hl);
-  per_layer("out_proj residual", s.save.out_proj, N * s.d);
-  per_layer("mlpwi", s.save.mlpwi, N * 2 * s.Fl);
-  add_memory(p, "activations", "normed", N * s.d * e);
-  add_memory(p, "activations", "mlp activation", N * s.Fl * e);
-  add_memory(p, "activations", "rope cos, sin", 2 * N * (s.D / 2) * e);
-  add_memory(p, "activations", "backward: d residual, d normed", 2 * N * s.d * e);
-  add_memory(p, "activations", "backward: d context", N * s.Hl * s.D * e);
-  add_memory(p, "activations", "backward: d qkv", N * s.qkv_cols * e);
-  // The loss works on row chunks whose logits stay under 64 MiB.
-  int64_t rows = std::min(N, std::max<int64_t>(1, (int64_t{64} << 20) / (4 * s.V)));
-  add_memory(p, "activations", "loss chunk hidden, d hidden, logits", rows * (2 * s.d + s.V) * e);
+  // The model's own activation table: per layer when the policy saves a
+  // tensor, else one buffer every layer reuses; in the activation dtype.
+  for (const ActivationBuffer& a : activation_table(s.model, s.tp, s.save, s.N, true))
+    if (a.elements > 0)
+      add_memory(p, "activations", std::string(a.name) + (a.copies > 1 ? " x" + str(a.copies) : ""),
+                 a.copies * a.elements * e);
 
   // Transient communication buffers, never alive together: each attention
   // call's workspace, then (ZeRO-1) the trainer's gradient/parameter piece.
-  const Workspace ws = attention_workspace(s);
-  const int64_t zero1_staging = s.zero1 ? s.piece_block * 4 : 0;
+  const CpWorkspace ws = cp_attention_workspace(call_shape(s));
+  const int64_t zero1_staging = s.zero1 ? int64_t(s.piece.block) * 4 : 0;
   if (zero1_staging > ws.bytes)
     add_memory(p, "communication", "ZeRO-1 gradient/parameter piece (fp32, after backward)", zero1_staging);
   else
@@ -492,7 +306,7 @@ AttentionWork attention_work(const Shape& s, const HardwareProfile& hw) {
     w.work.emplace_back();
     for (const auto& [pairs, work] : per_rank) w.pairs.back().push_back(pairs), w.work.back().push_back(work);
   };
-  if (s.strategy == "all_gather" || s.cp == 1) {
+  if (s.strategy == CpStrategy::all_gather || s.cp == 1) {
     // Local queries against the K,V gathered in rank order.
     std::vector<PositionRange> gathered;
     for (int64_t i = 0; i < s.cp; ++i)
@@ -611,7 +425,7 @@ std::vector<std::pair<std::string, double>> elementwise_elements(const Shape& s)
           {"swiglu_forward", N * s.Fl * 2 * L},
           {"swiglu_backward", N * s.Fl * L},
           {"cross_entropy", N * s.V},
-          {"optimizer", double(s.optimizer_elements)}};
+          {"optimizer", double(s.piece.size)}};
 }
 
 void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w, DType dtype,
@@ -661,7 +475,7 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   const double fwd_seconds = fwd_pair / fwd_rate;
   const double bwd_seconds = std::max((fwd_pair + bwd_pair) / at_rate - fwd_seconds, bwd_pair / peak);
   const double per_pair = fwd_seconds * fwd_calls + bwd_seconds * s.L;
-  if (s.R > 1 && s.strategy != "all_gather" && ring_comm_total > 0) {
+  if (s.R > 1 && s.strategy != CpStrategy::all_gather && ring_comm_total > 0) {
     // Each piece travels while the previous one computes (the first during
     // the local shard), so transfers hide behind all but the last step.
     double last = 0;
@@ -727,22 +541,21 @@ int64_t devices_of(const RunConfig& c, const PlanOptions& o) {
 }
 
 // The strategy/factorization candidates at cp: (strategy, ulysses degree).
-std::vector<std::pair<std::string, int64_t>> candidates_at(int64_t cp) {
-  std::vector<std::pair<std::string, int64_t>> out;
-  out.push_back({"all_gather", 1});
-  out.push_back({"ulysses", cp});
-  out.push_back({"ring", 1});
+std::vector<std::pair<CpStrategy, int64_t>> candidates_at(int64_t cp) {
+  std::vector<std::pair<CpStrategy, int64_t>> out;
+  out.push_back({CpStrategy::all_gather, 1});
+  out.push_back({CpStrategy::ulysses, cp});
+  out.push_back({CpStrategy::ring, 1});
   for (int64_t u = 2; u < cp; ++u)
-    if (cp % u == 0) out.push_back({"usp", u});
+    if (cp % u == 0) out.push_back({CpStrategy::usp, u});
   return out;
 }
 
-RunConfig with_candidate(const RunConfig& c, int64_t cp, const std::string& strategy, int64_t U,
-                         const std::string& remat) {
+RunConfig with_candidate(const RunConfig& c, int64_t cp, CpStrategy strategy, int64_t U, RematPolicy remat) {
   RunConfig k = c;
   k.cp = cp;
   k.cp_strategy = strategy;
-  k.cp_ulysses = strategy == "usp" ? U : 1;
+  k.cp_ulysses = strategy == CpStrategy::usp ? U : 1;
   k.remat_policy = remat;
   return k;
 }
@@ -757,10 +570,10 @@ std::string fmt_seconds(double s) {
 
 StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
   StrategyPlan p;
-  p.strategy = c.cp_strategy;
+  p.strategy = c.strategy();
   p.cp = c.cp;
   p.tp = c.tp;
-  p.ulysses = c.cp_strategy == "ulysses" ? c.cp : c.cp_strategy == "usp" ? c.cp_ulysses : 1;
+  p.ulysses = c.ulysses_degree();
   p.ring = c.cp / p.ulysses;
   p.remat_policy = c.remat_policy;
   const int64_t devices = devices_of(c, o);
@@ -790,7 +603,7 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
   std::vector<CommLine> fwd_call, bwd_call;
   int64_t busiest = -1;
   std::unique_ptr<RingModel> ring;
-  if (s.R > 1 && s.strategy != "all_gather") ring = std::make_unique<RingModel>(s);
+  if (s.R > 1 && s.strategy != CpStrategy::all_gather) ring = std::make_unique<RingModel>(s);
   for (int64_t r = 0; r < s.cp; r += s.U) {  // ulysses ranks of one ring position move the same
     std::vector<CommLine> f = attention_call_comm(s, ring.get(), false, r),
                           b = attention_call_comm(s, ring.get(), true, r);
@@ -798,7 +611,7 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
     for (const CommLine& l : f) bytes += l.bytes_sent * fwd_calls;
     for (const CommLine& l : b) bytes += l.bytes_sent * s.L;
     if (bytes > busiest) busiest = bytes, fwd_call = f, bwd_call = b;
-    if (s.strategy == "all_gather" || s.strategy == "ulysses") break;  // every rank the same
+    if (s.strategy == CpStrategy::all_gather || s.strategy == CpStrategy::ulysses) break;  // every rank the same
   }
   add_attention_calls(s, hw, fwd_call, fwd_calls, "attention forward", p);
   add_attention_calls(s, hw, bwd_call, s.L, "attention backward", p);
@@ -813,11 +626,11 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
   // all-reduced, and the updated parameter pieces all-gathered the same way.
   const int64_t replicas = s.dp * s.cp;
   if (s.zero1) {
-    add_collective(p, hw, "reduce_scatter", "dp", replicas, s.tp, "gradient pieces (fp32)", s.piece_block * 4, 1);
-    add_collective(p, hw, "all_reduce", "dp", replicas, s.tp, "gradient tail (fp32)", s.piece_tail * 4, 1);
+    add_collective(p, hw, "reduce_scatter", "dp", replicas, s.tp, "gradient pieces (fp32)", int64_t(s.piece.block) * 4, 1);
+    add_collective(p, hw, "all_reduce", "dp", replicas, s.tp, "gradient tail (fp32)", int64_t(s.piece.tail) * 4, 1);
     add_collective(p, hw, "all_gather", "dp", replicas, s.tp, "updated parameter pieces (fp32)",
-                   s.piece_block * 4, 1);
-    add_collective(p, hw, "all_gather", "dp", replicas, s.tp, "updated parameter tail (fp32)", s.piece_tail * 4, 1);
+                   int64_t(s.piece.block) * 4, 1);
+    add_collective(p, hw, "all_gather", "dp", replicas, s.tp, "updated parameter tail (fp32)", int64_t(s.piece.tail) * 4, 1);
   } else {
     add_collective(p, hw, "all_reduce", "dp", replicas, s.tp, "gradients (fp32)", s.params_local * 4, 1);
   }
@@ -828,7 +641,7 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
   if (s.zero1) add_collective(p, hw, "all_reduce", "dp", replicas, s.tp, "gradient norm pieces (fp64)", 8, 1);
   add_collective(p, hw, "all_reduce", "tp", s.tp, 1, "gradient norm (fp64)", 8, 1);
   for (const CommLine& line : p.comm) p.comm_bytes_sent += line.bytes_sent;
-  plan_time(s, hw, w, dtype_of(c), fwd_calls, p);
+  plan_time(s, hw, w, c.dtype, fwd_calls, p);
   return p;
 }
 
@@ -843,7 +656,7 @@ const StrategyPlan* fastest_fitting(const std::vector<StrategyPlan>& plans) {
 }
 
 std::vector<StrategyPlan> plans_at(const RunConfig& c, const HardwareProfile& hw,
-                                   const PlanOptions& o, int64_t cp, const std::string& remat) {
+                                   const PlanOptions& o, int64_t cp, RematPolicy remat) {
   std::vector<StrategyPlan> out;
   for (const auto& [strategy, U] : candidates_at(cp))
     out.push_back(plan_strategy(with_candidate(c, cp, strategy, U, remat), hw, o));
@@ -854,23 +667,23 @@ std::vector<StrategyPlan> plans_at(const RunConfig& c, const HardwareProfile& hw
 std::string reason_for(const RunConfig& c, const StrategyPlan& best,
                        const std::vector<StrategyPlan>& plans) {
   const int64_t G = c.model.num_kv_heads / c.tp, H = c.model.num_heads / c.tp;
-  auto find = [&](const std::string& s) -> const StrategyPlan* {
+  auto find = [&](CpStrategy s) -> const StrategyPlan* {
     for (const StrategyPlan& p : plans)
       if (p.strategy == s) return &p;
     return nullptr;
   };
-  const StrategyPlan* ag = find("all_gather");
-  const StrategyPlan* ul = find("ulysses");
+  const StrategyPlan* ag = find(CpStrategy::all_gather);
+  const StrategyPlan* ul = find(CpStrategy::ulysses);
   std::string why;
   if (best.cp == 1) {
     why = "cp=1: the whole sequence fits on one device, no context parallelism needed";
-  } else if (best.strategy == "all_gather") {
+  } else if (best.strategy == CpStrategy::all_gather) {
     why = "all_gather: the gathered K,V fit in memory (" + gib(double(best.memory_total)) + " of " +
           gib(double(best.device_memory)) + ") and it is the fastest here";
-  } else if (best.strategy == "ulysses") {
+  } else if (best.strategy == CpStrategy::ulysses) {
     why = "ulysses: " + str(G) + " KV heads allow an all-to-all over all cp=" + str(best.cp) +
           " ranks, moving less than ring" + (ag && !ag->fits ? " (gathered K,V do not fit)" : "");
-  } else if (best.strategy == "usp") {
+  } else if (best.strategy == CpStrategy::usp) {
     why = "usp " + str(best.ulysses) + "x" + str(best.ring) + ": ulysses limited by KV heads (" +
           str(G) + " per tp rank), so an all-to-all over " + str(best.ulysses) +
           " (>= 2 KV heads each way) and a ring over " + str(best.ring);
@@ -901,12 +714,8 @@ std::vector<int64_t> cp_sizes(const RunConfig& c, int64_t devices) {
 std::vector<CommLine> attention_call_comm(const RunConfig& c, bool backward, int64_t cp_rank) {
   const Shape s = make_shape(c, c.cp * c.tp, threads_of(c, nullptr));
   std::unique_ptr<RingModel> ring;
-  if (s.R > 1 && s.strategy != "all_gather") ring = std::make_unique<RingModel>(s);
+  if (s.R > 1 && s.strategy != CpStrategy::all_gather) ring = std::make_unique<RingModel>(s);
   return attention_call_comm(s, ring.get(), backward, cp_rank);
-}
-
-int64_t attention_workspace_bytes(const RunConfig& c) {
-  return attention_workspace(make_shape(c, c.cp * c.tp, threads_of(c, nullptr))).bytes;
 }
 
 PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
@@ -916,15 +725,15 @@ PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, cons
   // Remat policies to try: the configured one, then (only if nothing fits)
   // the ones that save less; at each, the configured optimizer sharding,
   // then ZeRO-1 (it moves the same bytes, so it comes before more recompute).
-  std::vector<std::string> remats{c.remat_policy};
+  std::vector<RematPolicy> remats{c.remat_policy};
   bool past = false;
-  for (const char* r : kRematLadder) {
+  for (RematPolicy r : kRematLadder) {
     if (past) remats.push_back(r);
     past = past || c.remat_policy == r;
   }
   std::vector<bool> shardings{c.shard_optimizer_over_data};
   if (!c.shard_optimizer_over_data) shardings.push_back(true);
-  for (const std::string& remat : remats)
+  for (RematPolicy remat : remats)
     for (bool shard : shardings) {
       RunConfig k = c;
       k.shard_optimizer_over_data = shard;
@@ -944,7 +753,8 @@ PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, cons
         if (cp != cp_sizes(c, devices).front())
           r.reason = "cp=" + str(cp) + " is the smallest that fits; " + r.reason;
         if (remat != c.remat_policy)
-          r.reason += "; remat_policy=" + remat + " because nothing fits with " + c.remat_policy;
+          r.reason += std::string("; remat_policy=") + name_of(remat) + " because nothing fits with " +
+                      name_of(c.remat_policy);
         if (shard != c.shard_optimizer_over_data)
           r.reason += "; shard_optimizer_over_data=true because nothing fits without it";
         return r;
@@ -978,16 +788,16 @@ PlanReport make_plan(const RunConfig& c, const HardwareProfile& hw, const PlanOp
         continue;
       }
     }
-    for (const char* remat : kRematLadder) {
+    for (RematPolicy remat : kRematLadder) {
       StrategyPlan q = plan_strategy(with_candidate(c, p.cp, p.strategy, p.ulysses, remat), hw, opts);
       if (q.valid && q.fits) {
-        p.advice = "fits with remat_policy=" + std::string(remat);
+        p.advice = "fits with remat_policy=" + std::string(name_of(remat));
         break;
       }
     }
     if (!p.advice.empty()) continue;
     for (int64_t cp = p.cp * 2; cp * c.tp <= report.devices; cp *= 2) {
-      int64_t U = p.strategy == "usp" ? p.ulysses : 1;
+      int64_t U = p.strategy == CpStrategy::usp ? p.ulysses : 1;
       StrategyPlan q = plan_strategy(with_candidate(c, cp, p.strategy, U, c.remat_policy), hw, opts);
       if (q.valid && q.fits) {
         p.advice = "fits with ici_context_parallelism=" + str(cp);

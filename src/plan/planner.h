@@ -5,10 +5,12 @@
 // one. `longctx plan` prints it; `train` with context_parallel_strategy=auto
 // calls recommend().
 //
-// It reads the same RunConfig as train (src/core/config.h) and depends only
-// on core plus header-only vocabulary (LlamaConfig, MaskSpec). Its formulas
-// mirror what the engine allocates (src/model: MemoryTracker categories) and
-// sends (src/comm byte counters), so that tests can compare them exactly.
+// It reads the same RunConfig as train (src/core/config.h) and asks the
+// engine for every size it allocates: the parameter table (core), the
+// activation table (src/model), the optimizer's piece (src/train), each
+// strategy's workspace and the ring's chunk plan (src/cp), the kernel's
+// tiles and scratch (src/kernels). Its byte formulas follow the src/comm
+// counters' conventions; tests compare both with real steps, exactly.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,9 +44,9 @@ struct CommLine {
 
 // The prediction for one strategy and factorization at one mesh.
 struct StrategyPlan {
-  std::string strategy;  // all_gather | ulysses | ring | usp
+  CpStrategy strategy = CpStrategy::all_gather;
   int64_t dp = 1, cp = 1, ulysses = 1, ring = 1, tp = 1;
-  std::string remat_policy;
+  RematPolicy remat_policy = RematPolicy::full;
   bool valid = true;
   std::string invalid_reason;  // the rule this factorization breaks
 
@@ -77,9 +79,9 @@ struct StrategyPlan {
 
 struct PlanRecommendation {
   bool found = false;
-  std::string strategy;
+  CpStrategy strategy = CpStrategy::all_gather;
   int64_t cp = 1, ulysses = 1;
-  std::string remat_policy;
+  RematPolicy remat_policy = RematPolicy::full;
   bool shard_optimizer_over_data = false;  // ZeRO-1, tried when nothing fits without it
   std::string reason;  // one line, in the users' terms
   StrategyPlan plan;
@@ -122,9 +124,6 @@ const ElementwiseKernel& elementwise_kernel(const std::string& name);  // Config
 // Assumes positions 0..S-1 laid out by the config's layout (no packing
 // resets); with packed documents ring skips depend on the data.
 std::vector<CommLine> attention_call_comm(const RunConfig& config, bool backward, int64_t cp_rank);
-
-// Peak bytes one attention call allocates (tracked as communication/scratch).
-int64_t attention_workspace_bytes(const RunConfig& config);
 
 // The recommended configuration: the smallest cp that fits (searched only
 // when ici_data_parallelism is -1, i.e. the mesh is not pinned), the fastest

@@ -160,11 +160,13 @@ Corpus synthetic_corpus(uint64_t seed, int64_t max_target_length, int64_t num_do
 }
 
 Corpus load_corpus(const RunConfig& config) {
-  if (config.dataset_type == "text") return load_text_corpus(config.dataset_path, config.document_separator);
-  if (config.dataset_type == "binary") return load_token_file(config.dataset_path, config.model.vocab_size);
-  if (config.dataset_type == "synthetic")
-    return synthetic_corpus(static_cast<uint64_t>(config.init_weights_seed), config.max_target_length);
-  throw ConfigError("dataset_type must be text|binary|synthetic (got '" + config.dataset_type + "')");
+  switch (config.dataset_type) {
+    case DatasetType::text: return load_text_corpus(config.dataset_path, config.document_separator);
+    case DatasetType::binary: return load_token_file(config.dataset_path, config.model.vocab_size);
+    case DatasetType::synthetic:
+      return synthetic_corpus(static_cast<uint64_t>(config.init_weights_seed), config.max_target_length);
+  }
+  throw ConfigError("unknown dataset_type");
 }
 
 Dataset::Dataset(Corpus corpus, int64_t max_target_length, bool packing)
@@ -279,14 +281,6 @@ LocalBatch make_local_batch(const Dataset& data, int64_t first_sequence, int64_t
     }
   }
   return out;
-}
-
-MaskSpec mask_from_config(const RunConfig& c) {
-  if (c.attention_type == "full") return MaskSpec::full();
-  if (c.attention_type == "causal") return MaskSpec::causal();
-  if (c.attention_type == "local") return MaskSpec::local(c.sliding_window_size - 1, 0);
-  if (c.attention_type == "chunked") return MaskSpec::chunked(c.chunk_attn_window_size);
-  throw ConfigError("attention_type must be full|causal|local|chunked (got '" + c.attention_type + "')");
 }
 
 }  // namespace longctx

@@ -128,8 +128,4 @@ LocalBatch make_local_batch(const Dataset& data, int64_t first_sequence, int64_t
                             int64_t dp, int64_t dp_rank, const CpLayout& layout, int cp_rank,
                             const MaskSpec& mask);
 
-// The attention mask the config asks for (segments AND-ed by the model when
-// the batch carries them).
-MaskSpec mask_from_config(const RunConfig& config);
-
 }  // namespace longctx

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "model/llama_config.h"
+#include "core/model_shape.h"
 
 namespace longctx {
 

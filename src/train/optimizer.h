@@ -37,6 +37,9 @@ struct FlatPiece {
 };
 FlatPiece flat_piece(size_t n, int replicas, int rank);
 
+// AdamW keeps two fp32 moments (m, v) per element of its piece.
+constexpr int64_t kAdamWMoments = 2;
+
 class AdamW {
  public:
   // Moments m, v (fp32, tracked as optimizer memory), zero, one per element

@@ -19,19 +19,19 @@ MeshShape mesh_shape_from_config(const RunConfig& c) {
   MeshShape s;
   s.dp = static_cast<int>(c.dp);
   s.cp = static_cast<int>(c.cp);
-  s.ulysses = static_cast<int>(c.cp_strategy == "usp" ? c.cp_ulysses : 1);
+  s.ulysses = static_cast<int>(c.cp_strategy == CpStrategy::usp ? c.cp_ulysses : 1);
   s.tp = static_cast<int>(c.tp);
   return s;
 }
 
 ModelOptions model_options_from_config(const RunConfig& c, const Mesh* mesh) {
   ModelOptions o;
-  o.remat = parse_remat_policy(c.remat_policy);
-  for (int i = 0; i < kNumSavePoints; ++i) o.custom_save[i] = c.remat_custom_save[i];
-  o.mask = mask_from_config(c);
-  o.cp_strategy = parse_cp_strategy(c.cp_strategy);
+  o.remat = c.remat_policy;
+  o.custom_save = c.remat_custom_save;
+  o.mask = c.mask();
+  o.cp_strategy = c.strategy();
   o.mesh = mesh;
-  o.impl = parse_kernel_impl(c.attention_kernel);
+  o.impl = c.attention_kernel;
   return o;
 }
 
@@ -50,9 +50,9 @@ Trainer::Trainer(const RunConfig& config, const Mesh* mesh) : config_(config), m
   }
   data_ = std::make_unique<Dataset>(load_corpus(c), c.max_target_length, c.packing);
   const int cp = static_cast<int>(c.cp), ulysses = mesh_ ? mesh_->shape().ulysses : 1;
-  layout_ = std::make_unique<CpLayout>(c.cp_load_balance && cp > 1 ? LayoutKind::zigzag : LayoutKind::contiguous,
+  layout_ = std::make_unique<CpLayout>(c.layout(),
                                        c.max_target_length, cp, ulysses);
-  mask_ = mask_from_config(c);
+  mask_ = c.mask();
   model_ = std::make_unique<LlamaModel>(c.model, model_options_from_config(c, mesh_),
                                         static_cast<uint64_t>(c.init_weights_seed));
   optimizer_ = std::make_unique<AdamW>(*model_, c, mesh_);
@@ -179,7 +179,7 @@ void Trainer::run(std::FILE* out) {
     std::fprintf(out, "model %lld parameters | mesh dp=%lld cp=%lld (%s, %s) tp=%lld | S=%lld x %lld seq/replica | "
                  "%lld sequences per epoch | peak %.3f TFLOP/s/dev (%s)\n",
                  static_cast<long long>(c.model.num_parameters()), static_cast<long long>(c.dp),
-                 static_cast<long long>(c.cp), c.cp_strategy.c_str(), layout_kind_name(layout_->kind()),
+                 static_cast<long long>(c.cp), name_of(c.strategy()), name_of(layout_->kind()),
                  static_cast<long long>(c.tp), static_cast<long long>(c.max_target_length),
                  static_cast<long long>(c.per_device_batch_size), static_cast<long long>(data_->num_sequences()),
                  peak_tflops_, c.peak_tflops_per_device > 0 ? "given" : "measured fp32 GEMM");

@@ -57,8 +57,8 @@ void check_all(CpStrategy s, int ulysses) {
     for (const char* mask : kMasks)
       for (const Gqa& g : kGqa) {
         CpCheckCase c = make_case(s, layout, mask, g, N);
-        SCOPED_TRACE(std::string(cp_strategy_name(s)) + " ulysses=" + std::to_string(ulysses) +
-                     " " + layout_kind_name(layout) + " " + mask + " " + g.what);
+        SCOPED_TRACE(std::string(name_of(s)) + " ulysses=" + std::to_string(ulysses) +
+                     " " + name_of(layout) + " " + mask + " " + g.what);
         CpCheckResult r = check_cp_strategy(mesh, c);
         EXPECT_LE(r.err_o, kTolerance);
         EXPECT_LE(r.err_lse, kTolerance);

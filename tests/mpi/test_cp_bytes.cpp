@@ -146,18 +146,18 @@ TEST(CpBytes, Ring) {
       EXPECT_LE(r.max_error(), 2e-5);
       RingExpectation e = expected_ring_bytes(c, P, mesh.cp_rank());
       if (!c.mask.same_segment) {
-        EXPECT_EQ(r.counters.bytes_sent(), e.sent) << layout_kind_name(layout) << " " << mask;
-        EXPECT_EQ(r.counters.bytes_received(), e.received) << layout_kind_name(layout) << " " << mask;
+        EXPECT_EQ(r.counters.bytes_sent(), e.sent) << name_of(layout) << " " << mask;
+        EXPECT_EQ(r.counters.bytes_received(), e.received) << name_of(layout) << " " << mask;
       } else {
         // Positions restart per document, so chunk ranges are conservative:
         // at least the exact pieces move, at most all of them.
-        EXPECT_GE(r.counters.bytes_sent(), e.sent) << layout_kind_name(layout);
-        EXPECT_GE(r.counters.bytes_received(), e.received) << layout_kind_name(layout);
+        EXPECT_GE(r.counters.bytes_sent(), e.sent) << name_of(layout);
+        EXPECT_GE(r.counters.bytes_received(), e.received) << name_of(layout);
         const int64_t L = c.seq_len / P, n = cp_ring_chunks(L, c.options.ring_chunk_tokens);
         const int64_t kv_row = 8 * c.kv_heads * c.head_dim;
         const int64_t everything = 2 * (P - 1) * c.batch * n * 32 +
                                    (P - 1) * c.batch * L * (2 * (kv_row + 8 + 4) + kv_row);
-        EXPECT_LE(r.counters.bytes_sent(), everything) << layout_kind_name(layout);
+        EXPECT_LE(r.counters.bytes_sent(), everything) << name_of(layout);
       }
     }
 }

@@ -89,10 +89,10 @@ TEST(ModelTp, ShardsAndLossEqualSingleRank) {
     const float scale = 1.0f / (B * S);
     const LossStats ls = single.forward_backward(batch, scale);
     const LossStats lt = sharded.forward_backward(batch, scale);
-    EXPECT_NEAR(lt.loss_sum, ls.loss_sum, 1e-5 * ls.loss_sum) << remat_policy_name(remat);
+    EXPECT_NEAR(lt.loss_sum, ls.loss_sum, 1e-5 * ls.loss_sum) << name_of(remat);
     EXPECT_EQ(lt.weight_sum, ls.weight_sum);
     EXPECT_LT(shard_error(sharded.gradients(), single.gradients()), 1e-5)
-        << remat_policy_name(remat);
+        << name_of(remat);
 
     // Gradient norm over the mesh: sharded tensors summed over tp, replicated ones once.
     double ss_single = 0.0, ss_local = 0.0;
@@ -158,9 +158,9 @@ TEST(ModelCp, EveryStrategyAndFactorisationEqualsSingleRank) {
     }
   }
   for (const Case& k : cases) {
-    const std::string name = std::string(cp_strategy_name(k.strategy)) + " cp=" +
+    const std::string name = std::string(name_of(k.strategy)) + " cp=" +
                              std::to_string(k.cp) + " tp=" + std::to_string(k.tp) + " " +
-                             layout_kind_name(k.layout);
+                             name_of(k.layout);
     Mesh mesh(1, k.cp, k.ulysses, k.tp);
     ModelOptions opt = single_opt;
     opt.mesh = &mesh;

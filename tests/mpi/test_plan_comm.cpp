@@ -45,16 +45,16 @@ RunConfig config_for(const Case& k, int cp) {
   c.cp = cp;
   c.tp = 1;
   c.dp = 1;
-  c.cp_strategy = k.strategy;
+  c.cp_strategy = parse_enum<CpStrategy>(k.strategy);
   c.cp_ulysses = k.strategy == "usp" ? k.ulysses : 1;
   c.cp_load_balance = k.zigzag;
-  c.attention_type = k.attention_type;
+  c.attention_type = parse_enum<MaskKind>(k.attention_type);
   c.sliding_window_size = k.attention_type == "local" ? k.window : 0;
   c.chunk_attn_window_size = k.attention_type == "chunked" ? k.window : 0;
   c.max_target_length = k.seq;
   c.per_device_batch_size = k.batch;
   c.packing = false;
-  c.dtype = "float32";
+  c.dtype = DType::f32;
   return c;
 }
 
@@ -103,7 +103,7 @@ void run_case(const Case& k) {
   a.v = TensorView(v.data(), DType::f32, {B, L, G, D});
   a.q_pos = a.kv_pos = pos.data();
   a.mask = mask_for(k);
-  auto attention = make_cp_attention(parse_cp_strategy(k.strategy), mesh);
+  auto attention = make_cp_attention(parse_enum<CpStrategy>(k.strategy), mesh);
   mesh.reset_counters();
   TensorView ov(o.data(), DType::f32, {B, L, H, D}), dov(dout.data(), DType::f32, {B, L, H, D});
   attention->forward(a, ov, lse.data());

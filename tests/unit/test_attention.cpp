@@ -393,13 +393,13 @@ namespace {
 
 // Non-empty tiles of one (batch, head) by brute force over every pair.
 int64_t nonempty_tiles(Problem& p) {
-  const AttentionBlocking blk = attention_blocking(p.D);
+  const int64_t tile = kAttentionTile;
   int64_t count = 0;
-  for (int64_t i0 = 0; i0 < p.Sq; i0 += blk.q_block)
-    for (int64_t j0 = 0; j0 < p.Skv; j0 += blk.kv_block) {
+  for (int64_t i0 = 0; i0 < p.Sq; i0 += tile)
+    for (int64_t j0 = 0; j0 < p.Skv; j0 += tile) {
       bool any = false;
-      for (int64_t i = i0; i < std::min(p.Sq, i0 + blk.q_block) && !any; ++i)
-        for (int64_t j = j0; j < std::min(p.Skv, j0 + blk.kv_block) && !any; ++j)
+      for (int64_t i = i0; i < std::min(p.Sq, i0 + tile) && !any; ++i)
+        for (int64_t j = j0; j < std::min(p.Skv, j0 + tile) && !any; ++j)
           any = p.mask.same_segment ? p.mask.allows(p.q_pos[i], p.kv_pos[j], p.q_seg[i], p.kv_seg[j])
                                     : p.mask.allows(p.q_pos[i], p.kv_pos[j]);
       count += any;
@@ -418,8 +418,8 @@ TEST(Attention, ComputedBlocksAreExactlyTheNonEmptyTiles) {
     p.init();
     AttentionStats fwd, bwd;
     run(p, KernelImpl::fast, nullptr, nullptr, &fwd, &bwd);
-    const AttentionBlocking blk = attention_blocking(p.D);
-    const int64_t tiles = ((S + blk.q_block - 1) / blk.q_block) * ((S + blk.kv_block - 1) / blk.kv_block);
+    const int64_t tile = kAttentionTile;
+    const int64_t tiles = ((S + tile - 1) / tile) * ((S + tile - 1) / tile);
     EXPECT_EQ(fwd.blocks_total, tiles * p.H);
     EXPECT_EQ(fwd.blocks_computed(), nonempty_tiles(p) * p.H);
     EXPECT_EQ(bwd.blocks_computed(), fwd.blocks_computed());
@@ -428,7 +428,7 @@ TEST(Attention, ComputedBlocksAreExactlyTheNonEmptyTiles) {
       EXPECT_EQ(fwd.blocks_partial, 0);
     }
     if (std::string(m) == "causal") {
-      EXPECT_EQ(fwd.blocks_partial, ((S + blk.q_block - 1) / blk.q_block) * p.H);
+      EXPECT_EQ(fwd.blocks_partial, ((S + tile - 1) / tile) * p.H);
     }
   }
 }

@@ -194,7 +194,7 @@ TEST(Data, ConfigSelectsTheCorpusAndMask) {
   Corpus a = load_corpus(c), b = load_corpus(c);
   EXPECT_EQ(a.tokens, b.tokens);
   c = config_from_values({{"attention_type", std::string("local")}, {"sliding_window_size", int64_t(3)}});
-  MaskSpec m = mask_from_config(c);
+  MaskSpec m = c.mask();
   EXPECT_TRUE(m.allows(10, 8));
   EXPECT_FALSE(m.allows(10, 7));
   EXPECT_FALSE(m.allows(10, 11));

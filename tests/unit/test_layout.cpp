@@ -60,7 +60,7 @@ TEST(Layout, RulesNameTheSizes) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("2 x ring (8)"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(parse_layout_kind("striped"), ConfigError);
+  EXPECT_THROW(parse_enum<LayoutKind>("striped"), ConfigError);
 }
 
 TEST(Layout, UnmaskedPairsMatchBruteForce) {
@@ -83,7 +83,7 @@ TEST(Layout, UnmaskedPairsMatchBruteForce) {
           for (int64_t i : l.token_indices(r))
             for (int64_t j = 0; j < S; ++j)
               brute += mask.allows(pos[b * S + i], pos[b * S + j], seg[b * S + i], seg[b * S + j]);
-        EXPECT_EQ(pairs[r], brute) << m << " " << layout_kind_name(k) << " rank " << r;
+        EXPECT_EQ(pairs[r], brute) << m << " " << name_of(k) << " rank " << r;
       }
     }
 }

@@ -146,8 +146,15 @@ TEST(Model, ParametersHaveHuggingFaceNamesAndCount) {
       count += p.local.numel();
       EXPECT_EQ(p.local.dim(0), p.full_shape[0]) << p.name;  // one rank: shard == full tensor
     }
-    EXPECT_EQ(count, c.num_parameters());
-    EXPECT_EQ(static_cast<int64_t>(model.flat_parameters().size()), c.num_parameters());
+    // Llama's count in closed form: per layer q, o [d, H D], k, v [d, G D],
+    // gate, up, down [d, F] and two norms; the embedding, the final norm
+    // and the LM head unless tied.
+    const int64_t d = c.d_model, per_layer = 2 * d * c.num_heads * c.head_dim +
+                                              2 * d * c.num_kv_heads * c.head_dim + 3 * d * c.mlp_dim + 2 * d;
+    const int64_t expected = c.vocab_size * d * (tied ? 1 : 2) + c.num_layers * per_layer + d;
+    EXPECT_EQ(count, expected);
+    EXPECT_EQ(c.num_parameters(), expected);
+    EXPECT_EQ(static_cast<int64_t>(model.flat_parameters().size()), expected);
     const auto& names = model.parameters();
     EXPECT_EQ(names.front().name, "model.embed_tokens.weight");
     EXPECT_EQ(names[2].name, "model.layers.0.self_attn.q_proj.weight");
@@ -291,8 +298,8 @@ TEST(Model, RejectsBadConfigs) {
   ModelOptions o = reference_options(RematPolicy::custom);
   o.custom_save[0] = false;
   EXPECT_THROW(LlamaModel(tiny_config(false), o), ConfigError);
-  EXPECT_THROW(parse_remat_policy("nothing"), ConfigError);
-  EXPECT_EQ(parse_remat_policy("save_context"), RematPolicy::save_context);
+  EXPECT_THROW(parse_enum<RematPolicy>("nothing"), ConfigError);
+  EXPECT_EQ(parse_enum<RematPolicy>("save_context"), RematPolicy::save_context);
   BatchData data(1, 4, 11, 1);
   data.tokens[2] = 11;
   LlamaModel model(tiny_config(false), reference_options());

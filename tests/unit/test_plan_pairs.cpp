@@ -44,7 +44,7 @@ TEST(PlanPairs, RandomRangesMatchNaiveCount) {
 }
 
 TEST(PlanPairs, LayoutsPartitionTheSequenceAndCountEveryShardPair) {
-  for (SeqLayout layout : {SeqLayout::contiguous, SeqLayout::zigzag})
+  for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::zigzag})
     for (int64_t parts : {1, 2, 3, 4})
       for (const MaskSpec& mask : masks()) {
         const int64_t S = 2 * parts * 11;
@@ -58,7 +58,7 @@ TEST(PlanPairs, LayoutsPartitionTheSequenceAndCountEveryShardPair) {
           for (int64_t j = 0; j < parts; ++j) {
             auto kj = layout_ranges(layout, S, parts, j);
             int64_t n = count_unmasked_pairs(qi, kj, mask);
-            ASSERT_EQ(n, naive_pairs(qi, kj, mask)) << seq_layout_name(layout) << " " << parts;
+            ASSERT_EQ(n, naive_pairs(qi, kj, mask)) << name_of(layout) << " " << parts;
             sum += n;
           }
         }
@@ -72,7 +72,7 @@ TEST(PlanPairs, ZigzagBalancesCausalPairsExactly) {
   const int64_t S = 4096, P = 8;
   std::vector<PositionRange> all{{0, S}};
   for (int64_t i = 0; i < P; ++i)
-    EXPECT_EQ(count_unmasked_pairs(layout_ranges(SeqLayout::zigzag, S, P, i), all,
+    EXPECT_EQ(count_unmasked_pairs(layout_ranges(LayoutKind::zigzag, S, P, i), all,
                                    MaskSpec::causal()) * P,
               S * (S + 1) / 2);
 }
@@ -139,9 +139,8 @@ TEST(PlanPairs, TilesMatchTheKernelsClassification) {
 // The tiles the kernel reports computing (AttentionStats) for every rank's
 // queries against the K,V gathered in rank order, zigzag and contiguous.
 TEST(PlanPairs, TilesMatchTheKernelsCounters) {
-  const int64_t block = attention_blocking(8).q_block;
-  ASSERT_EQ(block, attention_blocking(8).kv_block);
-  for (SeqLayout layout : {SeqLayout::contiguous, SeqLayout::zigzag})
+  const int64_t block = kAttentionTile;
+  for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::zigzag})
     for (int64_t parts : {1, 2, 3})
       for (const MaskSpec& mask : {MaskSpec::full(), MaskSpec::causal(), MaskSpec::local(2 * block - 1, 0),
                                    MaskSpec::local(block + 9, 0), MaskSpec::chunked(3 * block)}) {
@@ -170,10 +169,10 @@ TEST(PlanPairs, TilesMatchTheKernelsCounters) {
           AttentionStats stats;
           attention_forward(a, TensorView(o.data(), DType::f32, {1, Sq, 1, D}), lse.data(), &stats);
           const TilePairs t = count_tile_pairs(mine, gathered, mask, block);
-          EXPECT_EQ(t.full, stats.blocks_full * block * block) << seq_layout_name(layout) << " " << parts << " "
+          EXPECT_EQ(t.full, stats.blocks_full * block * block) << name_of(layout) << " " << parts << " "
                                                                << mask.to_string() << " rank " << i;
           EXPECT_EQ(t.partial, stats.blocks_partial * block * block)
-              << seq_layout_name(layout) << " " << parts << " " << mask.to_string() << " rank " << i;
+              << name_of(layout) << " " << parts << " " << mask.to_string() << " rank " << i;
         }
       }
 }
@@ -188,9 +187,9 @@ TEST(PlanPairs, FourteenMillionTokensCountTilesQuickly) {
 }
 
 TEST(PlanPairs, LayoutThatDoesNotDivideIsAConfigError) {
-  EXPECT_THROW(layout_ranges(SeqLayout::contiguous, 10, 3, 0), ConfigError);
-  EXPECT_THROW(layout_ranges(SeqLayout::zigzag, 12, 4, 0), ConfigError);
-  EXPECT_THROW(parse_seq_layout("striped"), ConfigError);
+  EXPECT_THROW(layout_ranges(LayoutKind::contiguous, 10, 3, 0), ConfigError);
+  EXPECT_THROW(layout_ranges(LayoutKind::zigzag, 12, 4, 0), ConfigError);
+  EXPECT_THROW(parse_enum<LayoutKind>("striped"), ConfigError);
 }
 
 }  // namespace

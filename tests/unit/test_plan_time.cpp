@@ -35,12 +35,12 @@ RunConfig small_config(const std::string& attention, int64_t seq, const std::str
   c.model.head_dim = 16;
   c.model.mlp_dim = 128;
   c.model.num_layers = 2;
-  c.attention_type = attention;
+  c.attention_type = parse_enum<MaskKind>(attention);
   c.sliding_window_size = attention == "local" ? 200 : 0;
   c.max_target_length = seq;
-  c.remat_policy = remat;
+  c.remat_policy = parse_enum<RematPolicy>(remat);
   c.packing = false;
-  c.dtype = "float32";
+  c.dtype = DType::f32;
   return c;
 }
 
@@ -84,7 +84,7 @@ TEST(PlanTime, DatasheetProfilesUseTheirScalars) {
     EXPECT_GT(h.elementwise_bandwidth_of("rope"), 0) << name;
     // Matmul time is the FLOPs at the datasheet rate, whatever the widths.
     RunConfig c = small_config("causal", 1024, "full");
-    c.dtype = "bfloat16";
+    c.dtype = DType::bf16;
     const StrategyPlan p = plan(c, h);
     const double mm_flops = p.hardware_flops - (4.0 * 2 + 10.0) * 16 * double(p.attention_pairs);
     EXPECT_NEAR(p.matmul_seconds, mm_flops / (h.peak_flops_bf16 * h.matmul_efficiency), 1e-9 * p.matmul_seconds)

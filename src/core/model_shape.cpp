@@ -1,0 +1,43 @@
+#include "core/model_shape.h"
+
+namespace longctx {
+
+std::array<int64_t, 2> ParameterSpec::local_shape(int64_t tp) const {
+  return {split == TpSplit::dim0 ? rows / tp : rows, split == TpSplit::dim1 ? cols / tp : cols};
+}
+
+int64_t ParameterSpec::local_elements(int64_t tp) const {
+  const auto [r, c] = local_shape(tp);
+  return r * (c == 0 ? 1 : c);
+}
+
+std::vector<ParameterSpec> parameter_table(const LlamaConfig& c) {
+  const int64_t H = c.num_heads, G = c.num_kv_heads, D = c.head_dim, F = c.mlp_dim, d = c.d_model;
+  std::vector<ParameterSpec> specs;
+  specs.push_back({"model.embed_tokens.weight", c.vocab_size, d, TpSplit::none});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    specs.push_back({p + "input_layernorm.weight", d, 0, TpSplit::none});
+    specs.push_back({p + "self_attn.q_proj.weight", H * D, d, TpSplit::dim0});
+    specs.push_back({p + "self_attn.k_proj.weight", G * D, d, TpSplit::dim0});
+    specs.push_back({p + "self_attn.v_proj.weight", G * D, d, TpSplit::dim0});
+    specs.push_back({p + "self_attn.o_proj.weight", d, H * D, TpSplit::dim1});
+    specs.push_back({p + "post_attention_layernorm.weight", d, 0, TpSplit::none});
+    specs.push_back({p + "mlp.gate_proj.weight", F, d, TpSplit::dim0});
+    specs.push_back({p + "mlp.up_proj.weight", F, d, TpSplit::dim0});
+    specs.push_back({p + "mlp.down_proj.weight", d, F, TpSplit::dim1});
+  }
+  specs.push_back({"model.norm.weight", d, 0, TpSplit::none});
+  if (!c.tie_embeddings) specs.push_back({"lm_head.weight", c.vocab_size, d, TpSplit::none});
+  return specs;
+}
+
+int64_t parameters_per_tp_rank(const LlamaConfig& c, int64_t tp) {
+  int64_t n = 0;
+  for (const ParameterSpec& s : parameter_table(c)) n += s.local_elements(tp);
+  return n;
+}
+
+int64_t LlamaConfig::num_parameters() const { return parameters_per_tp_rank(*this, 1); }
+
+}  // namespace longctx
