@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/vocabulary.h"
 #include "kernels/attention.h"
 
 namespace longctx {
@@ -124,6 +125,11 @@ struct CpCallShape {
   bool segments = false;        // packed documents: segment ids travel with K,V
   int64_t threads = 1;          // kernel threads (per-thread attention scratch)
   int64_t ring_chunk_tokens = 0;  // CpOptions::ring_chunk_tokens
+  int64_t element_bytes = 4;    // Q, K, V as sent (the activation dtype)
+  // For the ring's traffic: the mask, and positions 0..S-1 in this layout
+  // (with packed documents, which pieces the ring skips depends on the data).
+  MaskSpec mask = MaskSpec::causal();
+  LayoutKind layout = LayoutKind::contiguous;
 };
 // Peak bytes one call allocates (forward or backward, whichever is larger),
 // tracked as communication and scratch, and what they hold. It follows the
@@ -135,5 +141,26 @@ struct CpWorkspace {
   std::string what;
 };
 CpWorkspace cp_attention_workspace(const CpCallShape& shape);
+
+// What one call sends and receives on one cp rank, by operation, as the
+// src/comm counters count it (the byte formulas above), with the ring's
+// skipped pieces decided by its own chunk plan (RingChunks::needs).
+struct CpTransfer {
+  const char* op;    // a comm_op_name: send, recv, all_gather, all_to_all, reduce_scatter
+  const char* axis;  // mesh axis: cp, ulysses or ring
+  std::string what;  // e.g. "K,V"
+  int64_t calls = 0, bytes_sent = 0, bytes_received = 0;
+};
+class CpCallTraffic {
+ public:
+  explicit CpCallTraffic(const CpCallShape& shape);  // builds the ring's chunk plan once
+  std::vector<CpTransfer> transfers(bool backward, int64_t cp_rank) const;
+
+ private:
+  CpCallShape s_;
+  int64_t ring_chunks_ = 0;  // chunks per ring shard
+  // [q_rank * R + kv_rank]: chunks of kv_rank that q_rank needs, and their tokens.
+  std::vector<int64_t> chunks_needed_, tokens_needed_;
+};
 
 }  // namespace longctx

@@ -7,6 +7,12 @@
 
 namespace longctx {
 
+int64_t ring_shard_index(LayoutKind kind, int64_t seq_len, int64_t ring, int64_t ring_rank, int64_t i) {
+  if (kind == LayoutKind::contiguous) return ring_rank * (seq_len / ring) + i;
+  const int64_t chunk = seq_len / (2 * ring);  // zigzag: chunks ring_rank and 2 ring - 1 - ring_rank
+  return i < chunk ? ring_rank * chunk + i : (2 * ring - 1 - ring_rank) * chunk + (i - chunk);
+}
+
 CpLayout::CpLayout(LayoutKind kind, int64_t seq_len, int cp, int ulysses)
     : kind_(kind), seq_len_(seq_len), cp_(cp) {
   if (cp < 1 || ulysses < 1 || cp % ulysses != 0)
@@ -24,13 +30,7 @@ CpLayout::CpLayout(LayoutKind kind, int64_t seq_len, int cp, int ulysses)
   for (int ring = 0; ring < R; ++ring) {
     // The S/R sequence indices of this ring rank, in order.
     std::vector<int64_t> shard;
-    if (kind == LayoutKind::contiguous) {
-      for (int64_t i = 0; i < seq_len / R; ++i) shard.push_back(ring * (seq_len / R) + i);
-    } else {
-      const int64_t chunk = seq_len / (2 * R);
-      for (int64_t i = 0; i < chunk; ++i) shard.push_back(ring * chunk + i);
-      for (int64_t i = 0; i < chunk; ++i) shard.push_back((2 * R - 1 - ring) * chunk + i);
-    }
+    for (int64_t i = 0; i < seq_len / R; ++i) shard.push_back(ring_shard_index(kind, seq_len, R, ring, i));
     for (int u = 0; u < ulysses; ++u)
       indices_[ring * ulysses + u].assign(shard.begin() + u * L, shard.begin() + (u + 1) * L);
   }

@@ -1,6 +1,6 @@
 #pragma once
 // How the tokens of one sequence are split over the cp = ulysses x ring ranks
-// (DESIGN.md section 1). A layout is data, not a code path: it only decides
+// (the README's "Context parallelism"). A layout is data, not a code path: it only decides
 // which sequence index each local token has; every strategy is exact for any
 // layout because global positions and segment ids travel with the tokens.
 //
@@ -21,6 +21,11 @@
 
 namespace longctx {
 
+
+// The sequence index of token i (0 <= i < S / ring) of ring rank `ring_rank`
+// of `ring`: the one definition of both layouts (the requirements above are
+// checked by CpLayout).
+int64_t ring_shard_index(LayoutKind kind, int64_t seq_len, int64_t ring, int64_t ring_rank, int64_t i);
 
 class CpLayout {
  public:

@@ -110,6 +110,12 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   return s;
 }
 
+std::vector<CommLine> comm_lines(const std::vector<CpTransfer>& transfers) {
+  std::vector<CommLine> out;
+  for (const CpTransfer& t : transfers) out.push_back({t.op, t.axis, t.what, t.calls, t.bytes_sent, t.bytes_received, 0, 0});
+  return out;
+}
+
 // One attention call of this device as the strategies see it.
 CpCallShape call_shape(const Shape& s) {
   CpCallShape k;
@@ -123,109 +129,10 @@ CpCallShape call_shape(const Shape& s) {
   k.D = s.D;
   k.segments = s.segments;
   k.threads = s.threads;
+  k.element_bytes = s.act;
+  k.mask = s.mask;
+  k.layout = s.layout;
   return k;
-}
-
-// ---- one attention call: bytes per src/cp/cp_attention.h and the ring's own chunk plan ----
-
-// Heads per device after the all-to-all: q heads split, KV heads split when
-// the degree divides them, else one replicated KV head.
-struct Heads {
-  int64_t H, G;
-};
-Heads heads_after_all_to_all(const Shape& s) {
-  if (s.U == 1) return {s.Hl, s.Gl};
-  return {s.Hl / s.U, s.Gl % s.U == 0 ? s.Gl / s.U : 1};
-}
-
-// The ring of R ranks, each holding the tokens of one ring position (for usp,
-// its U ulysses ranks' tokens, gathered in order), cut into chunks by the
-// ring's own chunk plan (RingChunks), whose bounds come from the layout's
-// positions; which pieces move is the ring's own decision (needs).
-struct RingModel {
-  int64_t P = 1, n = 0;
-  // [q_rank * P + kv_rank]: chunks of kv_rank that q_rank needs, and their tokens.
-  std::vector<int64_t> chunks_needed, tokens_needed;
-
-  explicit RingModel(const Shape& s) : P(s.R) {
-    const int64_t L = s.S / s.R;
-    RingChunks chunks(P, 1, L, CpOptions{}.ring_chunk_tokens);
-    n = chunks.n;
-    for (int64_t r = 0; r < P; ++r) {
-      std::vector<PositionRange> ranges = layout_ranges(s.layout, s.S, P, r);
-      auto position = [&](int64_t local) {  // local index -> global position (increasing)
-        for (const PositionRange& g : ranges) {
-          if (local < g.size()) return g.begin + local;
-          local -= g.size();
-        }
-        return int64_t{-1};
-      };
-      for (int64_t c = 0; c < n; ++c)
-        chunks.bounds[r * n + c] = {position(chunks.begin[c]), position(chunks.begin[c + 1] - 1), 0, 0};
-    }
-    chunks_needed.assign(P * P, 0);
-    tokens_needed.assign(P * P, 0);
-    for (int64_t q = 0; q < P; ++q)
-      for (int64_t kv = 0; kv < P; ++kv)
-        for (int64_t c = 0; q != kv && c < n; ++c)
-          if (chunks.needs(s.mask, q, kv, c)) chunks_needed[q * P + kv]++, tokens_needed[q * P + kv] += chunks.len(c);
-  }
-};
-
-std::vector<CommLine> attention_call_comm(const Shape& s, const RingModel* ring_model, bool backward,
-                                          int64_t cp_rank) {
-  std::vector<CommLine> out;
-  auto add = [&](const char* op, const char* axis, const std::string& what, int64_t calls,
-                 int64_t sent, int64_t received) {
-    if (calls > 0) out.push_back({op, axis, what, calls, sent, received, 0, 0});
-  };
-  if (s.cp == 1) return out;
-  const int64_t B = s.B, D = s.D, L = s.S / s.cp, e = s.act, seg = s.segments ? 4 : 0;
-  if (s.strategy == CpStrategy::all_gather) {
-    const int64_t P = s.cp, G = s.Gl;
-    add("all_gather", "cp", "K,V", 1, (P - 1) * B * L * 2 * G * D * e, (P - 1) * B * L * 2 * G * D * e);
-    add("all_gather", "cp", "positions", 1, (P - 1) * B * L * 8, (P - 1) * B * L * 8);
-    if (seg) add("all_gather", "cp", "segments", 1, (P - 1) * B * L * seg, (P - 1) * B * L * seg);
-    if (backward)
-      add("reduce_scatter", "cp", "dK,dV (fp32)", 1, (P - 1) * B * L * 8 * G * D, (P - 1) * B * L * 8 * G * D);
-    return out;
-  }
-  const Heads h = heads_after_all_to_all(s);
-  if (s.U > 1) {
-    const int64_t P = s.U, Hu = h.H, Gu = h.G;
-    if (!backward) {
-      int64_t qkv = (P - 1) * B * L * e * (Hu + 2 * Gu) * D, o = (P - 1) * B * L * 4 * Hu * (D + 1);
-      add("all_to_all", "ulysses", "Q,K,V", 1, qkv, qkv);
-      add("all_to_all", "ulysses", "O,LSE back", 1, o, o);
-    } else {
-      int64_t in = (P - 1) * B * L * 4 * ((2 * Hu + 2 * Gu) * D + 2 * Hu);
-      int64_t back = (P - 1) * B * L * 4 * (Hu + 2 * Gu) * D;
-      add("all_to_all", "ulysses", "Q,K,V,dO,LSE,delta", 1, in, in);
-      add("all_to_all", "ulysses", "dQ,dK,dV back (fp32)", 1, back, back);
-    }
-    add("all_gather", "ulysses", "positions", 1, (P - 1) * B * L * 8, (P - 1) * B * L * 8);
-    if (seg) add("all_gather", "ulysses", "segments", 1, (P - 1) * B * L * seg, (P - 1) * B * L * seg);
-  }
-  if (s.R > 1) {
-    const RingModel& ring = *ring_model;
-    const int64_t P = ring.P, r = cp_rank / s.U;  // cp_rank = ring_rank * U + ulysses_rank
-    add("all_gather", "ring", "chunk position ranges", 1, (P - 1) * B * ring.n * int64_t(sizeof(RingChunkBounds)),
-        (P - 1) * B * ring.n * int64_t(sizeof(RingChunkBounds)));
-    int64_t sends = 0, recvs = 0, sent_tokens = 0, recv_tokens = 0;
-    for (int64_t other = 0; other < P; ++other) {  // send own chunks to other, receive its
-      sends += ring.chunks_needed[other * P + r], sent_tokens += ring.tokens_needed[other * P + r];
-      recvs += ring.chunks_needed[r * P + other], recv_tokens += ring.tokens_needed[r * P + other];
-    }
-    const int64_t kv_row = 2 * h.G * D * e + 8 + seg, grad_row = 2 * h.G * D * 4;
-    add("send", "ring", "K,V chunks", sends, B * sent_tokens * kv_row, 0);
-    add("recv", "ring", "K,V chunks", recvs, 0, B * recv_tokens * kv_row);
-    if (backward) {
-      // Partial dK,dV of every received chunk go back to its owner.
-      add("send", "ring", "dK,dV back to owners (fp32)", recvs, B * recv_tokens * grad_row, 0);
-      add("recv", "ring", "dK,dV back to owners (fp32)", sends, 0, B * sent_tokens * grad_row);
-    }
-  }
-  return out;
 }
 
 // ---- memory: what the engine allocates, from its own tables ----------------------------
@@ -602,11 +509,10 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
   // skip different pieces under causal and windowed masks.
   std::vector<CommLine> fwd_call, bwd_call;
   int64_t busiest = -1;
-  std::unique_ptr<RingModel> ring;
-  if (s.R > 1 && s.strategy != CpStrategy::all_gather) ring = std::make_unique<RingModel>(s);
+  const CpCallTraffic traffic(call_shape(s));
   for (int64_t r = 0; r < s.cp; r += s.U) {  // ulysses ranks of one ring position move the same
-    std::vector<CommLine> f = attention_call_comm(s, ring.get(), false, r),
-                          b = attention_call_comm(s, ring.get(), true, r);
+    std::vector<CommLine> f = comm_lines(traffic.transfers(false, r)),
+                          b = comm_lines(traffic.transfers(true, r));
     int64_t bytes = 0;
     for (const CommLine& l : f) bytes += l.bytes_sent * fwd_calls;
     for (const CommLine& l : b) bytes += l.bytes_sent * s.L;
@@ -713,9 +619,7 @@ std::vector<int64_t> cp_sizes(const RunConfig& c, int64_t devices) {
 
 std::vector<CommLine> attention_call_comm(const RunConfig& c, bool backward, int64_t cp_rank) {
   const Shape s = make_shape(c, c.cp * c.tp, threads_of(c, nullptr));
-  std::unique_ptr<RingModel> ring;
-  if (s.R > 1 && s.strategy != CpStrategy::all_gather) ring = std::make_unique<RingModel>(s);
-  return attention_call_comm(s, ring.get(), backward, cp_rank);
+  return comm_lines(CpCallTraffic(call_shape(s)).transfers(backward, cp_rank));
 }
 
 PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {

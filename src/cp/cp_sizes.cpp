@@ -1,3 +1,6 @@
+// What one strategy call allocates (cp_attention_workspace) and sends
+// (CpCallTraffic), for the planner.
+//
 // cp_attention_workspace: the peak of the tracked buffers one strategy call
 // allocates. Each rule follows the allocations of one strategy file, in the
 // order they live, with the kernel's own scratch sizes and the ring's own
@@ -7,6 +10,7 @@
 #include <algorithm>
 
 #include "cp/cp_attention.h"
+#include "cp/layout.h"
 
 namespace longctx {
 
@@ -87,6 +91,99 @@ CpWorkspace cp_attention_workspace(const CpCallShape& s) {
   w.what = R > 1 ? "all-to-all buffers [B, S/R, H/U, D] plus the inner ring's chunks"
                  : "all-to-all buffers [B, S, H/U, D] (Q,K,V,dO in; O or dQ,dK,dV out)";
   return w;
+}
+
+namespace {
+
+// Heads after the all-to-all: q heads split, KV heads split when the degree
+// divides them, else one replicated KV head.
+std::pair<int64_t, int64_t> heads_after_all_to_all(const CpCallShape& s) {
+  if (s.ulysses == 1) return {s.H, s.G};
+  return {s.H / s.ulysses, s.G % s.ulysses == 0 ? s.G / s.ulysses : 1};
+}
+
+}  // namespace
+
+// The ring of R ranks, each holding the tokens of one ring position (for usp,
+// its U ulysses ranks' tokens, gathered in order), cut by the ring's own
+// chunk plan, with bounds from the layout's positions (CpLayout).
+CpCallTraffic::CpCallTraffic(const CpCallShape& s) : s_(s) {
+  const int64_t R = s.cp / s.ulysses;
+  if (s.cp == 1 || R == 1 || s.strategy == CpStrategy::all_gather) return;
+  const int64_t S = s.L * s.cp, L = S / R;
+  RingChunks chunks(R, 1, L, s.ring_chunk_tokens);
+  ring_chunks_ = chunks.n;
+  if (S % R != 0 || (s.layout == LayoutKind::zigzag && S % (2 * R) != 0))
+    throw ConfigError("ring traffic: the layout needs the sequence divisible by the ring (x2 for zigzag)");
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < chunks.n; ++c) {
+      // Positions 0..S-1 increase along a ring rank's tokens in both layouts,
+      // so a chunk's first and last token bound it.
+      chunks.bounds[r * chunks.n + c] = {ring_shard_index(s.layout, S, R, r, chunks.begin[c]),
+                                         ring_shard_index(s.layout, S, R, r, chunks.begin[c + 1] - 1), 0, 0};
+    }
+  chunks_needed_.assign(R * R, 0);
+  tokens_needed_.assign(R * R, 0);
+  for (int64_t q = 0; q < R; ++q)
+    for (int64_t kv = 0; kv < R; ++kv)
+      for (int64_t c = 0; q != kv && c < chunks.n; ++c)
+        if (chunks.needs(s.mask, q, kv, c)) chunks_needed_[q * R + kv]++, tokens_needed_[q * R + kv] += chunks.len(c);
+}
+
+std::vector<CpTransfer> CpCallTraffic::transfers(bool backward, int64_t cp_rank) const {
+  const CpCallShape& s = s_;
+  std::vector<CpTransfer> out;
+  auto add = [&](const char* op, const char* axis, const std::string& what, int64_t calls, int64_t sent,
+                 int64_t received) {
+    if (calls > 0) out.push_back({op, axis, what, calls, sent, received});
+  };
+  if (s.cp == 1) return out;
+  const int64_t B = s.B, D = s.D, L = s.L, e = s.element_bytes, seg = s.segments ? 4 : 0;
+  if (s.strategy == CpStrategy::all_gather) {
+    const int64_t P = s.cp, G = s.G;
+    add("all_gather", "cp", "K,V", 1, (P - 1) * B * L * 2 * G * D * e, (P - 1) * B * L * 2 * G * D * e);
+    add("all_gather", "cp", "positions", 1, (P - 1) * B * L * 8, (P - 1) * B * L * 8);
+    if (seg) add("all_gather", "cp", "segments", 1, (P - 1) * B * L * seg, (P - 1) * B * L * seg);
+    if (backward)
+      add("reduce_scatter", "cp", "dK,dV (fp32)", 1, (P - 1) * B * L * 8 * G * D, (P - 1) * B * L * 8 * G * D);
+    return out;
+  }
+  const auto [Hu, Gu] = heads_after_all_to_all(s);
+  const int64_t U = s.ulysses, R = s.cp / U;
+  if (U > 1) {
+    const int64_t P = U;
+    if (!backward) {
+      int64_t qkv = (P - 1) * B * L * e * (Hu + 2 * Gu) * D, o = (P - 1) * B * L * 4 * Hu * (D + 1);
+      add("all_to_all", "ulysses", "Q,K,V", 1, qkv, qkv);
+      add("all_to_all", "ulysses", "O,LSE back", 1, o, o);
+    } else {
+      int64_t in = (P - 1) * B * L * 4 * ((2 * Hu + 2 * Gu) * D + 2 * Hu);
+      int64_t back = (P - 1) * B * L * 4 * (Hu + 2 * Gu) * D;
+      add("all_to_all", "ulysses", "Q,K,V,dO,LSE,delta", 1, in, in);
+      add("all_to_all", "ulysses", "dQ,dK,dV back (fp32)", 1, back, back);
+    }
+    add("all_gather", "ulysses", "positions", 1, (P - 1) * B * L * 8, (P - 1) * B * L * 8);
+    if (seg) add("all_gather", "ulysses", "segments", 1, (P - 1) * B * L * seg, (P - 1) * B * L * seg);
+  }
+  if (R > 1) {
+    const int64_t P = R, r = cp_rank / U;  // cp_rank = ring_rank * U + ulysses_rank
+    const int64_t summary = (P - 1) * B * ring_chunks_ * int64_t(sizeof(RingChunkBounds));
+    add("all_gather", "ring", "chunk position ranges", 1, summary, summary);
+    int64_t sends = 0, recvs = 0, sent_tokens = 0, recv_tokens = 0;
+    for (int64_t other = 0; other < P; ++other) {  // send own chunks to other, receive its
+      sends += chunks_needed_[other * P + r], sent_tokens += tokens_needed_[other * P + r];
+      recvs += chunks_needed_[r * P + other], recv_tokens += tokens_needed_[r * P + other];
+    }
+    const int64_t kv_row = 2 * Gu * D * e + 8 + seg, grad_row = 2 * Gu * D * 4;
+    add("send", "ring", "K,V chunks", sends, B * sent_tokens * kv_row, 0);
+    add("recv", "ring", "K,V chunks", recvs, 0, B * recv_tokens * kv_row);
+    if (backward) {
+      // Partial dK,dV of every received chunk go back to its owner.
+      add("send", "ring", "dK,dV back to owners (fp32)", recvs, B * recv_tokens * grad_row, 0);
+      add("recv", "ring", "dK,dV back to owners (fp32)", sends, 0, B * sent_tokens * grad_row);
+    }
+  }
+  return out;
 }
 
 }  // namespace longctx
