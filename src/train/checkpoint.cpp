@@ -407,6 +407,9 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
   return final_dir.string();
 }
 
+void set_checkpoint_fault_hook(std::function<void(const char*)> hook) { fault_hook() = std::move(hook); }
+void set_checkpoint_io_fault(std::function<int(const char*, const std::string&)> fault) { io_fault() = std::move(fault); }
+
 std::optional<int64_t> checkpoint_step_from_name(const std::string& name) {
   // Digits only (no sign, no spaces) and within int64: atoll took any prefix
   // and saturated, so "step_99999999999999999999999" looked like the newest.
