@@ -492,7 +492,8 @@ void validate_config(RunConfig& c, int64_t world) {
     require(std::isfinite(d), std::string(key) + " must be a finite number (got " + std::to_string(d) + ")");
   require(m.norm_eps > 0, "normalization_layer_epsilon must be > 0 (got " + std::to_string(m.norm_eps) + ")");
   require(m.rope_theta > 0, "rope_max_timescale must be > 0 (got " + std::to_string(m.rope_theta) + ")");
-  require(m.rope_scaling_factor > 0, "rope_scaling_factor must be > 0 (got " + std::to_string(m.rope_scaling_factor) + ")");
+  require(m.rope_scaling_factor > 0,
+          "rope_scaling_factor must be > 0 (got " + std::to_string(m.rope_scaling_factor) + ")");
   // ---- mesh
   require(c.cp >= 1, "ici_context_parallelism must be >= 1 (got " + str(c.cp) + ")");
   require(c.tp >= 1, "ici_tensor_parallelism must be >= 1 (got " + str(c.tp) + ")");

@@ -107,7 +107,8 @@ void write_durable(const fs::path& p, const std::string& bytes) {
 
 void rename_checked(const fs::path& from, const fs::path& to) {
   const int err = injected("rename", to);
-  if (err || ::rename(from.c_str(), to.c_str()) != 0) io_error("rename", from.string() + "' to '" + to.string(), err ? err : errno);
+  if (err || ::rename(from.c_str(), to.c_str()) != 0)
+    io_error("rename", from.string() + "' to '" + to.string(), err ? err : errno);
 }
 
 // Swaps two directories in one step (renameat2 RENAME_EXCHANGE); false when
@@ -375,13 +376,13 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
         } else {
           const fs::path trash = dir / hidden_name(name, ".trash");
           rename_checked(final_dir, trash);  // hidden: no longer counts as complete
-          fsync_path(dir);
-          fault_point("resave-aside");
           try {
+            fsync_path(dir);
+            fault_point("resave-aside");
             rename_checked(tmp, final_dir);
           } catch (const std::exception&) {
             std::error_code ec;
-            fs::rename(trash, final_dir, ec);  // put the old one back
+            fs::rename(trash, final_dir, ec);  // an error (not a kill): put the old one back
             throw;
           }
           fsync_path(dir);
@@ -397,8 +398,8 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
       // Free the space for the next attempt; nothing older was touched.
       std::error_code ec;
       fs::remove_all(tmp, ec);
-      throw DataError("checkpoint step " + std::to_string(state.step) + " was NOT saved (the existing checkpoints are kept, " +
-                      "none pruned): " + e.what());
+      throw DataError("checkpoint step " + std::to_string(state.step) +
+                      " was NOT saved (the existing checkpoints are kept, none pruned): " + e.what());
     }
     // Only after the new one is verified on disk: a crash here loses nothing.
     prune_older_than(dir, config.max_num_checkpoints_to_keep, state.step);
@@ -408,7 +409,9 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
 }
 
 void set_checkpoint_fault_hook(std::function<void(const char*)> hook) { fault_hook() = std::move(hook); }
-void set_checkpoint_io_fault(std::function<int(const char*, const std::string&)> fault) { io_fault() = std::move(fault); }
+void set_checkpoint_io_fault(std::function<int(const char*, const std::string&)> fault) {
+  io_fault() = std::move(fault);
+}
 
 std::optional<int64_t> checkpoint_step_from_name(const std::string& name) {
   // Digits only (no sign, no spaces) and within int64: atoll took any prefix

@@ -173,7 +173,8 @@ TEST(CheckpointFaults, ARealFullTmpfsFailsTheSaveAndKeepsTheGoodCheckpoint) {
   const std::string opts = "size=" + std::to_string(size);
   if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, opts.c_str()) != 0)
     GTEST_SKIP() << "SKIPPED the real full-disk part: mounting a " << size << "-byte tmpfs failed ("
-                 << std::strerror(errno) << "; needs root or CAP_SYS_ADMIN). The injected-failure tests cover the logic.";
+                 << std::strerror(errno)
+                 << "; needs root or CAP_SYS_ADMIN). The injected-failure tests cover the logic.";
   struct Unmount {
     fs::path p;
     ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
@@ -255,6 +256,19 @@ TEST(CheckpointFaults, ReSavingTheSameStepReplacesItAndLeavesNoLeftovers) {
   Fixture g;
   load_checkpoint(first, g.m, g.opt);
   EXPECT_EQ(g.m.flat_parameters()[3], 0.75f);  // the new content
+
+  // Without RENAME_EXCHANGE, a failed rename of the new one puts the old one back.
+  Seams seams;
+  set_checkpoint_io_fault([](const char* op, const std::string& path) {
+    if (std::strcmp(op, "exchange") == 0) return EINVAL;
+    return std::strcmp(op, "rename") == 0 && fs::path(path).filename() == "step_00000004" ? EIO : 0;
+  });
+  std::fill_n(f.m.flat_parameters().begin(), 8, 0.25f);
+  EXPECT_NE(data_error([&] { f.save(t.path, 4, 0); }).find(std::strerror(EIO)), std::string::npos);
+  set_checkpoint_io_fault(nullptr);
+  EXPECT_EQ(entries(t.path), std::vector<std::string>{"step_00000004"});
+  load_checkpoint(first, g.m, g.opt);
+  EXPECT_EQ(g.m.flat_parameters()[3], 0.75f);  // still the previous save
 }
 
 // ---- 4. stale temporaries --------------------------------------------------------------
