@@ -4,10 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -37,30 +41,84 @@ uint32_t crc32(const void* data, size_t bytes, uint32_t crc) {
 
 namespace {
 
+std::function<void(const char*)>& fault_hook() {
+  static std::function<void(const char*)> hook;
+  return hook;
+}
+std::function<int(const char*, const std::string&)>& io_fault() {
+  static std::function<int(const char*, const std::string&)> fault;
+  return fault;
+}
+void fault_point(const char* point) {
+  if (fault_hook()) fault_hook()(point);
+}
+// The errno a test injects into this call, or 0.
+int injected(const char* op, const fs::path& p) { return io_fault() ? io_fault()(op, p.string()) : 0; }
+
+[[noreturn]] void io_error(const char* op, const fs::path& p, int err) {
+  throw DataError(std::string("checkpoint I/O: ") + op + " of '" + p.string() + "' failed: " + std::strerror(err) +
+                  (err == ENOSPC || err == EDQUOT ? " (disk full: free space or point checkpoint_dir elsewhere)" : ""));
+}
+
 std::string read_all(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) throw DataError("checkpoint file '" + p.string() + "' cannot be read");
   std::ostringstream s;
   s << in.rdbuf();
+  if (in.bad()) throw DataError("checkpoint file '" + p.string() + "' cannot be read (I/O error)");
   return s.str();
 }
 
 void fsync_path(const fs::path& p) {
-  int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd < 0) throw Error("cannot open '" + p.string() + "' to fsync");
-  int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw Error("fsync of '" + p.string() + "' failed");
+  int err = injected("open", p);
+  const int fd = err ? -1 : ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) io_error("open (to fsync)", p, err ? err : errno);
+  err = injected("fsync", p);
+  if (!err && ::fsync(fd) != 0) err = errno;
+  ::close(fd);  // read-only: nothing to lose at close
+  if (err) io_error("fsync", p, err);
 }
 
-// Writes and fsyncs one file.
+// Writes and fsyncs one file with POSIX calls, every return code checked: a
+// buffered stream reports a full disk only at close, and that error was lost.
 void write_durable(const fs::path& p, const std::string& bytes) {
-  {
-    std::ofstream out(p, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out) throw Error("writing checkpoint file '" + p.string() + "' failed (disk full?)");
+  int err = injected("open", p);
+  const int fd = err ? -1 : ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) io_error("open", p, err ? err : errno);
+  auto fail = [&](const char* op, int e) {
+    ::close(fd);
+    io_error(op, p, e);
+  };
+  size_t done = 0;
+  while (done < bytes.size()) {
+    if ((err = injected("write", p))) fail("write", err);
+    const ssize_t n = ::write(fd, bytes.data() + done, std::min<size_t>(bytes.size() - done, size_t(1) << 30));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("write", errno);
+    }
+    done += static_cast<size_t>(n);
   }
-  fsync_path(p);
+  if ((err = injected("fsync", p)) || ::fsync(fd) != 0) fail("fsync", err ? err : errno);
+  err = injected("close", p);
+  if (::close(fd) != 0 && !err) err = errno;
+  if (err) io_error("close", p, err);
+}
+
+void rename_checked(const fs::path& from, const fs::path& to) {
+  const int err = injected("rename", to);
+  if (err || ::rename(from.c_str(), to.c_str()) != 0)
+    io_error("rename", from.string() + "' to '" + to.string(), err ? err : errno);
+}
+
+// Swaps two directories in one step (renameat2 RENAME_EXCHANGE); false when
+// this filesystem cannot (the caller falls back to renaming aside).
+bool exchange_dirs(const fs::path& a, const fs::path& b) {
+  int err = injected("exchange", b);
+  if (!err && ::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) return true;
+  if (!err) err = errno;
+  if (err == EINVAL || err == ENOSYS || err == ENOTSUP) return false;
+  io_error("rename (exchange)", a.string() + "' and '" + b.string(), err);
 }
 
 std::string safetensors_bytes(const std::vector<std::pair<std::string, const HostTensor*>>& tensors) {
@@ -185,6 +243,14 @@ std::string shape_text(const std::vector<int64_t>& s) {
 const char* kFiles[] = {"model.safetensors", "config.json", "optimizer.safetensors", "train_state.json",
                         "run_config.yml"};
 
+void remove_stale(const fs::path& dir);
+// ".step_N.tmp" / ".step_N.trash": hidden, so never taken for a checkpoint.
+std::string hidden_name(const std::string& name, const char* suffix) {
+  std::string h(1, '.');
+  return h.append(name).append(suffix);
+}
+void prune_older_than(const fs::path& dir, int64_t keep, int64_t verified);
+
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, const HostTensor*>>& tensors) {
@@ -251,61 +317,193 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
     exp_avg.push_back(gather_full(p, m_all + off, mesh));
     exp_avg_sq.push_back(gather_full(p, v_all + off, mesh));
   }
+  // Never write NaN/Inf: a run that diverged must not replace (and then
+  // prune) the good checkpoints. Every rank holds the gathered tensors, so
+  // all refuse together.
+  auto check_finite = [&](const std::vector<HostTensor>& ts, const char* what) {
+    for (size_t i = 0; i < ts.size(); ++i)
+      for (float x : ts[i].data)
+        if (!std::isfinite(x))
+          throw DataError("refusing to save checkpoint step " + std::to_string(state.step) + ": " + what + " of '" +
+                          params[i].name + "' holds NaN or Inf (the run diverged; the existing checkpoints are kept)");
+  };
+  check_finite(weights, "the weights");
+  check_finite(exp_avg, "the AdamW exp_avg");
+  check_finite(exp_avg_sq, "the AdamW exp_avg_sq");
   char name[32];
   std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(state.step));
-  const fs::path final_dir = fs::path(checkpoint_dir) / name;
+  const fs::path dir(checkpoint_dir), final_dir = dir / name;
   const bool writer = !mesh || mesh->world_rank() == 0;
   if (writer) {
-    const fs::path tmp = fs::path(checkpoint_dir) / (std::string(".") + name + ".tmp");
-    fs::remove_all(tmp);
-    fs::create_directories(tmp);
-    std::map<std::string, std::string> files;
-    std::vector<std::pair<std::string, const HostTensor*>> w, o;
-    for (size_t i = 0; i < params.size(); ++i) {
-      w.emplace_back(params[i].name, &weights[i]);
-      o.emplace_back(params[i].name + ".exp_avg", &exp_avg[i]);
-      o.emplace_back(params[i].name + ".exp_avg_sq", &exp_avg_sq[i]);
+    const fs::path tmp = dir / hidden_name(name, ".tmp");
+    try {
+      fs::create_directories(dir);
+      remove_stale(dir);  // a killed run's .tmp/.trash would keep the disk full
+      fs::create_directories(tmp);
+      std::map<std::string, std::string> files;
+      std::vector<std::pair<std::string, const HostTensor*>> w, o;
+      for (size_t i = 0; i < params.size(); ++i) {
+        w.emplace_back(params[i].name, &weights[i]);
+        o.emplace_back(params[i].name + ".exp_avg", &exp_avg[i]);
+        o.emplace_back(params[i].name + ".exp_avg_sq", &exp_avg_sq[i]);
+      }
+      files["model.safetensors"] = safetensors_bytes(w);
+      files["optimizer.safetensors"] = safetensors_bytes(o);
+      files["config.json"] = hf_config_json(model.config(), config.max_target_length);
+      files["train_state.json"] = json{{"step", state.step},
+                                       {"data_cursor", state.data_cursor},
+                                       {"init_weights_seed", state.init_weights_seed},
+                                       {"optimizer_step", optimizer.step()}}
+                                      .dump(2) + "\n";
+      files["run_config.yml"] = config.to_yaml();
+      json manifest = {{"format", "longctx-checkpoint-1"}, {"step", state.step}, {"files", json::object()}};
+      for (const auto& [file, bytes] : files) {
+        write_durable(tmp / file, bytes);
+        manifest["files"][file] = {{"bytes", bytes.size()}, {"crc32", crc32(bytes.data(), bytes.size())}};
+      }
+      fault_point("files-written");
+      write_durable(tmp / "MANIFEST.json", manifest.dump(2) + "\n");
+      fsync_path(tmp);
+      // Read back what is on disk before it may count (and before anything older is pruned).
+      verify_checkpoint(tmp.string());
+      fault_point("verified");
+      if (fs::exists(final_dir)) {
+        // A rerun of the same step replaces it, without a moment where that step is incomplete.
+        if (exchange_dirs(tmp, final_dir)) {
+          fsync_path(dir);
+          fault_point("resave-exchanged");
+          fs::remove_all(tmp);  // now the old one; hidden, so a kill here leaves only a stale .tmp
+        } else {
+          const fs::path trash = dir / hidden_name(name, ".trash");
+          rename_checked(final_dir, trash);  // hidden: no longer counts as complete
+          try {
+            fsync_path(dir);
+            fault_point("resave-aside");
+            rename_checked(tmp, final_dir);
+          } catch (const std::exception&) {
+            std::error_code ec;
+            fs::rename(trash, final_dir, ec);  // an error (not a kill): put the old one back
+            throw;
+          }
+          fsync_path(dir);
+          fault_point("resave-renamed");
+          fs::remove_all(trash);
+        }
+      } else {
+        rename_checked(tmp, final_dir);
+        fsync_path(dir);
+        fault_point("renamed");
+      }
+    } catch (const std::exception& e) {
+      // Free the space for the next attempt; nothing older was touched.
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      throw DataError("checkpoint step " + std::to_string(state.step) +
+                      " was NOT saved (the existing checkpoints are kept, none pruned): " + e.what());
     }
-    files["model.safetensors"] = safetensors_bytes(w);
-    files["optimizer.safetensors"] = safetensors_bytes(o);
-    files["config.json"] = hf_config_json(model.config(), config.max_target_length);
-    files["train_state.json"] = json{{"step", state.step},
-                                     {"data_cursor", state.data_cursor},
-                                     {"init_weights_seed", state.init_weights_seed},
-                                     {"optimizer_step", optimizer.step()}}
-                                    .dump(2) + "\n";
-    files["run_config.yml"] = config.to_yaml();
-    json manifest = {{"format", "longctx-checkpoint-1"}, {"step", state.step}, {"files", json::object()}};
-    for (const auto& [file, bytes] : files) {
-      write_durable(tmp / file, bytes);
-      manifest["files"][file] = {{"bytes", bytes.size()}, {"crc32", crc32(bytes.data(), bytes.size())}};
-    }
-    write_durable(tmp / "MANIFEST.json", manifest.dump(2) + "\n");
-    fsync_path(tmp);
-    fs::remove_all(final_dir);  // a rerun of the same step replaces it
-    fs::rename(tmp, final_dir);
-    fsync_path(checkpoint_dir);
-    // Only after the new one is complete on disk: a crash here loses nothing.
-    prune_checkpoints(checkpoint_dir, config.max_num_checkpoints_to_keep);
+    // Only after the new one is verified on disk: a crash here loses nothing.
+    prune_older_than(dir, config.max_num_checkpoints_to_keep, state.step);
   }
   if (mesh) mesh->world().barrier();  // nobody resumes from a checkpoint still being written
   return final_dir.string();
 }
 
+void set_checkpoint_fault_hook(std::function<void(const char*)> hook) { fault_hook() = std::move(hook); }
+void set_checkpoint_io_fault(std::function<int(const char*, const std::string&)> fault) {
+  io_fault() = std::move(fault);
+}
+
+std::optional<int64_t> checkpoint_step_from_name(const std::string& name) {
+  // Digits only (no sign, no spaces) and within int64: atoll took any prefix
+  // and saturated, so "step_99999999999999999999999" looked like the newest.
+  if (name.size() <= 5 || name.compare(0, 5, "step_") != 0) return std::nullopt;
+  const char *b = name.data() + 5, *e = name.data() + name.size();
+  if (!std::all_of(b, e, [](char ch) { return ch >= '0' && ch <= '9'; })) return std::nullopt;
+  int64_t step = 0;
+  const auto [end, ec] = std::from_chars(b, e, step);
+  if (ec != std::errc() || end != e) return std::nullopt;
+  return step;
+}
+
 namespace {
 
 // Complete checkpoints (step_N with a MANIFEST.json) by step, oldest first.
-std::vector<std::pair<long long, fs::path>> complete_checkpoints(const std::string& checkpoint_dir) {
-  std::vector<std::pair<long long, fs::path>> found;
-  if (!fs::is_directory(checkpoint_dir)) return found;
+std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string& checkpoint_dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  if (!fs::is_directory(checkpoint_dir, ec)) return found;
   for (const auto& e : fs::directory_iterator(checkpoint_dir)) {
-    const std::string n = e.path().filename().string();
-    if (!e.is_directory() || n.rfind("step_", 0) != 0) continue;
+    const auto step = checkpoint_step_from_name(e.path().filename().string());
+    if (!step || !e.is_directory()) continue;
     if (!fs::exists(e.path() / "MANIFEST.json")) continue;  // incomplete: never renamed... or damaged
-    found.emplace_back(std::atoll(n.c_str() + 5), e.path());
+    found.emplace_back(*step, e.path());
   }
   std::sort(found.begin(), found.end());
   return found;
+}
+
+// Deletes the hidden leftovers of a killed save or prune: ".step_<digits>.tmp"
+// and ".step_<digits>.trash", the only hidden names this code makes.
+void remove_stale(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    for (const std::string suffix : {".tmp", ".trash"})
+      if (n.size() > 1 + suffix.size() && n[0] == '.' && n.ends_with(suffix) &&
+          checkpoint_step_from_name(n.substr(1, n.size() - 1 - suffix.size())))
+        fs::remove_all(e.path());
+  }
+}
+
+// Prunes to `keep` complete checkpoints, deleting only ones older than step
+// `verified` (a checkpoint read back and verified): a newer one that is
+// corrupt is never counted on to replace the ones it would push out.
+void prune_older_than(const fs::path& dir, int64_t keep, int64_t verified) {
+  if (keep <= 0) return;
+  const auto found = complete_checkpoints(dir.string());
+  for (size_t i = 0; i + static_cast<size_t>(keep) < found.size() && found[i].first < verified; ++i) {
+    // Hidden first: from here on it does not count as complete, whatever
+    // order its files are deleted in.
+    const fs::path trash = dir / hidden_name(found[i].second.filename().string(), ".trash");
+    fs::remove_all(trash);
+    rename_checked(found[i].second, trash);
+    fsync_path(dir);
+    fault_point("prune-renamed");
+    fs::remove_all(trash);
+    fault_point("prune-deleted");
+  }
+}
+
+// Every file of a checkpoint, checked against MANIFEST.json; `bad` makes the error.
+template <typename Bad>
+std::map<std::string, std::string> read_verified(const fs::path& dir, json& manifest, const Bad& bad) {
+  try {
+    manifest = json::parse(read_all(dir / "MANIFEST.json"));
+  } catch (const json::exception& e) {
+    throw bad(std::string("MANIFEST.json is not valid JSON: ") + e.what());
+  }
+  std::map<std::string, std::string> files;
+  try {
+    for (const char* f : kFiles) {
+      if (!manifest.contains("files") || !manifest["files"].contains(f))
+        throw bad(std::string("MANIFEST.json does not list ") + f);
+      if (!fs::exists(dir / f)) throw bad(std::string("file ") + f + " is missing");
+      std::string bytes = read_all(dir / f);
+      const auto& rec = manifest["files"][f];
+      if (bytes.size() != rec.at("bytes").get<size_t>())
+        throw bad(std::string(f) + " has " + std::to_string(bytes.size()) + " bytes, the manifest says " +
+                  std::to_string(rec.at("bytes").get<size_t>()));
+      if (crc32(bytes.data(), bytes.size()) != rec.at("crc32").get<uint32_t>())
+        throw bad(std::string(f) + " fails its CRC-32 check (corrupt)");
+      files[f] = std::move(bytes);
+    }
+  } catch (const json::exception& e) {
+    throw bad(std::string("MANIFEST.json is malformed: ") + e.what());
+  }
+  return files;
+}
+
+DataError refused(const std::string& path, const std::string& why) {
+  return DataError("checkpoint '" + path + "' refused: " + why + " (delete it to start over, or fix checkpoint_dir)");
 }
 
 }  // namespace
@@ -315,37 +513,46 @@ std::string latest_checkpoint(const std::string& checkpoint_dir) {
   return found.empty() ? "" : found.back().second.string();
 }
 
+void verify_checkpoint(const std::string& path) {
+  json manifest;
+  read_verified(path, manifest, [&](const std::string& why) { return refused(path, why); });
+}
+
+std::string latest_valid_checkpoint(const std::string& checkpoint_dir, std::FILE* warn) {
+  const auto found = complete_checkpoints(checkpoint_dir);
+  std::string reasons;
+  for (auto it = found.rbegin(); it != found.rend(); ++it) {
+    try {
+      verify_checkpoint(it->second.string());
+      return it->second.string();
+    } catch (const DataError& e) {
+      if (warn) {
+        std::fprintf(warn, "WARNING: skipping checkpoint %s: %s; trying an older one\n", it->second.c_str(), e.what());
+        std::fflush(warn);
+      }
+      reasons += std::string("\n  ") + e.what();
+    }
+  }
+  if (!found.empty())
+    throw DataError("no valid checkpoint in '" + checkpoint_dir + "': all " + std::to_string(found.size()) +
+                    " complete ones fail verification (refusing to start over silently):" + reasons);
+  return "";
+}
+
 void prune_checkpoints(const std::string& checkpoint_dir, int64_t keep) {
   if (keep <= 0) return;
-  const auto found = complete_checkpoints(checkpoint_dir);
-  for (size_t i = 0; i + keep < found.size(); ++i) fs::remove_all(found[i].second);
+  // Only below a checkpoint verified now: never delete the last good one.
+  const std::string newest = latest_valid_checkpoint(checkpoint_dir, nullptr);
+  if (newest.empty()) return;
+  prune_older_than(checkpoint_dir, keep, *checkpoint_step_from_name(fs::path(newest).filename().string()));
 }
 
 TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& optimizer) {
   const fs::path dir(path);
-  auto bad = [&](const std::string& why) {
-    return DataError("checkpoint '" + path + "' refused: " + why + " (delete it to start over, or fix checkpoint_dir)");
-  };
+  auto bad = [&](const std::string& why) { return refused(path, why); };
   // 1. Every file present, of the recorded size and checksum.
   json manifest;
-  try {
-    manifest = json::parse(read_all(dir / "MANIFEST.json"));
-  } catch (const json::exception& e) {
-    throw bad(std::string("MANIFEST.json is not valid JSON: ") + e.what());
-  }
-  std::map<std::string, std::string> files;
-  for (const char* f : kFiles) {
-    if (!manifest.contains("files") || !manifest["files"].contains(f)) throw bad(std::string("MANIFEST.json does not list ") + f);
-    if (!fs::exists(dir / f)) throw bad(std::string("file ") + f + " is missing");
-    std::string bytes = read_all(dir / f);
-    const auto& rec = manifest["files"][f];
-    if (bytes.size() != rec.at("bytes").get<size_t>())
-      throw bad(std::string(f) + " has " + std::to_string(bytes.size()) + " bytes, the manifest says " +
-                std::to_string(rec.at("bytes").get<size_t>()));
-    if (crc32(bytes.data(), bytes.size()) != rec.at("crc32").get<uint32_t>())
-      throw bad(std::string(f) + " fails its CRC-32 check (corrupt)");
-    files[f] = std::move(bytes);
-  }
+  std::map<std::string, std::string> files = read_verified(dir, manifest, bad);
   // 2. Everything parsed and matched against the model.
   auto weights = parse_safetensors(files["model.safetensors"], (dir / "model.safetensors").string());
   auto moments = parse_safetensors(files["optimizer.safetensors"], (dir / "optimizer.safetensors").string());
@@ -364,16 +571,60 @@ TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& op
                   shape_text(want) + " (model shape differs from the config)");
     }
   }
+  // The model config: tensor shapes alone accept 4 heads x 16 as 2 x 32, or
+  // another RoPE theta; every key that changes what the weights mean must match.
+  json saved_cfg;
+  try {
+    saved_cfg = json::parse(files["config.json"]);
+  } catch (const json::exception& e) {
+    throw bad(std::string("config.json is not valid JSON: ") + e.what());
+  }
+  const json want_cfg = json::parse(hf_config_json(model.config(), 0));
+  static const std::pair<const char*, const char*> kModelKeys[] = {
+      {"vocab_size", "vocab_size"}, {"hidden_size", "base_emb_dim"}, {"intermediate_size", "base_mlp_dim"},
+      {"num_hidden_layers", "base_num_decoder_layers"}, {"num_attention_heads", "base_num_query_heads"},
+      {"num_key_value_heads", "base_num_kv_heads"}, {"head_dim", "head_dim"},
+      {"rms_norm_eps", "normalization_layer_epsilon"}, {"rope_theta", "rope_max_timescale"},
+      {"rope_scaling", "rope_use_scaling / rope_*_factor / rope_original_max_position"},
+      {"tie_word_embeddings", "logits_via_embedding"}};
+  for (const auto& [key, ours] : kModelKeys) {
+    const json got = saved_cfg.is_object() && saved_cfg.contains(key) ? saved_cfg[key] : json("(missing)");
+    if (got != want_cfg[key])
+      throw bad("config.json: model key '" + std::string(key) + "' (" + ours + ") is " + got.dump() +
+                " in the checkpoint but " + want_cfg[key].dump() + " in this run (another model shape)");
+  }
   json st;
   try {
     st = json::parse(files["train_state.json"]);
   } catch (const json::exception& e) {
     throw bad(std::string("train_state.json is not valid JSON: ") + e.what());
   }
+  // Every field checked: data_cursor = -1 indexed before the data, 2^63-1
+  // overflowed the next cursor, step = -100 trained from a negative step.
+  // 2^53 steps or sequences are beyond any run and keep all arithmetic exact.
+  constexpr int64_t kMaxCount = int64_t(1) << 53;
+  auto field = [&](const char* key, int64_t max) -> int64_t {
+    const std::string where = "train_state.json field '" + std::string(key) + "'";
+    if (!st.is_object() || !st.contains(key)) throw bad(where + " is missing");
+    const json& v = st[key];
+    if (!v.is_number_integer()) throw bad(where + " must be an integer, got " + v.dump());
+    if ((v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max)) ||
+        (!v.is_number_unsigned() && (v.get<int64_t>() < 0 || v.get<int64_t>() > max)))
+      throw bad(where + " = " + v.dump() + " is outside [0, " + std::to_string(max) + "]");
+    return v.get<int64_t>();
+  };
   TrainState state;
-  state.step = st.at("step").get<int64_t>();
-  state.data_cursor = st.at("data_cursor").get<int64_t>();
-  state.init_weights_seed = st.at("init_weights_seed").get<int64_t>();
+  state.step = field("step", kMaxCount);
+  state.data_cursor = field("data_cursor", kMaxCount);
+  state.init_weights_seed = field("init_weights_seed", std::numeric_limits<int64_t>::max());
+  const int64_t optimizer_step = field("optimizer_step", state.step);  // AdamW steps once per training step at most
+  const json manifest_step = manifest.is_object() && manifest.contains("step") ? manifest["step"] : json();
+  if (manifest_step != json(state.step))
+    throw bad("train_state.json field 'step' = " + std::to_string(state.step) + " differs from MANIFEST.json's step " +
+              manifest_step.dump());
+  const auto named = checkpoint_step_from_name(dir.filename().string());
+  if (named && *named != state.step)
+    throw bad("train_state.json field 'step' = " + std::to_string(state.step) + " differs from the directory name");
   // 3. Only now touch the model and optimizer.
   // The moments: this tp rank's shards, then only this replica's piece of them.
   const float* flat = model.flat_parameters().data();
@@ -387,7 +638,7 @@ TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& op
   }
   std::copy_n(full_m.data() + piece.begin, piece.size, optimizer.exp_avg().data());
   std::copy_n(full_v.data() + piece.begin, piece.size, optimizer.exp_avg_sq().data());
-  optimizer.set_step(st.at("optimizer_step").get<int64_t>());
+  optimizer.set_step(optimizer_step);
   return state;
 }
 

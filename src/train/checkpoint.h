@@ -10,13 +10,26 @@
 //     run_config.yml         the full RunConfig of the run that wrote it
 //     MANIFEST.json          size and CRC-32 of every file above; written last
 //
-// Atomic: everything goes to a hidden temporary directory, each file is
-// fsync'ed, then MANIFEST.json, then the directory is renamed into place.
-// A directory without MANIFEST.json is never considered. Loading verifies
-// every size and checksum and every tensor name and shape BEFORE touching the
-// model, so a corrupt or mismatched checkpoint is refused (DataError), never
-// half-loaded.
+// Atomic: everything goes to a hidden temporary directory (.step_N.tmp); every
+// write, fsync and close is checked (a full disk is a DataError naming the
+// file and errno, and the failed save deletes its temporary and prunes
+// nothing); MANIFEST.json is written last, the files are read back and
+// verified (sizes + CRC-32), and only then is the directory renamed into
+// place. A directory without MANIFEST.json is never considered.
+// Re-saving an existing step swaps old and new in one renameat2
+// RENAME_EXCHANGE (where the filesystem cannot, the old one is renamed aside
+// to a hidden name first: only then is there a moment without that step).
+// Pruning renames a checkpoint to a hidden .step_N.trash before deleting its
+// files, so a kill mid-prune never leaves a "complete" one with files
+// missing; the next save deletes such leftovers (hidden .tmp/.trash only).
+// Loading verifies every size and checksum, every train_state.json field,
+// the model config (config.json) and every tensor name and shape BEFORE
+// touching the model, so a corrupt or mismatched checkpoint is refused
+// (DataError), never half-loaded; resume falls back to the newest VALID one.
 #include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <optional>
 #include <map>
 #include <string>
 #include <vector>
@@ -45,9 +58,36 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
 // The complete checkpoint with the highest step in checkpoint_dir, or "".
 std::string latest_checkpoint(const std::string& checkpoint_dir);
 
-// Deletes all but the `keep` newest complete checkpoints (keep <= 0: none).
+// The newest complete checkpoint that verifies (verify_checkpoint), or "" when
+// there is none at all. Each newer one that fails is skipped with a warning
+// on `warn` (nullptr: quiet) saying which and why. DataError when complete
+// checkpoints exist but none verifies: starting over silently would be worse.
+std::string latest_valid_checkpoint(const std::string& checkpoint_dir, std::FILE* warn = stderr);
+
+// DataError unless MANIFEST.json lists every file and each is present with
+// its recorded size and CRC-32.
+void verify_checkpoint(const std::string& path);
+
+// Deletes all but the `keep` newest complete checkpoints (keep <= 0: none),
+// but only ones older than the newest valid (verified) checkpoint.
 // save_checkpoint calls it with max_num_checkpoints_to_keep after each save.
 void prune_checkpoints(const std::string& checkpoint_dir, int64_t keep);
+
+// The step of a checkpoint directory name "step_<digits>" that fits int64;
+// nullopt for anything else (such directories are ignored).
+std::optional<int64_t> checkpoint_step_from_name(const std::string& name);
+
+// ---- test seams (nullptr/empty: off) -----------------------------------------------
+// Called at each named point of the save / re-save / prune protocol
+// ("files-written", "verified", "renamed", "resave-exchanged", "resave-aside",
+// "resave-renamed", "prune-renamed", "prune-deleted"); a test throws from it
+// something that is not a std::exception to simulate a kill there (nothing is
+// cleaned up, as after a real kill).
+void set_checkpoint_fault_hook(std::function<void(const char* point)> hook);
+// Called before each checkpoint I/O call, op = "open", "write", "fsync",
+// "close", "rename" or "exchange", with the path; a non-zero return is taken
+// as that call failing with that errno (ENOSPC: a full disk).
+void set_checkpoint_io_fault(std::function<int(const char* op, const std::string& path)> fault);
 
 // Verifies and loads (every rank reads the files and keeps its shard, and of
 // the moments only its optimizer's piece).

@@ -77,7 +77,8 @@ Trainer::~Trainer() = default;
 bool Trainer::is_logger() const { return !mesh_ || mesh_->world_rank() == 0; }
 
 std::string Trainer::resume() {
-  const std::string path = latest_checkpoint(config_.checkpoint_dir);
+  // The newest one that verifies; a corrupt newer one is skipped loudly (stderr).
+  const std::string path = latest_valid_checkpoint(config_.checkpoint_dir, is_logger() ? stderr : nullptr);
   if (path.empty()) return "";
   state_ = load_checkpoint(path, *model_, *optimizer_);
   return path;
@@ -130,6 +131,17 @@ StepMetrics Trainer::train_step() {
     optimizer_->scale_piece_gradients(*model_, scale);
   }
   m.learning_rate = learning_rate_at(c, state_.step);
+  // Stop before the update: one non-finite value makes every weight NaN, and
+  // the next checkpoint would save them and prune the good ones. Every rank
+  // holds the same reduced values, so all stop together.
+  if (const double loss = loss_sums[0] / loss_sums[1];
+      !std::isfinite(loss) || !std::isfinite(m.grad_norm) || !std::isfinite(m.learning_rate)) {
+    char what[160];
+    std::snprintf(what, sizeof what, "loss %g, gradient norm %g, learning rate %g", loss, m.grad_norm, m.learning_rate);
+    throw Error("step " + std::to_string(state_.step + 1) + ": non-finite " + what +
+                "; training stopped before the update, no checkpoint written (resume from the last checkpoint, "
+                "lower learning_rate or check the data)");
+  }
   optimizer_->update(*model_, m.learning_rate);
   if (optimizer_->sharded()) {
     // Every replica gets the full updated parameters back.
