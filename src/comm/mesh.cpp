@@ -1,5 +1,7 @@
 #include "comm/mesh.h"
 
+#include <utility>
+
 #include "core/error.h"
 
 namespace longctx {

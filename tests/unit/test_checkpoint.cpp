@@ -22,7 +22,6 @@ const Mesh& one_rank() {
   return mesh;
 }
 
-
 RunConfig tiny_config(int64_t d_model = 32) {
   return config_from_values({{"base_emb_dim", d_model}, {"base_num_query_heads", int64_t(2)},
                              {"base_num_kv_heads", int64_t(1)}, {"head_dim", int64_t(16)},

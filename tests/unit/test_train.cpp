@@ -23,7 +23,6 @@ const Mesh& one_rank() {
   return mesh;
 }
 
-
 RunConfig tiny(const fs::path& out, std::map<std::string, ConfigValue> extra = {}) {
   std::map<std::string, ConfigValue> v = {
       {"base_emb_dim", int64_t(32)},        {"base_num_query_heads", int64_t(2)},
