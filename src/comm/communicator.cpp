@@ -226,20 +226,32 @@ void Communicator::recv(void* data, size_t bytes, int source, int tag) const {
   wait(r);
 }
 
-void Communicator::all_gather(const void* send, void* recv, size_t bytes_per_rank) const {
+Request Communicator::iall_gather(const void* send, void* recv, size_t bytes_per_rank) const {
   Request r;
+  r.kind_ = CommOp::all_gather;
   r.op_ = backend_->all_gather(send, recv, bytes_per_rank);
   int64_t n = static_cast<int64_t>(bytes_per_rank) * (size_ - 1);
   count(CommOp::all_gather, n, n);
-  finish(r, CommOp::all_gather, -1);
+  return r;
 }
 
-void Communicator::all_to_all(const void* send, void* recv, size_t bytes_per_rank) const {
+Request Communicator::iall_to_all(const void* send, void* recv, size_t bytes_per_rank) const {
   Request r;
+  r.kind_ = CommOp::all_to_all;
   r.op_ = backend_->all_to_all(send, recv, bytes_per_rank);
   int64_t n = static_cast<int64_t>(bytes_per_rank) * (size_ - 1);
   count(CommOp::all_to_all, n, n);
-  finish(r, CommOp::all_to_all, -1);
+  return r;
+}
+
+void Communicator::all_gather(const void* send, void* recv, size_t bytes_per_rank) const {
+  Request r = iall_gather(send, recv, bytes_per_rank);
+  wait(r);
+}
+
+void Communicator::all_to_all(const void* send, void* recv, size_t bytes_per_rank) const {
+  Request r = iall_to_all(send, recv, bytes_per_rank);
+  wait(r);
 }
 
 void Communicator::reduce_scatter_sum(const float* send, float* recv, size_t count_per_rank) const {

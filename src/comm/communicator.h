@@ -169,9 +169,13 @@ class Communicator {
   // Root's `bytes` at `data` into every rank's `data`.
   void broadcast(void* data, size_t bytes, int root) const;
   void barrier() const;
-  // A barrier to complete with test() or wait(): for a caller that gives up
-  // after a deadline of its own (apps/main.cpp after an error).
+  // Posted forms, counted as above when posted (like isend), to complete with
+  // test() or wait(): for a caller that gives up after a deadline of its own
+  // (apps/main.cpp after an error) or that must not sleep between polls
+  // (timing transfers, src/plan/measure.cpp).
   Request ibarrier() const;
+  Request iall_gather(const void* send, void* recv, size_t bytes_per_rank) const;
+  Request iall_to_all(const void* send, void* recv, size_t bytes_per_rank) const;
 
   CommCounters counters() const;
   void reset_counters() const;

@@ -95,6 +95,23 @@ TEST(Communicator, BroadcastMinSplitAndIbarrier) {
   c.wait(b);
   EXPECT_FALSE(b.active());
   EXPECT_EQ(c.counters()[CommOp::barrier].calls, 1);
+
+  // The posted all-gather and all-to-all, completed by polling test().
+  c.reset_counters();
+  std::vector<int64_t> gathered(P, -1), to(P), from(P, -1);
+  const int64_t mine = 5 * r + 1;
+  for (int q = 0; q < P; ++q) to[q] = 100 * r + q;
+  Request g = c.iall_gather(&mine, gathered.data(), sizeof mine);
+  Request a = c.iall_to_all(to.data(), from.data(), sizeof(int64_t));
+  while (!c.test(g) || !c.test(a)) {
+  }
+  for (int q = 0; q < P; ++q) {
+    EXPECT_EQ(gathered[q], 5 * q + 1);
+    EXPECT_EQ(from[q], 100 * q + r);
+  }
+  EXPECT_EQ(c.counters()[CommOp::all_gather].bytes_sent, 8 * (P - 1));
+  EXPECT_EQ(c.counters()[CommOp::all_to_all].bytes_received, 8 * (P - 1));
+  EXPECT_EQ(c.counters()[CommOp::all_gather].wait_seconds, 0.0);  // test() never counts as blocked
 }
 
 TEST(Communicator, PointToPointRing) {
