@@ -196,9 +196,9 @@ class Communicator {
 // A persistent helper thread for communication that must progress while the
 // calling thread computes (the ring's outgoing K,V stream and its returning
 // dK,dV). One job at a time: start(job) hands it a poll function, which the
-// thread calls every `poll` interval (driving MPI progress in between, for
-// the caller's own requests too, comm_progress) until it returns true. Between jobs the
-// thread sleeps on a condition variable and costs nothing, so one worker
+// thread calls every `poll` interval (driving MPI progress in between with
+// comm_progress, for the caller's own requests too) until it returns true.
+// Between jobs the thread sleeps on a condition variable and costs nothing, so one worker
 // serves every call of its owner instead of a thread per call. The poll
 // interval trades latency for CPU: each wake-up runs Open MPI's progress
 // engine (~10 us); at S=16384, 2 ranks, 200 us cost 5% of a rank's CPU time
