@@ -145,7 +145,7 @@ StepResult run_step(CpAttention& attention, const Mesh* mesh, const BenchFlags& 
       x.exposed = c.wait_seconds();
       x.sent = c.bytes_sent();
       x.received = c.bytes_received();
-      MPI_Allreduce(MPI_IN_PLACE, &step, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      mesh->world().all_reduce_max(&step, 1);
     }
     if (rep == 0 || step < best) {
       best = step;
@@ -160,9 +160,7 @@ StepResult run_step(CpAttention& attention, const Mesh* mesh, const BenchFlags& 
 
 int run_bench_cp(const Args& args) {
   BenchFlags f = parse(args);
-  int world = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int world = comm_world_size(), rank = comm_world_rank();
   CpStrategy strategy = parse_enum<CpStrategy>(f.strategy);
   int ulysses = 1;
   if (strategy == CpStrategy::usp) ulysses = f.ulysses ? f.ulysses : (world % 2 == 0 ? 2 : 1);
@@ -209,13 +207,13 @@ int run_bench_cp(const Args& args) {
   auto attention = make_cp_attention(strategy, mesh, options);
   StepResult r = run_step(*attention, &mesh, f, pos, seg, L, 2 + rank);
 
-  // Gather every rank's numbers on rank 0.
+  // Every rank's numbers, for rank 0 to print.
   const int kFields = 8;
   double mine[kFields] = {r.forward, r.backward, r.exposed, static_cast<double>(r.sent),
                           static_cast<double>(r.received), static_cast<double>(pairs[mesh.cp_rank()] * f.heads),
                           static_cast<double>(r.peak), r.cpu};
   std::vector<double> all(kFields * world);
-  MPI_Gather(mine, kFields, MPI_DOUBLE, all.data(), kFields, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  mesh.world().all_gather(mine, all.data(), sizeof mine);
   if (rank != 0) return 0;
 
   double step_max = 0, exposed_max = 0, peak_max = 0, cpu_max = 0;

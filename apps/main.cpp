@@ -1,7 +1,7 @@
 // The `longctx` command: train, plan, bench, selftest.
-// Every subcommand runs under MPI (one process is a valid launch). An error on
-// any rank prints one line and aborts the whole job, so peers never hang.
-#include <mpi.h>
+// Every subcommand runs under MPI (one process is a valid launch), through the
+// comm layer (src/comm/communicator.h). An error on any rank prints one line
+// and aborts the whole job, so peers never hang.
 
 #include <chrono>
 #include <cstdio>
@@ -11,6 +11,7 @@
 #include <string>
 
 #include "apps/commands.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "core/float_env.h"
 
@@ -71,18 +72,18 @@ int dispatch(const longctx::Args& a) {
 // After an error: if every rank fails (a config error all ranks detect), they
 // meet here and exit cleanly, each having printed its line; if some rank is
 // still working, the job is aborted after a grace period so no rank hangs.
-[[noreturn]] void exit_after_error(MPI_Comm error_comm, int world) {
-  if (world > 1) {
-    MPI_Request req;
-    MPI_Ibarrier(error_comm, &req);
-    int done = 0;
+[[noreturn]] void exit_after_error(longctx::Communicator& error_comm) {
+  if (error_comm.size() > 1) {
+    longctx::Request req = error_comm.ibarrier();
+    bool done = false;
     for (int i = 0; i < 300 && !done; ++i) {
-      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      done = error_comm.test(req);
       if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    if (!done) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (!done) longctx::comm_abort(1);
   }
-  MPI_Finalize();
+  { longctx::Communicator gone = std::move(error_comm); }  // freed before finalize
+  longctx::comm_finalize();
   std::exit(1);
 }
 
@@ -90,22 +91,18 @@ int dispatch(const longctx::Args& a) {
 
 int main(int argc, char** argv) {
   longctx::flush_subnormals_to_zero();  // before MPI or OpenMP start threads
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm error_comm;
-  MPI_Comm_dup(MPI_COMM_WORLD, &error_comm);
+  longctx::comm_init(&argc, &argv);
   int status = 0;
-  try {
-    status = dispatch(longctx::Args(argv + 1, argv + argc));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "longctx: error (rank %d): %s\n", rank, e.what());
-    std::fflush(stderr);
-    exit_after_error(error_comm, world);
+  {
+    longctx::Communicator error_comm = longctx::Communicator::world("errors");
+    try {
+      status = dispatch(longctx::Args(argv + 1, argv + argc));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "longctx: error (rank %d): %s\n", error_comm.rank(), e.what());
+      std::fflush(stderr);
+      exit_after_error(error_comm);
+    }
   }
-  MPI_Comm_free(&error_comm);
-  MPI_Finalize();
+  longctx::comm_finalize();
   return status;
 }

@@ -4,10 +4,8 @@
 // `mpiexec -n N longctx plan CONFIG.yml [key=value ...] --validate [--steps N] [--markdown FILE]`
 //    runs real train steps and compares the predicted step time with them
 //
-// The planning itself is src/plan (pure arithmetic). Measuring the cpu-local
-// profile runs real kernels and MPI, so it lives here, in the app layer.
-#include <mpi.h>
-#include <omp.h>
+// The planning itself is src/plan (pure arithmetic, and the measurement of
+// the cpu-local profile in src/plan/measure.cpp); this file parses flags and prints.
 
 #include <algorithm>
 #include <cstring>
@@ -29,6 +27,7 @@
 #include "train/optimizer.h"
 #include "train/trainer.h"
 #include "plan/hardware.h"
+#include "plan/measure.h"
 #include "plan/planner.h"
 
 namespace longctx {
@@ -37,403 +36,13 @@ namespace {
 
 using nlohmann::json;
 
-// ---- measuring the cpu-local profile ---------------------------------------------------
-
-// Streaming triad a = b + s c over arrays far larger than the caches: bytes/s.
-double measure_memory_bandwidth(bool quick) {
-  const int64_t n = int64_t{quick ? 8 : 32} << 20;  // 3 x 32 or 3 x 128 MiB
-  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
-  double best = 0;
-  for (int rep = 0; rep < (quick ? 3 : 5); ++rep) {
-    Timer t;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
-    best = std::max(best, 3.0 * 4.0 * double(n) / t.seconds());
-  }
-  return best + 0 * a[n / 2];
-}
-
-// Normal random floats: the kernels' speed depends on the values (subnormal
-// intermediates are slow), so they are timed on data like a model's, never
-// on constants.
-void fill_normal(std::vector<float>& v, float sigma, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, sigma);
-  for (float& x : v) x = normal(rng);
-}
-
-// GEMM efficiency (of `gemm_flops`) of one projection [T, w] -> [T, w] as the
-// model runs it: forward, weight gradient, input gradient, cycling over
-// enough distinct activation buffers that they come from memory, not cache,
-// as in a training step.
-std::map<int64_t, double> measure_matmul_efficiency(double gemm_flops, bool quick) {
-  const int64_t T = quick ? 1024 : 4096, min_bytes = int64_t{quick ? 16 : 64} << 20;
-  std::map<int64_t, double> out;
-  for (int64_t w : quick ? std::vector<int64_t>{128, 512} : std::vector<int64_t>{64, 128, 256, 512, 1024}) {
-    const int64_t sets = std::max<int64_t>(2, min_bytes / (3 * T * w * 4) + 1);
-    std::vector<std::vector<float>> x(sets), y(sets), dx(sets);
-    for (int64_t i = 0; i < sets; ++i) {
-      x[i].resize(T * w), y[i].resize(T * w), dx[i].resize(T * w);
-      fill_normal(x[i], 1.0f, uint32_t(i)), fill_normal(y[i], 1.0f, uint32_t(i + sets));
-    }
-    std::vector<float> W(w * w), dW(w * w, 0.0f);
-    fill_normal(W, 0.02f, 7);
-    auto pass = [&] {
-      for (int64_t i = 0; i < sets; ++i) {
-        gemm_f32(false, true, T, w, w, 1.0f, x[i].data(), w, W.data(), w, 0.0f, y[i].data(), w);
-        gemm_f32(true, false, w, w, T, 1.0f, y[i].data(), w, x[i].data(), w, 1.0f, dW.data(), w);
-        gemm_f32(false, false, T, w, w, 1.0f, y[i].data(), w, W.data(), w, 0.0f, dx[i].data(), w);
-      }
-    };
-    pass();  // warm-up
-    double best = 1e30;
-    for (int rep = 0; rep < 2; ++rep) {
-      Timer t;
-      pass();
-      best = std::min(best, t.seconds());
-    }
-    out[w] = 3.0 * 2.0 * double(T) * w * w * sets / best / gemm_flops;
-  }
-  return out;
-}
-
-struct AttentionNumbers {
-  double both, forward;  // efficiency per pair of a full tile: forward + backward, forward alone
-  std::map<std::string, double> partial_cost;  // by mask kind: a partial tile's time over a full one's
-};
-
-// The attention kernel's rate on full tiles (full mask, 14 D FLOPs per pair
-// forward + backward, 4 D forward) as a fraction of `gemm_flops`, and what a
-// partial tile costs per mask kind (forward + backward): kv positions strided
-// so that every kv block spans the whole sequence, which leaves every tile
-// partial under causal, local and chunked masks alike.
-AttentionNumbers measure_attention(double gemm_flops, int64_t S, int64_t D, int reps) {
-  const int64_t H = 4, G = 2;
-  // {seconds forward + backward, seconds forward, tiles computed}
-  auto run = [&](int64_t n, const MaskSpec& mask, bool strided) {
-    std::vector<float> q(n * H * D), k(n * G * D), v(n * G * D), o(n * H * D), dout(n * H * D), dq(q), dk(k),
-        dv(k), lse(n * H), delta(n * H);
-    fill_normal(q, 1.0f, 1), fill_normal(k, 1.0f, 2), fill_normal(v, 1.0f, 3), fill_normal(dout, 1.0f, 4);
-    const int64_t block = kAttentionTile, stride = std::max<int64_t>(1, n / block);
-    std::vector<int64_t> q_pos(n), kv_pos(n);
-    for (int64_t i = 0; i < n; ++i) q_pos[i] = i, kv_pos[i] = strided ? (i % block) * stride + i / block : i;
-    AttentionArgs a;
-    a.q = TensorView(q.data(), DType::f32, {1, n, H, D});
-    a.k = TensorView(k.data(), DType::f32, {1, n, G, D});
-    a.v = TensorView(v.data(), DType::f32, {1, n, G, D});
-    a.q_pos = q_pos.data();
-    a.kv_pos = kv_pos.data();
-    a.mask = mask;
-    TensorView ov(o.data(), DType::f32, {1, n, H, D}), dov(dout.data(), DType::f32, {1, n, H, D});
-    TensorView dqv(dq.data(), DType::f32, {1, n, H, D}), dkv(dk.data(), DType::f32, {1, n, G, D}),
-        dvv(dv.data(), DType::f32, {1, n, G, D});
-    double both = 1e30, fwd = 1e30;
-    AttentionStats stats;
-    for (int rep = 0; rep < reps; ++rep) {
-      Timer t;
-      attention_forward(a, ov, lse.data(), rep == 0 ? &stats : nullptr);
-      const double f = t.seconds();
-      attention_delta(ov, dov, delta.data());
-      attention_backward(a, dov, lse.data(), delta.data(), dqv, dkv, dvv);
-      both = std::min(both, t.seconds());
-      fwd = std::min(fwd, f);
-    }
-    return std::tuple{both, fwd, double(stats.blocks_computed())};
-  };
-  const auto [both, fwd, tiles] = run(S, MaskSpec::full(), false);
-  const double pairs = double(S) * S * H;
-  AttentionNumbers out{pairs * 14.0 * D / both / gemm_flops, pairs * 4.0 * D / fwd / gemm_flops, {}};
-  const int64_t n = S / 2;  // about half of each partial tile masked:
-  for (const auto& [kind, mask] : {std::pair{"causal", MaskSpec::causal()}, std::pair{"local", MaskSpec::local(n / 2, 0)},
-                                   std::pair{"chunked", MaskSpec::chunked(n / 2)}}) {
-    const auto [t, t_fwd, partial_tiles] = run(n, mask, true);
-    (void)t_fwd;
-    out.partial_cost[kind] = (t / partial_tiles) / (both / tiles);
-  }
-  return out;
-}
-
-// Each elementwise kernel of a training step (planner.h elementwise_kernels)
-// as src/model and src/train run it, on random data of a model's widths
-// (d = 512, F = 1536, 10 rotated heads of 64 in rows of 12, V = 259) and on
-// enough tokens that one call moves `footprint` bytes: a step touches more
-// memory (activations, gradients, optimizer state) than the caches hold, so
-// its kernels stream from memory. bytes/s per kernel, bytes as the planner
-// counts them, over the best time.
-std::map<std::string, double> measure_elementwise(bool quick) {
-  const double footprint = double(int64_t{quick ? 128 : 256} << 20);
-  const int reps = quick ? 2 : 3;
-  const int64_t d = 512, heads = 10, row = 12 * 64, F = 1536, V = 259;
-  auto tokens = [&](const char* kernel, int64_t width) {
-    return std::max<int64_t>(1024, int64_t(footprint / double(width * elementwise_kernel(kernel).bytes_per_element)));
-  };
-  auto normal = [](int64_t n, float sigma, uint32_t seed) {
-    std::vector<float> v(n);
-    fill_normal(v, sigma, seed);
-    return v;
-  };
-  auto mat = [](std::vector<float>& b, int64_t r, int64_t c) { return TensorView(b.data(), DType::f32, {r, c}); };
-  std::map<std::string, double> out;
-  // Best of reps; `setup` restores (untimed) data a kernel overwrote, so every rep sees model-like values.
-  auto time = [&](const char* kernel, int64_t elements, auto&& setup, auto&& run) {
-    double best = 1e30;
-    for (int rep = 0; rep < reps; ++rep) {
-      setup();
-      Timer t;
-      run();
-      best = std::min(best, t.seconds());
-    }
-    out[kernel] = double(elements) * double(elementwise_kernel(kernel).bytes_per_element) / best;
-  };
-  auto none = [] {};
-  std::vector<float> w = normal(d, 1.0f, 1), dw(d, 0.0f);
-  {
-    const int64_t N = tokens("rmsnorm_forward", d);
-    std::vector<float> x = normal(N * d, 1.0f, 2), y(N * d);
-    time("rmsnorm_forward", N * d, none, [&] { rmsnorm_forward(mat(x, N, d), w.data(), 1e-5, mat(y, N, d)); });
-  }
-  {
-    const int64_t N = tokens("rmsnorm_backward", d);
-    std::vector<float> x = normal(N * d, 1.0f, 3), dy = normal(N * d, 1e-3f, 4), dx = normal(N * d, 1e-3f, 5);
-    time("rmsnorm_backward", N * d, none,
-         [&] { rmsnorm_backward(mat(x, N, d), w.data(), 1e-5, mat(dy, N, d), mat(dx, N, d), dw.data()); });
-  }
-  {
-    const int64_t N = tokens("rope", heads * 64);
-    std::vector<float> qkv = normal(N * row, 1.0f, 6), cs = normal(N * 32, 1.0f, 7), sn = normal(N * 32, 1.0f, 8);
-    const TensorView rot = TensorView::strided(qkv.data(), DType::f32, {N, heads, 64}, {row, 64, 1});
-    time("rope", N * heads * 64, none, [&] { rope_forward(rot, cs.data(), sn.data()); });
-  }
-  {
-    const int64_t n = tokens("residual_add", d) * d;
-    std::vector<float> x = normal(n, 1.0f, 9), y = normal(n, 1.0f, 10);
-    time("residual_add", n, none, [&] {  // LlamaModel's add_into
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) y[i] += x[i];
-    });
-  }
-  {
-    const int64_t N = tokens("swiglu_backward", F);
-    std::vector<float> gu = normal(N * 2 * F, 0.5f, 11), act = normal(N * F, 1e-3f, 12), dgu(N * 2 * F);
-    auto half = [&](std::vector<float>& b, int64_t off) {  // gate or up: [N, F] of [N, 2F]
-      return TensorView::strided(b.data() + off, DType::f32, {N, F}, {2 * F, 1});
-    };
-    time("swiglu_forward", N * F, none, [&] { swiglu_forward(half(gu, 0), half(gu, F), mat(act, N, F)); });
-    time("swiglu_backward", N * F, none,
-         [&] { swiglu_backward(half(gu, 0), half(gu, F), mat(act, N, F), half(dgu, 0), half(dgu, F)); });
-  }
-  {
-    const int64_t N = tokens("cross_entropy", V);
-    std::vector<float> logits(N * V);
-    std::vector<int32_t> targets(N);
-    for (int64_t i = 0; i < N; ++i) targets[i] = int32_t(i * 7 % V);
-    time("cross_entropy", N * V, [&] { fill_normal(logits, 1.0f, 13); },
-         [&] {
-           const TensorView z = mat(logits, N, V);  // the gradient overwrites the logits, as in the model
-           cross_entropy(z, targets.data(), nullptr, 1.0f / N, &z);
-         });
-  }
-  {
-    // The trainer's step around backward: zero the gradients, their global
-    // norm, AdamW. The gradients are refilled (untimed) after zeroing.
-    const int64_t P = tokens("optimizer", 1);
-    std::vector<float> p = normal(P, 0.02f, 14), g(P), m(P, 0.0f), v(P, 0.0f);
-    std::vector<NamedTensor> grads(1);
-    grads[0].local = TensorView(g.data(), DType::f32, {P});
-    AdamWParams h;
-    h.weight_decay = 0.1f;
-    double best = 1e30;
-    for (int rep = 0; rep < reps; ++rep) {
-      Timer zero;
-      std::memset(g.data(), 0, P * sizeof(float));
-      const double z = zero.seconds();
-      fill_normal(g, 1e-3f, uint32_t(15 + rep));
-      Timer t;
-      volatile double norm = global_gradient_norm(grads, nullptr);
-      (void)norm;
-      adamw_update(p.data(), g.data(), m.data(), v.data(), P, h);
-      best = std::min(best, z + t.seconds());
-    }
-    out["optimizer"] = double(P) * double(elementwise_kernel("optimizer").bytes_per_element) / best;
-  }
-  return out;
-}
-
-struct LinkNumbers {
-  double p2p_bandwidth, latency, all_to_all_bandwidth, collective_bandwidth;
-};
-
-// Ping-pong between ranks 0 and 1, then all-to-all and all-gather over the world.
-LinkNumbers measure_links(MPI_Comm comm, bool quick) {
-  int rank, P;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &P);
-  LinkNumbers r{};
-  auto pingpong = [&](int64_t bytes, int reps) {
-    std::vector<char> buf(bytes);
-    MPI_Barrier(comm);
-    Timer t;
-    for (int i = 0; i < reps; ++i) {
-      if (rank == 0) {
-        MPI_Send(buf.data(), int(bytes), MPI_BYTE, 1, 0, comm);
-        MPI_Recv(buf.data(), int(bytes), MPI_BYTE, 1, 0, comm, MPI_STATUS_IGNORE);
-      } else if (rank == 1) {
-        MPI_Recv(buf.data(), int(bytes), MPI_BYTE, 0, 0, comm, MPI_STATUS_IGNORE);
-        MPI_Send(buf.data(), int(bytes), MPI_BYTE, 0, 0, comm);
-      }
-    }
-    double one_way = t.seconds() / (2.0 * reps);
-    MPI_Bcast(&one_way, 1, MPI_DOUBLE, 0, comm);
-    return one_way;
-  };
-  pingpong(8, 100);  // warm-up
-  r.latency = pingpong(8, quick ? 300 : 2000);
-  const int64_t big = int64_t{quick ? 4 : 32} << 20;
-  pingpong(big, 2);
-  r.p2p_bandwidth = double(big) / pingpong(big, quick ? 4 : 10);
-
-  // Per-device bandwidth as the counters count it: bytes sent to others / time.
-  const int64_t block = (int64_t{quick ? 8 : 64} << 20) / P;
-  std::vector<char> send(block * P), recv(block * P);
-  auto timed = [&](auto&& op) {
-    op();
-    MPI_Barrier(comm);
-    Timer t;
-    for (int i = 0; i < 5; ++i) op();
-    double s = t.seconds() / 5;
-    MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, comm);
-    return s;
-  };
-  double a2a = timed([&] {
-    MPI_Alltoall(send.data(), int(block), MPI_BYTE, recv.data(), int(block), MPI_BYTE, comm);
-  });
-  r.all_to_all_bandwidth = double(block) * (P - 1) / a2a;
-  double ag = timed([&] {
-    MPI_Allgather(send.data(), int(block), MPI_BYTE, recv.data(), int(block), MPI_BYTE, comm);
-  });
-  r.collective_bandwidth = double(block) * (P - 1) / ag;
-  return r;
-}
-
-int64_t physical_memory_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  while (f >> key >> kib)
-    if (key == "MemTotal:") return kib * 1024;
-  return 0;
-}
-
-}  // namespace
-
-// Collective over MPI_COMM_WORLD; every rank returns the same profile. With
-// one rank there is nothing to time between ranks: the link numbers are
-// placeholders (a one-rank plan has no communication).
-HardwareProfile measure_cpu_local_profile(bool quick) {
-  int rank, P;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &P);
-  // Every rank measures at once, so shared cores and memory are shared as in training.
-  MPI_Barrier(MPI_COMM_WORLD);
-  const int64_t gemm_n = quick ? 1024 : 2048;
-  double gemm = measure_gemm_gflops(DType::f32, gemm_n, quick ? 0.2 : 0.5) * 1e9;
-  MPI_Allreduce(MPI_IN_PLACE, &gemm, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-  // Each number is the slowest rank's (MPI_MIN of rates).
-  auto slowest = [](std::map<int64_t, double>& m) {
-    for (auto& [key, value] : m) MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-  };
-  std::map<int64_t, double> matmul = measure_matmul_efficiency(gemm, quick);
-  slowest(matmul);
-  std::map<int64_t, double> attention, attention_fwd;
-  std::map<std::string, std::map<int64_t, double>> partial;
-  for (int64_t D : {16, 32, 64, 128}) {
-    const AttentionNumbers a = measure_attention(gemm, quick ? 512 : 1024, D, quick ? 1 : 3);
-    attention[D] = a.both, attention_fwd[D] = a.forward;
-    for (const auto& [kind, cost] : a.partial_cost) partial[kind][D] = 1.0 / cost;  // a rate: MPI_MIN is the slowest
-  }
-  slowest(attention), slowest(attention_fwd);
-  for (auto& [kind, by_dim] : partial) {
-    slowest(by_dim);
-    for (auto& [D, rate] : by_dim) rate = 1.0 / rate;
-  }
-  std::map<std::string, double> elementwise = measure_elementwise(quick);
-  for (auto& [kernel, bw] : elementwise) MPI_Allreduce(MPI_IN_PLACE, &bw, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-  double bw = measure_memory_bandwidth(quick);
-  MPI_Allreduce(MPI_IN_PLACE, &bw, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-  LinkNumbers links{bw, 1e-6, bw, bw};
-  if (P > 1) links = measure_links(MPI_COMM_WORLD, quick);
-
-  HardwareProfile h;
-  h.name = "cpu-local";
-  const int threads = omp_get_max_threads();
-  h.description = "this machine: " + std::to_string(P) + " MPI ranks x " + std::to_string(threads) +
-                  " OpenMP threads, measured by `longctx plan --measure`" +
-                  (quick ? " (quick, on the fly by train)" : "");
-  h.topology = "shared memory (MPI ranks on one host)";
-  h.peak_flops_fp32 = gemm;
-  h.peak_flops_bf16 = 0;
-  h.matmul_efficiency = 1.0;
-  h.matmul_efficiency_per_width = matmul;
-  h.attention_efficiency = attention[128];
-  h.attention_efficiency_per_head_dim = attention;
-  h.attention_forward_efficiency_per_head_dim = attention_fwd;
-  h.attention_block = kAttentionTile;  // square tiles, the same for every head dim today
-  h.attention_partial_tile_cost = partial;
-  h.threads_per_device = threads;
-  h.memory_bytes = physical_memory_bytes() / P;
-  h.memory_bandwidth = bw;
-  h.elementwise_bandwidth_per_kernel = elementwise;  // every kernel: elementwise_bandwidth stays 0
-  h.devices_per_node = P;
-  h.p2p_bandwidth = links.p2p_bandwidth;
-  h.collective_bandwidth = links.collective_bandwidth;
-  h.all_to_all_bandwidth = links.all_to_all_bandwidth;
-  h.latency = links.latency;
-  const std::string how = " (" + std::to_string(P) + " ranks x " + std::to_string(threads) + " threads)";
-  const std::string n = std::to_string(gemm_n);
-  h.sources = {
-      {"peak_flops_fp32", "measured: oneDNN sgemm " + n + "^3, all ranks at once, slowest rank" + how},
-      {"peak_flops_bf16", "0: this build has no bf16 GEMM (oneDNN 2.6 sgemm only)"},
-      {"matmul_efficiency", "1: the peak above is a measured GEMM rate"},
-      {"matmul_efficiency_per_width",
-       "measured: projection [T, w] -> [T, w] forward + weight and input gradients, T = " +
-           std::string(quick ? "1024" : "4096") + ", activations cycled through >= " + (quick ? "16" : "64") +
-           " MiB of buffers (from memory, as in a step), over the GEMM rate" + how},
-      {"attention_efficiency", "measured: attention fwd+bwd on full tiles (full mask, S=" +
-                                   std::string(quick ? "512" : "1024") +
-                                   ", H=4 G=2 D=128, random data), 14 D FLOPs per pair, over the GEMM rate" + how},
-      {"attention_efficiency_per_head_dim", "measured as attention_efficiency, at D = 16, 32, 64, 128"},
-      {"attention_forward_efficiency_per_head_dim", "measured: the forward alone (4 D FLOPs per pair), same runs"},
-      {"attention_block", "the attention kernel's tile (kAttentionTile in src/kernels/attention.h)"},
-      {"attention_partial_tile_cost",
-       "measured per mask kind: fwd+bwd time per tile with kv positions strided over the sequence (every tile "
-       "partial, about half masked) over that of full tiles"},
-      {"threads_per_device", "OpenMP threads per rank while measuring"},
-      {"memory_bytes", "/proc/meminfo MemTotal / ranks"},
-      {"memory_bandwidth", "measured: streaming triad, per rank, all ranks at once" + how},
-      {"elementwise_bandwidth_per_kernel",
-       "measured: each kernel alone on random data (d=512, F=1536), each call moving " +
-           std::string(quick ? "128" : "256") + " MiB (from memory, as in a step), bytes as the planner "
-           "counts them (elementwise_kernels), per second" + how},
-      {"p2p_bandwidth", P > 1 ? "measured: MPI ping-pong between ranks 0 and 1" : "placeholder (one rank)"},
-      {"latency", P > 1 ? "measured: 8-byte MPI ping-pong, one way" : "placeholder (one rank)"},
-      {"all_to_all_bandwidth", P > 1 ? "measured: MPI_Alltoall, bytes sent to others per second per rank"
-                                     : "placeholder (one rank)"},
-      {"collective_bandwidth", P > 1 ? "measured: MPI_Allgather, bytes sent to others per second per rank"
-                                     : "placeholder (one rank)"},
-  };
-  return h;
-}
-
-namespace {
-
 int run_measure(const std::string& output) {
-  int rank, P;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  const Communicator world = Communicator::world("measure");
+  const int rank = world.rank(), P = world.size();
   if (P < 2 && rank == 0)
     std::fprintf(stderr, "warning: plan --measure on one rank: no links to time (placeholders); the compute "
                          "numbers describe one-rank runs. Measure under `mpiexec -n N` for N-rank runs.\n");
-  HardwareProfile h = measure_cpu_local_profile(false);
+  HardwareProfile h = measure_cpu_local_profile(world, false);
   if (rank == 0) {
     std::string path = output.empty() ? default_hardware_dir() + "/cpu-local.yml" : output;
     save_hardware_profile(h, path);
@@ -583,9 +192,7 @@ double median(std::vector<double> v) {
 // measured median (the slowest rank's), with both breakdowns. With
 // `markdown`, rank 0 appends one table row to that file.
 int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, const std::string& markdown) {
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int rank = comm_world_rank(), world = comm_world_size();
   config.steps = steps + 1;
   config.enable_checkpointing = false;
   config.metrics_file = "";
@@ -596,7 +203,7 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
   const StrategyPlan plan = plan_strategy(config, hw, options);
   if (!plan.valid) throw ConfigError("plan --validate: " + plan.invalid_reason);
   Mesh mesh(mesh_shape_from_config(config));
-  Trainer trainer(config, &mesh);
+  Trainer trainer(config, mesh);
   trainer.train_step();  // warm-up: workspace allocation, first touch
   std::vector<double> seconds;
   StepProfile sum;
@@ -691,9 +298,7 @@ int run_plan(const Args& args) {
     throw ConfigError(std::string("plan needs a config file\n") + kPlanUsage);
   if (validate)
     return run_validate(load_config(config_path, overrides), load_hardware_profile(hardware), steps, markdown);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) return 0;  // pure arithmetic: one rank prints
+  if (comm_world_rank() != 0) return 0;  // pure arithmetic: one rank prints
   Timer t;
   RunConfig config = load_config(config_path, overrides);
   HardwareProfile hw = load_hardware_profile(hardware);

@@ -81,9 +81,7 @@ SelftestFlags parse_flags(const Args& args, int world) {
 }  // namespace
 
 int run_selftest(const Args& args) {
-  int world = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int world = comm_world_size(), rank = comm_world_rank();
   SelftestFlags f = parse_flags(args, world);
   validate_mesh(MeshShape{std::max(1, world / f.cp), f.cp, f.ulysses > 0 ? f.ulysses : 1, 1}, world);
 

@@ -1,8 +1,6 @@
 // `mpiexec -n N longctx train CONFIG.yml [key=value ...]`
 // Loads and checks the config on every rank (before any work), builds the
 // mesh, and runs the Trainer (src/train/trainer.h).
-#include <mpi.h>
-
 #include <cstdio>
 
 #include "apps/commands.h"
@@ -10,13 +8,11 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "plan/hardware.h"
+#include "plan/measure.h"
 #include "plan/planner.h"
 #include "train/trainer.h"
 
 namespace longctx {
-
-// apps/plan.cpp: measures this machine (collective over MPI_COMM_WORLD).
-HardwareProfile measure_cpu_local_profile(bool quick);
 
 const char* const kTrainUsage =
     "usage: mpiexec -n N longctx train CONFIG.yml [key=value ...]\n"
@@ -31,17 +27,18 @@ namespace {
 // --measure` writes it) every rank measures a quick one together, on the fly
 // (a few seconds; not saved): a committed default would describe some other
 // machine, and the choice hinges on this one's memory and compute/link ratios.
-void resolve_auto_strategy(RunConfig& config, int rank) {
+void resolve_auto_strategy(RunConfig& config, const Communicator& world) {
+  const int rank = world.rank();
   HardwareProfile hw;
   std::string source = "cpu-local profile";
   // Every rank must take the same branch: the measurement is collective.
-  int have = 1;
+  int64_t have = 1;
   try {
     hw = load_hardware_profile("cpu-local");
   } catch (const ConfigError&) {
     have = 0;
   }
-  MPI_Allreduce(MPI_IN_PLACE, &have, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  world.all_reduce_min(&have, 1);
   if (!have) {
     if (rank == 0) {
       std::fprintf(stderr, "warning: context_parallel_strategy=auto: no cpu-local hardware profile in %s; "
@@ -50,15 +47,13 @@ void resolve_auto_strategy(RunConfig& config, int rank) {
       std::fflush(stderr);
     }
     Timer t;
-    hw = measure_cpu_local_profile(true);
+    hw = measure_cpu_local_profile(world, true);
     char buf[64];
     std::snprintf(buf, sizeof buf, "quick profile measured in %.1f s", t.seconds());
     source = buf;
   }
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
   PlanOptions options;
-  options.devices = world;
+  options.devices = world.size();
   PlanRecommendation r = recommend(config, hw, options);
   if (!r.found) throw ConfigError("context_parallel_strategy=auto: the planner found no configuration that fits: " + r.reason);
   config.cp_strategy = r.strategy;
@@ -81,14 +76,11 @@ void resolve_auto_strategy(RunConfig& config, int rank) {
 
 int run_train(const Args& args) {
   if (args.empty()) throw ConfigError(std::string("train needs a config file\n") + kTrainUsage);
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
   RunConfig config = load_config(args[0], Args(args.begin() + 1, args.end()));
-  if (!config.cp_strategy) resolve_auto_strategy(config, rank);
-  validate_config(config, world);
+  if (!config.cp_strategy) resolve_auto_strategy(config, Communicator::world("auto"));
+  validate_config(config, comm_world_size());
   Mesh mesh(mesh_shape_from_config(config));
-  Trainer trainer(config, &mesh);
+  Trainer trainer(config, mesh);
   trainer.run(stdout);
   return 0;
 }

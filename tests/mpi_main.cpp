@@ -2,11 +2,11 @@
 // usual report, other ranks print only their failed assertions, tagged with
 // their rank. The exit status is non-zero on every rank if any rank failed.
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <cstdio>
 #include <string>
 
+#include "comm/communicator.h"
 #include "core/float_env.h"
 
 namespace {
@@ -32,19 +32,19 @@ class FailuresOnlyOnOtherRanks : public testing::EmptyTestEventListener {
 
 int main(int argc, char** argv) {
   longctx::flush_subnormals_to_zero();  // as the longctx command runs
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  longctx::comm_init(&argc, &argv);
   testing::InitGoogleTest(&argc, argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int rank = longctx::comm_world_rank();
   if (rank != 0) {
     auto& listeners = testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new FailuresOnlyOnOtherRanks(rank));
   }
-  int failed = RUN_ALL_TESTS();
-  int any_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any_failed;
+  int64_t any_failed = RUN_ALL_TESTS();
+  {
+    const longctx::Communicator world = longctx::Communicator::world("gtest");
+    world.all_reduce_max(&any_failed, 1);
+  }
+  longctx::comm_finalize();
+  return static_cast<int>(any_failed);
 }

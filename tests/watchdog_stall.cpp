@@ -2,16 +2,13 @@
 // message that rank 1 never sends (rank 1 sleeps far past the timeout, like a
 // rank stuck in a hung kernel). The default watchdog must name the operation
 // and abort the whole job, rank 1 included.
-#include <mpi.h>
-
 #include <chrono>
 #include <thread>
 
 #include "comm/communicator.h"
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  longctx::comm_init(&argc, &argv);
   longctx::set_collective_timeout_seconds(1.0);
   longctx::Communicator world = longctx::Communicator::world("stall");
   if (world.rank() == 0) {
@@ -20,6 +17,6 @@ int main(int argc, char** argv) {
   } else {
     std::this_thread::sleep_for(std::chrono::seconds(120));
   }
-  MPI_Finalize();
+  longctx::comm_finalize();
   return 0;  // not reached on rank 0: the watchdog aborts
 }

@@ -1,7 +1,8 @@
 #include "comm/communicator.h"
 
+#include "comm/backend.h"
+
 #include <chrono>
-#include <climits>
 #include <cstdio>
 
 #include "core/error.h"
@@ -11,7 +12,7 @@ namespace longctx {
 
 const char* comm_op_name(CommOp op) {
   static const char* names[kNumCommOps] = {"send",           "recv",       "all_gather", "all_to_all",
-                                           "reduce_scatter", "all_reduce", "barrier"};
+                                           "reduce_scatter", "all_reduce", "barrier",    "broadcast"};
   return names[static_cast<int>(op)];
 }
 
@@ -49,14 +50,7 @@ std::atomic<WatchdogHandler> g_watchdog_handler{nullptr};
 void abort_job(const std::string& message) {
   std::fprintf(stderr, "longctx: %s\n", message.c_str());
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 3);
-}
-
-int checked_count(size_t bytes) {
-  if (bytes > static_cast<size_t>(INT_MAX))
-    throw ShapeError("communicator: one message of " + std::to_string(bytes) +
-                     " bytes exceeds MPI's 2^31-1 count limit");
-  return static_cast<int>(bytes);
+  comm_abort(3);
 }
 
 }  // namespace
@@ -68,54 +62,53 @@ void set_collective_timeout_seconds(double seconds) {
 double collective_timeout_seconds() { return g_timeout_seconds; }
 void set_watchdog_handler(WatchdogHandler handler) { g_watchdog_handler = handler; }
 
+Request::Request() = default;
+Request::Request(Request&& other) noexcept { *this = std::move(other); }
+
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
-    req_ = other.req_;
-    op_ = other.op_;
+    op_ = std::move(other.op_);  // an overwritten active one still completes, unwatched
+    kind_ = other.kind_;
     peer_ = other.peer_;
-    comm_ = other.comm_;
-    other.req_ = MPI_REQUEST_NULL;
   }
   return *this;
 }
 
 Request::~Request() {
-  if (active()) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+  if (op_) op_->wait();
 }
 
 Communicator Communicator::world(const std::string& name) {
-  MPI_Comm c;
-  MPI_Comm_dup(MPI_COMM_WORLD, &c);
-  return Communicator(c, name);
+  if (!comm_initialized()) return single(name);
+  return Communicator(make_mpi_world_backend(), name);
 }
 
-Communicator::Communicator(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
-  if (comm_ == MPI_COMM_NULL) return;  // a placeholder, assigned later
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
+Communicator Communicator::single(const std::string& name) { return Communicator(make_single_backend(), name); }
+
+Communicator::Communicator(std::unique_ptr<CommBackend> backend, std::string name)
+    : backend_(std::move(backend)), name_(std::move(name)) {
+  if (!backend_) throw Error("communicator '" + name_ + "': no backend");
+  rank_ = backend_->rank();
+  size_ = backend_->size();
 }
 
-Communicator::~Communicator() {
-  if (comm_ != MPI_COMM_NULL) {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
-  }
-}
+Communicator::~Communicator() = default;
 
 Communicator::Communicator(Communicator&& other) noexcept { *this = std::move(other); }
 
 Communicator& Communicator::operator=(Communicator&& other) noexcept {
   if (this != &other) {
-    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-    comm_ = other.comm_;
+    backend_ = std::move(other.backend_);
     name_ = std::move(other.name_);
     rank_ = other.rank_;
     size_ = other.size_;
     counters_ = other.counters_;
-    other.comm_ = MPI_COMM_NULL;
   }
   return *this;
+}
+
+Communicator Communicator::split(int color, int key, const std::string& name) const {
+  return Communicator(backend_->split(color, key), name);
 }
 
 void Communicator::count(CommOp op, int64_t sent, int64_t received) const {
@@ -172,58 +165,53 @@ void Communicator::wait(Request& request) const {
   if (!request.active()) return;
   Timer timer;
   const double timeout = g_timeout_seconds;
-  int done = 0;
   int polls = 0;
   auto sleep = std::chrono::microseconds(5);
-  while (true) {
-    MPI_Test(&request.req_, &done, MPI_STATUS_IGNORE);
-    if (done) break;
+  while (!request.op_->test()) {
     if (++polls > 50) {
       std::this_thread::sleep_for(sleep);
       if (sleep < std::chrono::microseconds(500)) sleep *= 2;
     }
-    if (timer.seconds() > timeout) timed_out(timeout, request.op_, request.peer_, &request);
+    if (timer.seconds() > timeout) timed_out(timeout, request.kind_, request.peer_, &request);
   }
+  request.op_.reset();
   std::lock_guard<std::mutex> lock(mu_);
-  counters_[request.op_].wait_seconds += timer.seconds();
+  counters_[request.kind_].wait_seconds += timer.seconds();
 }
 
 bool Communicator::test(Request& request) const {
   if (!request.active()) return true;
-  int done = 0;
-  MPI_Test(&request.req_, &done, MPI_STATUS_IGNORE);
-  return done != 0;
+  if (!request.op_->test()) return false;
+  request.op_.reset();
+  return true;
 }
 
 void Communicator::cancel(Request& request) const {
   if (!request.active()) return;
-  MPI_Cancel(&request.req_);
-  MPI_Wait(&request.req_, MPI_STATUS_IGNORE);
+  request.op_->cancel();
+  request.op_.reset();
 }
 
 void Communicator::finish(Request& request, CommOp op, int peer) const {
-  request.op_ = op;
+  request.kind_ = op;
   request.peer_ = peer;
-  request.comm_ = this;
   wait(request);
 }
 
 Request Communicator::isend(const void* data, size_t bytes, int dest, int tag) const {
   Request r;
-  r.op_ = CommOp::send;
+  r.kind_ = CommOp::send;
   r.peer_ = dest;
-  r.comm_ = this;
-  MPI_Isend(data, checked_count(bytes), MPI_BYTE, dest, tag, comm_, &r.req_);
+  r.op_ = backend_->isend(data, bytes, dest, tag);
   count(CommOp::send, dest == rank_ ? 0 : static_cast<int64_t>(bytes), 0);
   return r;
 }
 
 Request Communicator::irecv(void* data, size_t bytes, int source, int tag) const {
   Request r;
-  r.op_ = CommOp::recv;
+  r.kind_ = CommOp::recv;
   r.peer_ = source;
-  r.comm_ = this;
-  MPI_Irecv(data, checked_count(bytes), MPI_BYTE, source, tag, comm_, &r.req_);
+  r.op_ = backend_->irecv(data, bytes, source, tag);
   count(CommOp::recv, 0, source == rank_ ? 0 : static_cast<int64_t>(bytes));
   return r;
 }
@@ -238,72 +226,81 @@ void Communicator::recv(void* data, size_t bytes, int source, int tag) const {
   wait(r);
 }
 
-void Communicator::all_gather(const void* send, void* recv, size_t bytes_per_rank) const {
+Request Communicator::iall_gather(const void* send, void* recv, size_t bytes_per_rank) const {
   Request r;
-  MPI_Iallgather(send, checked_count(bytes_per_rank), MPI_BYTE, recv,
-                 checked_count(bytes_per_rank), MPI_BYTE, comm_, &r.req_);
+  r.kind_ = CommOp::all_gather;
+  r.op_ = backend_->all_gather(send, recv, bytes_per_rank);
   int64_t n = static_cast<int64_t>(bytes_per_rank) * (size_ - 1);
   count(CommOp::all_gather, n, n);
-  finish(r, CommOp::all_gather, -1);
+  return r;
+}
+
+Request Communicator::iall_to_all(const void* send, void* recv, size_t bytes_per_rank) const {
+  Request r;
+  r.kind_ = CommOp::all_to_all;
+  r.op_ = backend_->all_to_all(send, recv, bytes_per_rank);
+  int64_t n = static_cast<int64_t>(bytes_per_rank) * (size_ - 1);
+  count(CommOp::all_to_all, n, n);
+  return r;
+}
+
+void Communicator::all_gather(const void* send, void* recv, size_t bytes_per_rank) const {
+  Request r = iall_gather(send, recv, bytes_per_rank);
+  wait(r);
 }
 
 void Communicator::all_to_all(const void* send, void* recv, size_t bytes_per_rank) const {
-  Request r;
-  MPI_Ialltoall(send, checked_count(bytes_per_rank), MPI_BYTE, recv,
-                checked_count(bytes_per_rank), MPI_BYTE, comm_, &r.req_);
-  int64_t n = static_cast<int64_t>(bytes_per_rank) * (size_ - 1);
-  count(CommOp::all_to_all, n, n);
-  finish(r, CommOp::all_to_all, -1);
+  Request r = iall_to_all(send, recv, bytes_per_rank);
+  wait(r);
 }
 
 void Communicator::reduce_scatter_sum(const float* send, float* recv, size_t count_per_rank) const {
   Request r;
-  checked_count(count_per_rank * 4 * size_);
-  MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count_per_rank), MPI_FLOAT, MPI_SUM, comm_,
-                            &r.req_);
+  r.op_ = backend_->reduce_scatter_sum(send, recv, count_per_rank);
   int64_t n = static_cast<int64_t>(count_per_rank) * 4 * (size_ - 1);
   count(CommOp::reduce_scatter, n, n);
   finish(r, CommOp::reduce_scatter, -1);
 }
 
-void Communicator::all_reduce(void* data, size_t n, MPI_Datatype type, size_t elem_bytes,
-                              MPI_Op op) const {
+void Communicator::all_reduce(void* data, size_t n, ElemType type, size_t elem_bytes, ReduceOp op) const {
   Request r;
-  MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(n * elem_bytes) / static_cast<int>(elem_bytes),
-                 type, op, comm_, &r.req_);
+  r.op_ = backend_->all_reduce(data, n, type, op);
   int64_t bytes = static_cast<int64_t>(n * elem_bytes) * 2 * (size_ - 1) / size_;
   count(CommOp::all_reduce, bytes, bytes);
   finish(r, CommOp::all_reduce, -1);
 }
 
-void Communicator::all_reduce_sum(float* d, size_t n) const { all_reduce(d, n, MPI_FLOAT, 4, MPI_SUM); }
-void Communicator::all_reduce_sum(double* d, size_t n) const { all_reduce(d, n, MPI_DOUBLE, 8, MPI_SUM); }
-void Communicator::all_reduce_sum(int64_t* d, size_t n) const { all_reduce(d, n, MPI_INT64_T, 8, MPI_SUM); }
-void Communicator::all_reduce_max(double* d, size_t n) const { all_reduce(d, n, MPI_DOUBLE, 8, MPI_MAX); }
-void Communicator::all_reduce_max(int64_t* d, size_t n) const { all_reduce(d, n, MPI_INT64_T, 8, MPI_MAX); }
+void Communicator::all_reduce_sum(float* d, size_t n) const { all_reduce(d, n, ElemType::f32, 4, ReduceOp::sum); }
+void Communicator::all_reduce_sum(double* d, size_t n) const { all_reduce(d, n, ElemType::f64, 8, ReduceOp::sum); }
+void Communicator::all_reduce_sum(int64_t* d, size_t n) const { all_reduce(d, n, ElemType::i64, 8, ReduceOp::sum); }
+void Communicator::all_reduce_max(double* d, size_t n) const { all_reduce(d, n, ElemType::f64, 8, ReduceOp::max); }
+void Communicator::all_reduce_max(int64_t* d, size_t n) const { all_reduce(d, n, ElemType::i64, 8, ReduceOp::max); }
+void Communicator::all_reduce_min(double* d, size_t n) const { all_reduce(d, n, ElemType::f64, 8, ReduceOp::min); }
+void Communicator::all_reduce_min(int64_t* d, size_t n) const { all_reduce(d, n, ElemType::i64, 8, ReduceOp::min); }
+
+void Communicator::broadcast(void* data, size_t bytes, int root) const {
+  if (root < 0 || root >= size_)
+    throw Error("communicator '" + name_ + "': broadcast root " + std::to_string(root) + " of " +
+                std::to_string(size_) + " ranks");
+  Request r;
+  r.op_ = backend_->broadcast(data, bytes, root);
+  const int64_t n = static_cast<int64_t>(bytes);
+  if (rank_ == root) count(CommOp::broadcast, n * (size_ - 1), 0);
+  else count(CommOp::broadcast, 0, n);
+  finish(r, CommOp::broadcast, root);
+}
 
 void Communicator::barrier() const {
+  Request r = ibarrier();
+  wait(r);
+}
+
+Request Communicator::ibarrier() const {
   Request r;
-  MPI_Ibarrier(comm_, &r.req_);
+  r.kind_ = CommOp::barrier;
+  r.op_ = backend_->barrier();
   count(CommOp::barrier, 0, 0);
-  finish(r, CommOp::barrier, -1);
-}
-
-ProgressPump::ProgressPump() {
-  thread_ = std::thread([this] {
-    while (!stop_.load(std::memory_order_relaxed)) {
-      // Any MPI call runs Open MPI's progress engine; nothing is ever sent on
-      // MPI_COMM_SELF, so the probe matches nothing.
-      int flag = 0;
-      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  });
-}
-
-ProgressPump::~ProgressPump() {
-  stop_ = true;
-  thread_.join();
+  return r;
 }
 
 CommWorker::CommWorker(std::chrono::microseconds poll) : poll_(poll) {
@@ -338,10 +335,7 @@ void CommWorker::loop() {
         error = std::current_exception();
       }
       if (done) break;
-      // Drives Open MPI's progress engine for every request of the process
-      // (nothing is ever sent on MPI_COMM_SELF, so the probe matches nothing).
-      int flag = 0;
-      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
+      comm_progress();  // for every request of the process, the caller's too
       std::this_thread::sleep_for(poll_);
     }
     job = nullptr;  // the job's captures go before the caller may reuse them

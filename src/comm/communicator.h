@@ -1,5 +1,10 @@
 #pragma once
-// A small communicator over MPI-3 (DESIGN.md section 3, src/comm).
+// One communicator interface for every transport (src/comm/backend.h), in the
+// spirit of MLX's `distributed` group: all_gather, all_to_all,
+// reduce_scatter, all_reduce, broadcast, barrier, send/recv, split.
+// Backends: MPI (src/comm/mpi_backend.cpp, the only file that sees MPI's header)
+// and one process without MPI (src/comm/single_backend.cpp), so that one-rank
+// runs and unit tests take the same code path as many ranks.
 //
 // Every operation is posted non-blocking and completed by one watched wait,
 // so that (1) a rank stuck longer than collective_timeout_seconds on one
@@ -10,16 +15,18 @@
 //
 // Byte counters, per communicator and per operation kind, count the payload
 // this rank logically sends to and receives from OTHER ranks (never itself),
-// independent of MPI's internal algorithm. With P = size(), n = bytes per rank:
+// independent of the transport's internal algorithm. With P = size(), n = bytes per rank:
 //   send / recv          n to / from the peer
 //   all_gather(n)        sent n*(P-1), received n*(P-1)
 //   all_to_all(n)        sent n*(P-1), received n*(P-1)   (n = one block)
 //   reduce_scatter(n)    sent n*(P-1), received n*(P-1)   (n = one output block)
 //   all_reduce(n)        sent 2*n*(P-1)/P, received the same (ring algorithm),
-//                        integer division
+//                        integer division (sum, max and min alike)
+//   broadcast(n)         the root sent n*(P-1), received 0; every other rank
+//                        sent 0, received n
 //   barrier              0
+// So a communicator of size 1 counts calls but never a byte.
 // The planner (src/plan) reuses these formulas.
-#include <mpi.h>
 
 #include <array>
 #include <chrono>
@@ -27,6 +34,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -34,8 +42,8 @@
 
 namespace longctx {
 
-enum class CommOp { send, recv, all_gather, all_to_all, reduce_scatter, all_reduce, barrier };
-constexpr int kNumCommOps = 7;
+enum class CommOp { send, recv, all_gather, all_to_all, reduce_scatter, all_reduce, barrier, broadcast };
+constexpr int kNumCommOps = 8;
 const char* comm_op_name(CommOp op);
 
 struct CommOpCounters {
@@ -55,41 +63,65 @@ struct CommCounters {
   double wait_seconds() const;
 };
 
+// Process-level entry points (src/comm/mpi_backend.cpp).
+// comm_init starts MPI requesting full thread support (CommWorker's thread
+// communicates beside the caller's); call it once, first thing in main. A
+// process that never calls it is a world of one: Communicator::world() is
+// then the single-process communicator.
+void comm_init(int* argc, char*** argv);
+void comm_finalize();  // after every Communicator is gone; no-op without comm_init
+bool comm_initialized();  // comm_init was called and comm_finalize not yet
+// Ends the whole job (every rank) with `code`; without MPI, this process.
+[[noreturn]] void comm_abort(int code);
+int comm_world_rank();  // 0 without MPI
+int comm_world_size();  // 1 without MPI
+// Drives the transport's progress engine for every posted request of the
+// process (Open MPI only moves non-blocking transfers inside MPI calls).
+void comm_progress();
+
 // Seconds a rank may wait on one operation before the job is aborted
 // (collective_timeout_seconds; default 600). Process-wide.
 void set_collective_timeout_seconds(double seconds);
 double collective_timeout_seconds();
 // What happens on a timeout: by default print the message on stderr and
-// MPI_Abort. Tests install a handler that returns; wait() then cancels the
+// comm_abort. Tests install a handler that returns; wait() then cancels the
 // request and throws Error(message).
 using WatchdogHandler = void (*)(const std::string& message);
 void set_watchdog_handler(WatchdogHandler handler);  // nullptr restores the default
 
+class PendingOp;    // src/comm/backend.h
+class CommBackend;  // src/comm/backend.h
+enum class ElemType;
+enum class ReduceOp;
+
 // One posted operation. Move-only; complete it with Communicator::wait.
 class Request {
  public:
-  Request() = default;
-  Request(Request&& other) noexcept { *this = std::move(other); }
+  Request();
+  Request(Request&& other) noexcept;
   Request& operator=(Request&& other) noexcept;
   Request(const Request&) = delete;
   Request& operator=(const Request&) = delete;
   ~Request();  // an active request at destruction is a bug: waits for it
-  bool active() const { return req_ != MPI_REQUEST_NULL; }
+  bool active() const { return op_ != nullptr; }
 
  private:
   friend class Communicator;
-  MPI_Request req_ = MPI_REQUEST_NULL;
-  CommOp op_ = CommOp::barrier;
+  std::unique_ptr<PendingOp> op_;  // null once complete
+  CommOp kind_ = CommOp::barrier;
   int peer_ = -1;
-  const class Communicator* comm_ = nullptr;
 };
 
 class Communicator {
  public:
-  // A duplicate of MPI_COMM_WORLD.
+  // Every rank of the job: a duplicate of the MPI world after comm_init,
+  // else this process alone (single()). Collective.
   static Communicator world(const std::string& name = "world");
-  // Takes ownership of `comm` (freed by the destructor).
-  Communicator(MPI_Comm comm, std::string name);
+  // This process alone, rank 0 of 1, whether or not MPI runs: collectives
+  // copy this rank's block (reductions leave the data as it is), counters
+  // count calls and no bytes, send/recv to any other rank is an error.
+  static Communicator single(const std::string& name = "single");
+  Communicator(std::unique_ptr<CommBackend> backend, std::string name);
   ~Communicator();
   Communicator(Communicator&& other) noexcept;
   Communicator& operator=(Communicator&& other) noexcept;
@@ -99,9 +131,11 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& name() const { return name_; }
-  MPI_Comm raw() const { return comm_; }
+  // Collective: the ranks passing the same color form one communicator,
+  // ranked by key (ties by rank here).
+  Communicator split(int color, int key, const std::string& name) const;
 
-  // Point to point. Tags must be < 32768 (the MPI minimum of MPI_TAG_UB).
+  // Point to point. Tags must be < 32768 (the least tag bound MPI guarantees).
   Request isend(const void* data, size_t bytes, int dest, int tag) const;
   Request irecv(void* data, size_t bytes, int source, int tag) const;
   void wait(Request& request) const;  // watched; no-op on an inactive request
@@ -130,52 +164,47 @@ class Communicator {
   void all_reduce_sum(int64_t* data, size_t count) const;
   void all_reduce_max(double* data, size_t count) const;
   void all_reduce_max(int64_t* data, size_t count) const;
+  void all_reduce_min(double* data, size_t count) const;
+  void all_reduce_min(int64_t* data, size_t count) const;
+  // Root's `bytes` at `data` into every rank's `data`.
+  void broadcast(void* data, size_t bytes, int root) const;
   void barrier() const;
+  // Posted forms, counted as above when posted (like isend), to complete with
+  // test() or wait(): for a caller that gives up after a deadline of its own
+  // (apps/main.cpp after an error) or that must not sleep between polls
+  // (timing transfers, src/plan/measure.cpp).
+  Request ibarrier() const;
+  Request iall_gather(const void* send, void* recv, size_t bytes_per_rank) const;
+  Request iall_to_all(const void* send, void* recv, size_t bytes_per_rank) const;
 
   CommCounters counters() const;
   void reset_counters() const;
 
  private:
-  void all_reduce(void* data, size_t count, MPI_Datatype type, size_t elem_bytes, MPI_Op op) const;
+  void all_reduce(void* data, size_t count, ElemType type, size_t elem_bytes, ReduceOp op) const;
   void count(CommOp op, int64_t sent, int64_t received) const;
   void finish(Request& request, CommOp op, int peer) const;
   [[noreturn]] void timed_out(double timeout, CommOp op, int peer, Request* request) const;
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::unique_ptr<CommBackend> backend_;
   std::string name_;
   int rank_ = 0, size_ = 1;
   mutable std::mutex mu_;  // guards counters_: waits may run on helper threads
   mutable CommCounters counters_;
 };
 
-// While alive, a helper thread drives MPI progress every ~200 microseconds
-// (Open MPI only moves non-blocking transfers inside MPI calls), so a
-// transfer posted before a long compute really happens during it. The thread
-// sleeps between polls and costs little CPU. Needs MPI_THREAD_MULTIPLE.
-class ProgressPump {
- public:
-  ProgressPump();
-  ~ProgressPump();
-  ProgressPump(const ProgressPump&) = delete;
-  ProgressPump& operator=(const ProgressPump&) = delete;
-
- private:
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
-
 // A persistent helper thread for communication that must progress while the
 // calling thread computes (the ring's outgoing K,V stream and its returning
 // dK,dV). One job at a time: start(job) hands it a poll function, which the
-// thread calls every `poll` interval (driving MPI progress in between, for
-// the caller's own requests too) until it returns true. Between jobs the
-// thread sleeps on a condition variable and costs nothing, so one worker
+// thread calls every `poll` interval (driving MPI progress in between with
+// comm_progress, for the caller's own requests too) until it returns true.
+// Between jobs the thread sleeps on a condition variable and costs nothing, so one worker
 // serves every call of its owner instead of a thread per call. The poll
 // interval trades latency for CPU: each wake-up runs Open MPI's progress
 // engine (~10 us); at S=16384, 2 ranks, 200 us cost 5% of a rank's CPU time
 // and 1 ms under 1%, while a 2 MiB chunk still arrives long before the
 // ~20 ms piece ahead of it is computed.
-// Needs MPI_THREAD_MULTIPLE.
+// Needs full thread support (comm_init asks for it).
 class CommWorker {
  public:
   explicit CommWorker(std::chrono::microseconds poll = std::chrono::microseconds(1000));

@@ -1,5 +1,7 @@
 #include "comm/mesh.h"
 
+#include <utility>
+
 #include "core/error.h"
 
 namespace longctx {
@@ -25,47 +27,26 @@ void validate_mesh(const MeshShape& s, int world_size) {
                       std::to_string(world_size) + " ranks");
 }
 
-namespace {
+Mesh::Mesh(const MeshShape& shape) : Mesh(shape, Communicator::world("world")) {}
 
-// color selects the group; ranks are ordered by key inside it.
-Communicator split(const Communicator& parent, int color, int key, const std::string& name) {
-  MPI_Comm c;
-  MPI_Comm_split(parent.raw(), color, key, &c);
-  return Communicator(c, name);
-}
+Mesh Mesh::single() { return Mesh(MeshShape{}, Communicator::single("world")); }
 
-int checked_world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-}  // namespace
-
-Mesh::Mesh(const MeshShape& shape)
-    : shape_((validate_mesh(shape, checked_world_size()), shape)),
-      world_(Communicator::world("world")),
-      dp_(MPI_COMM_NULL, ""),
-      cp_(MPI_COMM_NULL, ""),
-      ulysses_(MPI_COMM_NULL, ""),
-      ring_(MPI_COMM_NULL, ""),
-      tp_(MPI_COMM_NULL, ""),
-      replicas_(MPI_COMM_NULL, "") {
-  const int U = shape_.ulysses, R = shape_.ring(), T = shape_.tp;
-  int r = world_.rank();
-  tp_rank_ = r % T;
-  ulysses_rank_ = (r / T) % U;
-  ring_rank_ = (r / (T * U)) % R;
-  dp_rank_ = r / (T * U * R);
-  cp_rank_ = ring_rank_ * U + ulysses_rank_;
-  // Color = the coordinates that stay fixed inside the group.
-  dp_ = split(world_, cp_rank_ * T + tp_rank_, dp_rank_, "dp");
-  cp_ = split(world_, dp_rank_ * T + tp_rank_, cp_rank_, "cp");
-  ulysses_ = split(world_, (dp_rank_ * R + ring_rank_) * T + tp_rank_, ulysses_rank_, "ulysses");
-  ring_ = split(world_, (dp_rank_ * U + ulysses_rank_) * T + tp_rank_, ring_rank_, "ring");
-  tp_ = split(world_, dp_rank_ * shape_.cp + cp_rank_, tp_rank_, "tp");
-  replicas_ = split(world_, tp_rank_, dp_rank_ * shape_.cp + cp_rank_, "replicas");
-}
+// Color = the coordinates that stay fixed inside the group; key = the rank in it.
+Mesh::Mesh(const MeshShape& shape, Communicator world)
+    : shape_((validate_mesh(shape, world.size()), shape)),
+      tp_rank_(world.rank() % shape.tp),
+      ulysses_rank_((world.rank() / shape.tp) % shape.ulysses),
+      ring_rank_((world.rank() / (shape.tp * shape.ulysses)) % shape.ring()),
+      dp_rank_(world.rank() / (shape.tp * shape.ulysses * shape.ring())),
+      cp_rank_(ring_rank_ * shape.ulysses + ulysses_rank_),
+      world_(std::move(world)),
+      dp_(world_.split(cp_rank_ * shape_.tp + tp_rank_, dp_rank_, "dp")),
+      cp_(world_.split(dp_rank_ * shape_.tp + tp_rank_, cp_rank_, "cp")),
+      ulysses_(world_.split((dp_rank_ * shape_.ring() + ring_rank_) * shape_.tp + tp_rank_, ulysses_rank_,
+                            "ulysses")),
+      ring_(world_.split((dp_rank_ * shape_.ulysses + ulysses_rank_) * shape_.tp + tp_rank_, ring_rank_, "ring")),
+      tp_(world_.split(dp_rank_ * shape_.cp + cp_rank_, tp_rank_, "tp")),
+      replicas_(world_.split(tp_rank_, dp_rank_ * shape_.cp + cp_rank_, "replicas")) {}
 
 CommCounters Mesh::total_counters() const {
   CommCounters total;

@@ -20,8 +20,12 @@
 // Strategies all_gather, ulysses and ring use cp() as one group; usp uses
 // ulysses() for its all-to-all and ring() for its ring.
 //
-// Construction is collective over MPI_COMM_WORLD. The Mesh must outlive every
-// object (e.g. a CpAttention) that uses its communicators.
+// Construction is collective over the world communicator (Communicator::world:
+// every rank of the job, or this process alone when MPI was never started).
+// Mesh::single() is the 1x1x1x1 mesh of this process alone, with no MPI at
+// all: one-rank runs and unit tests take the same code path as many ranks.
+// The Mesh must outlive every object (e.g. a CpAttention) that uses its
+// communicators.
 #include <string>
 
 #include "comm/communicator.h"
@@ -44,9 +48,13 @@ void validate_mesh(const MeshShape& shape, int world_size);
 
 class Mesh {
  public:
-  // Collective over MPI_COMM_WORLD; validates first (every rank throws the same error).
+  // Collective over Communicator::world(); validates first (every rank throws the same error).
   explicit Mesh(const MeshShape& shape);
   Mesh(int dp, int cp, int ulysses, int tp) : Mesh(MeshShape{dp, cp, ulysses, tp}) {}
+  // Over the ranks of `world` (collective over it); its sub-communicators come from world.split.
+  Mesh(const MeshShape& shape, Communicator world);
+  // This process alone (Communicator::single), whether or not MPI runs.
+  static Mesh single();
 
   const MeshShape& shape() const { return shape_; }
   int world_rank() const { return world_.rank(); }
@@ -70,7 +78,8 @@ class Mesh {
 
  private:
   MeshShape shape_;
-  int dp_rank_ = 0, cp_rank_ = 0, ulysses_rank_ = 0, ring_rank_ = 0, tp_rank_ = 0;
+  // In this order: each is computed from the ones before it.
+  int tp_rank_ = 0, ulysses_rank_ = 0, ring_rank_ = 0, dp_rank_ = 0, cp_rank_ = 0;
   Communicator world_, dp_, cp_, ulysses_, ring_, tp_, replicas_;
 };
 

@@ -1,6 +1,6 @@
 #pragma once
 // Errors a user can act on. Each names the rule that was broken; `main`
-// prints what() as one line on stderr and exits non-zero (MPI_Abort in
+// prints what() as one line on stderr and exits non-zero (comm_abort in
 // multi-rank runs, so peers never hang).
 #include <stdexcept>
 #include <string>

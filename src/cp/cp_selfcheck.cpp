@@ -126,7 +126,7 @@ CpCheckResult check_cp_strategy(const Mesh& mesh, const CpCheckCase& c) {
   accumulate_error(dq.data(), dq_l.data(), dq.size(), stats[4], stats[5]);
   accumulate_error(dk.data(), dk_l.data(), dk.size(), stats[6], stats[7]);
   accumulate_error(dv.data(), dv_l.data(), dv.size(), stats[8], stats[9]);
-  MPI_Allreduce(MPI_IN_PLACE, stats, 10, MPI_DOUBLE, MPI_MAX, mesh.world().raw());
+  mesh.world().all_reduce_max(stats, 10);
   auto ratio = [&](int i) { return stats[2 * i + 1] > 0 ? stats[2 * i] / stats[2 * i + 1] : stats[2 * i]; };
   r.err_o = ratio(0);
   r.err_lse = ratio(1);

@@ -48,39 +48,6 @@ TensorView mat(float* p, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-namespace {
-
-// Single-rank attention: exactly what every strategy does when cp == 1.
-class SingleRankAttention : public CpAttention {
- public:
-  explicit SingleRankAttention(KernelImpl impl) : impl_(impl) {}
-  void forward(const AttentionArgs& a, const TensorView& o, float* lse) override {
-    if (impl_ == KernelImpl::reference) attention_forward_reference(a, o, lse);
-    else attention_forward(a, o, lse);
-  }
-  void backward(const AttentionArgs& a, const TensorView& o, const float* lse,
-                const TensorView& dout, const TensorView& dq, const TensorView& dk,
-                const TensorView& dv) override {
-    std::vector<float> delta(o.dim(0) * o.dim(1) * o.dim(2));  // [B, S, H]
-    attention_delta(o, dout, delta.data());
-    for (const TensorView* t : {&dq, &dk, &dv}) zero(*t);  // the kernel accumulates
-    if (impl_ == KernelImpl::reference)
-      attention_backward_reference(a, dout, lse, delta.data(), dq, dk, dv);
-    else
-      attention_backward(a, dout, lse, delta.data(), dq, dk, dv);
-  }
-
- private:
-  static void zero(const TensorView& t) {  // [B, S, H, D], D contiguous
-    for (int64_t b = 0; b < t.dim(0); ++b)
-      for (int64_t s = 0; s < t.dim(1); ++s)
-        for (int64_t h = 0; h < t.dim(2); ++h) std::memset(t.at<float>({b, s, h}), 0, t.dim(3) * 4);
-  }
-  KernelImpl impl_;
-};
-
-}  // namespace
-
 // ---- implementation state ------------------------------------------------------------
 
 // The buffers of activation_table(), each `copies` times; a tensor the
@@ -125,7 +92,9 @@ struct LlamaModel::Impl {
   const Batch* batch = nullptr;  // the batch of the current call
 
   // Row-parallel outputs and column-parallel input gradients are partial sums
-  // over tp ranks.
+  // over tp ranks. Without a mesh in the options the model owns a
+  // single-process one: one code path for one rank and many.
+  std::unique_ptr<Mesh> own_mesh;
   const Mesh* mesh = nullptr;
   void tp_all_reduce(float* data, int64_t n) {
     if (tp == 1) return;
@@ -169,11 +138,10 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
                       ") must be a multiple of base_num_kv_heads (" +
                       std::to_string(c.num_kv_heads) + ")");
   if (c.head_dim % 2 != 0) throw ConfigError("model: head_dim must be even for RoPE");
-  if (options.mesh != nullptr) {
-    m.mesh = options.mesh;
-    m.tp = options.mesh->shape().tp;
-    m.tp_rank = options.mesh->tp_rank();
-  }
+  if (!options.mesh) m.own_mesh = std::make_unique<Mesh>(Mesh::single());
+  m.mesh = options.mesh ? options.mesh : m.own_mesh.get();
+  m.tp = m.mesh->shape().tp;
+  m.tp_rank = m.mesh->tp_rank();
   if (options.loss_chunk_rows < 0) throw ConfigError("model: loss_chunk_rows must be >= 0");
   const int64_t tp = m.tp;
   auto divisible = [&](int64_t n, const char* what) {
@@ -202,11 +170,9 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
   m.impl = options.impl;
   m.mask = options.mask;
   m.loss_chunk_rows = options.loss_chunk_rows;
-  // Local tokens in, local tokens out: the strategy hides the cp group.
-  if (options.mesh)
-    m.attention = make_cp_attention(options.cp_strategy, *options.mesh, options.cp_options);
-  else
-    m.attention = std::make_unique<SingleRankAttention>(options.impl);
+  // Local tokens in, local tokens out: the strategy hides the cp group
+  // (with cp == 1 it is the kernel itself).
+  m.attention = make_cp_attention(options.cp_strategy, *m.mesh, options.cp_options);
 
   // The parameter table (core/model_shape.h), in its order: fused groups
   // (q,k,v and gate,up) are adjacent so that one GEMM computes each group.

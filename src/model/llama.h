@@ -41,7 +41,7 @@ struct ModelOptions {
   MaskSpec mask = MaskSpec::causal();
   CpStrategy cp_strategy = CpStrategy::all_gather;
   CpOptions cp_options;
-  // nullptr: one rank (no cp, no tp). Must outlive the model.
+  // Must outlive the model; nullptr: the model uses Mesh::single() (one rank).
   const Mesh* mesh = nullptr;
   KernelImpl impl = KernelImpl::fast;  // attention kernel: fast or float64 reference
   // Rows of logits computed at once by the loss; 0 = automatic (a chunk of

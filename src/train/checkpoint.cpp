@@ -175,22 +175,22 @@ std::map<std::string, HostTensor> parse_safetensors(const std::string& bytes, co
 }
 
 // The full tensor of a TP-sharded view (collective over tp).
-HostTensor gather_full(const NamedTensor& nt, const float* local, const Mesh* mesh) {
+HostTensor gather_full(const NamedTensor& nt, const float* local, const Mesh& mesh) {
   HostTensor t;
   const int rank = nt.local.rank;
   const int64_t rows = nt.full_shape[0], cols = rank == 2 ? nt.full_shape[1] : 1;
   t.shape = rank == 2 ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows};
   t.data.resize(static_cast<size_t>(rows * cols));
   const int64_t n = nt.local.numel();
-  const int tp = mesh ? mesh->shape().tp : 1;
+  const int tp = mesh.shape().tp;
   if (nt.split == TpSplit::none || tp == 1) {
     std::memcpy(t.data.data(), local, static_cast<size_t>(n) * sizeof(float));
     return t;
   }
   std::vector<float> all(static_cast<size_t>(n) * tp);
   std::vector<int64_t> offsets(tp);
-  mesh->tp().all_gather(local, all.data(), static_cast<size_t>(n) * sizeof(float));
-  mesh->tp().all_gather(&nt.split_offset, offsets.data(), sizeof(int64_t));
+  mesh.tp().all_gather(local, all.data(), static_cast<size_t>(n) * sizeof(float));
+  mesh.tp().all_gather(&nt.split_offset, offsets.data(), sizeof(int64_t));
   const int64_t lrows = nt.split == TpSplit::dim0 ? rows / tp : rows;
   const int64_t lcols = nt.split == TpSplit::dim1 ? cols / tp : cols;
   for (int j = 0; j < tp; ++j) {
@@ -214,9 +214,9 @@ void take_shard(const NamedTensor& nt, const HostTensor& full, float* local) {
 }
 
 // A flat vector of n elements from every replica's piece of it (collective
-// over mesh->replicas(); pieces as in flat_piece).
-std::vector<float> gather_pieces(std::span<const float> mine, const FlatPiece& piece, size_t n, const Mesh* mesh) {
-  const Communicator& reps = mesh->replicas();
+// over mesh.replicas(); pieces as in flat_piece).
+std::vector<float> gather_pieces(std::span<const float> mine, const FlatPiece& piece, size_t n, const Mesh& mesh) {
+  const Communicator& reps = mesh.replicas();
   std::vector<float> full(n);
   reps.all_gather(mine.data(), full.data(), piece.block * sizeof(float));
   if (piece.tail > 0) {
@@ -295,7 +295,7 @@ std::string hf_config_json(const LlamaConfig& c, int64_t max_position_embeddings
 }
 
 std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const AdamW& optimizer,
-                            const TrainState& state, const RunConfig& config, const Mesh* mesh) {
+                            const TrainState& state, const RunConfig& config, const Mesh& mesh) {
   // Gather (collective over tp on every rank), then rank 0 writes.
   // The moments of this tp rank's whole flat vector: the replicas' pieces
   // gathered first when the optimizer is sharded (ZeRO-1).
@@ -333,7 +333,7 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
   char name[32];
   std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(state.step));
   const fs::path dir(checkpoint_dir), final_dir = dir / name;
-  const bool writer = !mesh || mesh->world_rank() == 0;
+  const bool writer = mesh.world_rank() == 0;
   if (writer) {
     const fs::path tmp = dir / hidden_name(name, ".tmp");
     try {
@@ -404,7 +404,7 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
     // Only after the new one is verified on disk: a crash here loses nothing.
     prune_older_than(dir, config.max_num_checkpoints_to_keep, state.step);
   }
-  if (mesh) mesh->world().barrier();  // nobody resumes from a checkpoint still being written
+  mesh.world().barrier();  // nobody resumes from a checkpoint still being written
   return final_dir.string();
 }
 

@@ -53,7 +53,7 @@ struct TrainState {
 // first: the files never depend on the mesh or on sharding.
 // Returns the checkpoint directory.
 std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const AdamW& optimizer,
-                            const TrainState& state, const RunConfig& config, const Mesh* mesh);
+                            const TrainState& state, const RunConfig& config, const Mesh& mesh);
 
 // The complete checkpoint with the highest step in checkpoint_dir, or "".
 std::string latest_checkpoint(const std::string& checkpoint_dir);

@@ -20,20 +20,10 @@ double learning_rate_at(const RunConfig& c, int64_t step) {
   return final_lr + (peak - final_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
 }
 
-double global_gradient_norm(const std::vector<NamedTensor>& gradients, const Mesh* mesh) {
-  const int tp_rank = mesh ? mesh->tp_rank() : 0;
-  double sum_sq = 0.0;
-  for (const NamedTensor& g : gradients) {
-    // A replicated tensor is identical on every tp rank: count it on one.
-    if (g.split == TpSplit::none && tp_rank != 0) continue;
-    const float* p = g.local.f32();
-    const int64_t n = g.local.numel();
-    double s = 0.0;
-    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(p[i]) * p[i];
-    sum_sq += s;
-  }
-  if (mesh && mesh->shape().tp > 1) mesh->tp().all_reduce_sum(&sum_sq, 1);
-  return std::sqrt(sum_sq);
+double sum_of_squares(const float* g, size_t n) {
+  double s = 0.0;
+  for (size_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * g[i];
+  return s;
 }
 
 FlatPiece flat_piece(size_t n, int replicas, int rank) {
@@ -48,21 +38,22 @@ FlatPiece flat_piece(size_t n, int replicas, int rank) {
 
 namespace {
 
-FlatPiece piece_for(const LlamaModel& model, const RunConfig& c, const Mesh* mesh, bool& sharded) {
+FlatPiece piece_for(const LlamaModel& model, const RunConfig& c, const Mesh& mesh, bool& sharded) {
   const size_t n = model.flat_parameters().size();
-  sharded = c.shard_optimizer_over_data && mesh && mesh->replicas().size() > 1;
+  sharded = c.shard_optimizer_over_data && mesh.replicas().size() > 1;
   if (!sharded) return flat_piece(n, 1, 0);
-  const int R = mesh->replicas().size();
+  const int R = mesh.replicas().size();
   if (n < static_cast<size_t>(R))
     throw ConfigError("shard_optimizer_over_data: " + std::to_string(n) + " parameters cannot be split over " +
                       std::to_string(R) + " replicas");
-  return flat_piece(n, R, mesh->replicas().rank());
+  return flat_piece(n, R, mesh.replicas().rank());
 }
 
 }  // namespace
 
-AdamW::AdamW(const LlamaModel& model, const RunConfig& c, const Mesh* mesh)
-    : b1_(c.adam_b1), b2_(c.adam_b2), eps_(c.adam_eps), weight_decay_(c.adam_weight_decay),
+AdamW::AdamW(const LlamaModel& model, const RunConfig& c, const Mesh& mesh)
+    : mesh_(mesh), b1_(c.adam_b1), b2_(c.adam_b2), eps_(c.adam_eps), weight_decay_(c.adam_weight_decay),
+      clip_(c.gradient_clipping_threshold),
       piece_(piece_for(model, c, mesh, sharded_)),
       m_(MemCategory::optimizer, "adamw.exp_avg", piece_.size * sizeof(float)),
       v_(MemCategory::optimizer, "adamw.exp_avg_sq", piece_.size * sizeof(float)) {
@@ -77,22 +68,58 @@ AdamW::AdamW(const LlamaModel& model, const RunConfig& c, const Mesh* mesh)
   }
 }
 
-double AdamW::piece_gradient_sum_sq(const LlamaModel& model, int tp_rank) const {
+void AdamW::reduce_gradients(LlamaModel& model, double loss_sums[2]) {
+  const Communicator& reps = mesh_.replicas();
+  std::span<float> grads = model.flat_gradients();
+  if (sharded_) {
+    staging_ = Buffer(MemCategory::communication, "zero1 gradient/parameter piece", piece_.block * sizeof(float));
+    reps.reduce_scatter_sum(grads.data(), staging_.as<float>(), piece_.block);
+    std::copy_n(staging_.as<float>(), piece_.block, grads.data() + piece_.begin);
+    if (piece_.tail > 0) reps.all_reduce_sum(grads.data() + grads.size() - piece_.tail, piece_.tail);
+    reps.all_reduce_sum(loss_sums, 2);
+  } else if (reps.size() > 1) {
+    reps.all_reduce_sum(grads.data(), grads.size());
+    reps.all_reduce_sum(loss_sums, 2);
+  }
+}
+
+double AdamW::gradient_norm(const LlamaModel& model) const {
   const float* g = model.flat_gradients().data() + piece_.begin;
+  const int tp_rank = mesh_.tp_rank();
   double sum_sq = 0.0;
   for (const Segment& s : segments_) {
     // A replicated tensor is identical on every tp rank: count it on one.
     if (model.gradients()[s.param].split == TpSplit::none && tp_rank != 0) continue;
-    double t = 0.0;
-    for (size_t i = s.begin; i < s.begin + s.size; ++i) t += static_cast<double>(g[i]) * g[i];
-    sum_sq += t;
+    sum_sq += sum_of_squares(g + s.begin, s.size);
   }
-  return sum_sq;
+  if (sharded_) mesh_.replicas().all_reduce_sum(&sum_sq, 1);
+  if (mesh_.shape().tp > 1) mesh_.tp().all_reduce_sum(&sum_sq, 1);
+  return std::sqrt(sum_sq);
 }
 
-void AdamW::scale_piece_gradients(LlamaModel& model, float scale) const {
-  float* g = model.flat_gradients().data() + piece_.begin;
-  for (size_t i = 0; i < piece_.size; ++i) g[i] *= scale;
+void AdamW::step(LlamaModel& model, double lr, double norm) {
+  if (clip_ > 0 && norm > clip_) {
+    const float scale = static_cast<float>(clip_ / norm);
+    float* g = model.flat_gradients().data() + piece_.begin;
+    for (size_t i = 0; i < piece_.size; ++i) g[i] *= scale;
+  }
+  update(model, lr);
+  if (sharded_) gather_pieces(model);
+}
+
+// Every replica gets the full updated parameters back.
+void AdamW::gather_pieces(LlamaModel& model) {
+  const Communicator& reps = mesh_.replicas();
+  std::span<float> params = model.flat_parameters();
+  std::copy_n(params.data() + piece_.begin, piece_.block, staging_.as<float>());
+  reps.all_gather(staging_.as<float>(), params.data(), piece_.block * sizeof(float));
+  if (piece_.tail > 0) {
+    std::vector<float> tails(piece_.tail * static_cast<size_t>(reps.size()));
+    float* mine = params.data() + params.size() - piece_.tail;
+    reps.all_gather(mine, tails.data(), piece_.tail * sizeof(float));
+    std::copy_n(tails.data() + (tails.size() - piece_.tail), piece_.tail, mine);  // the last replica's
+  }
+  staging_ = Buffer();
 }
 
 void AdamW::update(LlamaModel& model, double lr) {

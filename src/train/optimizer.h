@@ -1,11 +1,15 @@
 #pragma once
 // AdamW over the model's fp32 master weights (this rank's TP shards), the
-// learning-rate schedule, and global-norm gradient clipping.
+// learning-rate schedule, global-norm gradient clipping, and the
+// communication around the update: summing the gradients over the parameter
+// replicas (all-reduce, or ZeRO-1's reduce-scatter) and gathering the
+// updated pieces.
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "core/config.h"
+#include "core/memory.h"
 #include "core/tensor.h"
 #include "model/llama.h"
 
@@ -18,11 +22,9 @@ class Mesh;
 // cosine_learning_rate_final_fraction * peak at `steps`. step is 0-based.
 double learning_rate_at(const RunConfig& config, int64_t step);
 
-// The global L2 norm of the gradients over the whole model: every TP shard
-// counted once (sum of squares all-reduced over tp), replicated tensors
-// (TpSplit::none) counted once, dp/cp replicas not at all (they hold equal,
-// already reduced gradients). mesh == nullptr: one rank.
-double global_gradient_norm(const std::vector<NamedTensor>& gradients, const Mesh* mesh);
+// Sum of g[i]^2 in double: the gradient norm's arithmetic (also what
+// `longctx plan --measure` times as the optimizer kernel, src/plan/measure.cpp).
+double sum_of_squares(const float* g, size_t n);
 
 // The piece of the flat parameter vector (LlamaModel::flat_parameters) that
 // replica `rank` of `replicas` owns under shard_optimizer_over_data (ZeRO-1):
@@ -46,18 +48,29 @@ class AdamW {
   // of this rank's piece: all local parameters, or with
   // shard_optimizer_over_data and a mesh with more than one replica, the
   // piece flat_piece(n, replicas().size(), replicas().rank()).
-  AdamW(const LlamaModel& model, const RunConfig& config, const Mesh* mesh = nullptr);
+  AdamW(const LlamaModel& model, const RunConfig& config, const Mesh& mesh);
+
+  // Sums the gradients and loss_sums over mesh.replicas(): all-reduced, or
+  // when sharded (ZeRO-1) each replica receives only its piece of the sum
+  // (the equal blocks by reduce-scatter, the last piece's tail by
+  // all-reduce) through a communication staging buffer that step() reuses.
+  void reduce_gradients(LlamaModel& model, double loss_sums[2]);
+  // After reduce_gradients: the global L2 norm of the gradients, which the
+  // trainer checks for NaN/Inf before anything is updated. Every TP shard
+  // counted once (sums of squares all-reduced over tp), replicated tensors
+  // (TpSplit::none) counted on tp rank 0 only, dp/cp replicas once (summed
+  // from the pieces when sharded; equal, already reduced gradients otherwise).
+  double gradient_norm(const LlamaModel& model) const;
+  // Clipping to gradient_clipping_threshold by that norm, the update with
+  // learning rate `lr`, and when sharded the all-gather of the updated
+  // pieces to every replica.
+  void step(LlamaModel& model, double lr, double gradient_norm);
 
   // One update of this rank's piece with this learning rate, from the
   // gradients at the same flat offsets; increments step(). Weight decay is
   // applied to matrices only (rank-2 parameters), not to norm weights.
+  // No communication: step() is the whole step.
   void update(LlamaModel& model, double lr);
-
-  // Sum of squared gradients over this rank's piece, each parameter counted
-  // as global_gradient_norm counts it (replicated tensors on tp rank 0 only).
-  double piece_gradient_sum_sq(const LlamaModel& model, int tp_rank) const;
-  // Multiplies the gradients of this rank's piece by `scale`.
-  void scale_piece_gradients(LlamaModel& model, float scale) const;
 
   int64_t step() const { return step_; }  // updates done
   void set_step(int64_t step) { step_ = step; }
@@ -74,12 +87,18 @@ class AdamW {
     size_t begin, size;  // in the piece
     size_t param;        // index into LlamaModel::parameters()
   };
-  double b1_, b2_, eps_, weight_decay_;
+  void gather_pieces(LlamaModel& model);
+
+  const Mesh& mesh_;
+  double b1_, b2_, eps_, weight_decay_, clip_;
   int64_t step_ = 0;
   bool sharded_ = false;
   FlatPiece piece_;
   std::vector<Segment> segments_;
   Buffer m_, v_;  // [piece_.size] each
+  // ZeRO-1: "zero1 gradient/parameter piece", [piece_.block], from
+  // reduce_gradients to the end of step().
+  Buffer staging_;
 };
 
 }  // namespace longctx

@@ -24,32 +24,27 @@ MeshShape mesh_shape_from_config(const RunConfig& c) {
   return s;
 }
 
-ModelOptions model_options_from_config(const RunConfig& c, const Mesh* mesh) {
+ModelOptions model_options_from_config(const RunConfig& c, const Mesh& mesh) {
   ModelOptions o;
   o.remat = c.remat_policy;
   o.custom_save = c.remat_custom_save;
   o.mask = c.mask();
   o.cp_strategy = c.strategy();
-  o.mesh = mesh;
+  o.mesh = &mesh;
   o.impl = c.attention_kernel;
   return o;
 }
 
-Trainer::Trainer(const RunConfig& config, const Mesh* mesh) : config_(config), mesh_(mesh) {
+Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), mesh_(mesh) {
   const RunConfig& c = config_;
   if (c.num_threads > 0) omp_set_num_threads(static_cast<int>(c.num_threads));
   MemoryTracker::global().set_budget(static_cast<size_t>(c.device_memory_budget));
   set_collective_timeout_seconds(static_cast<double>(c.collective_timeout_seconds));
-  if (mesh_) {
-    const MeshShape want = mesh_shape_from_config(c), got = mesh_->shape();
-    if (want.dp != got.dp || want.cp != got.cp || want.ulysses != got.ulysses || want.tp != got.tp)
-      throw ConfigError("the mesh (" + got.to_string() + ") differs from the config's (" + want.to_string() + ")");
-  } else if (c.dp * c.cp * c.tp != 1) {
-    throw ConfigError("a run without a mesh is one rank: the config asks for dp * cp * tp = " +
-                      std::to_string(c.dp * c.cp * c.tp));
-  }
+  const MeshShape want = mesh_shape_from_config(c), got = mesh_.shape();
+  if (want.dp != got.dp || want.cp != got.cp || want.ulysses != got.ulysses || want.tp != got.tp)
+    throw ConfigError("the mesh (" + got.to_string() + ") differs from the config's (" + want.to_string() + ")");
   data_ = std::make_unique<Dataset>(load_corpus(c), c.max_target_length, c.packing);
-  const int cp = static_cast<int>(c.cp), ulysses = mesh_ ? mesh_->shape().ulysses : 1;
+  const int cp = static_cast<int>(c.cp), ulysses = mesh_.shape().ulysses;
   layout_ = std::make_unique<CpLayout>(c.layout(),
                                        c.max_target_length, cp, ulysses);
   mask_ = c.mask();
@@ -62,19 +57,17 @@ Trainer::Trainer(const RunConfig& config, const Mesh* mesh) : config_(config), m
   // (all ranks measure at once, so shared cores count as shared), averaged.
   peak_tflops_ = c.peak_tflops_per_device;
   if (peak_tflops_ <= 0) {
-    if (mesh_) mesh_->world().barrier();  // measure together, not beside a peer's set-up
+    mesh_.world().barrier();  // measure together, not beside a peer's set-up
     double gflops = measure_gemm_gflops(DType::f32, 1024, 0.3);
-    if (mesh_) {
-      mesh_->world().all_reduce_sum(&gflops, 1);
-      gflops /= mesh_->shape().world();
-    }
+    mesh_.world().all_reduce_sum(&gflops, 1);
+    gflops /= mesh_.shape().world();
     peak_tflops_ = gflops / 1e3;
   }
 }
 
 Trainer::~Trainer() = default;
 
-bool Trainer::is_logger() const { return !mesh_ || mesh_->world_rank() == 0; }
+bool Trainer::is_logger() const { return mesh_.world_rank() == 0; }
 
 std::string Trainer::resume() {
   // The newest one that verifies; a corrupt newer one is skipped loudly (stderr).
@@ -91,46 +84,18 @@ std::string Trainer::save() {
 StepMetrics Trainer::train_step() {
   const RunConfig& c = config_;
   Timer timer;
-  const int64_t dp = c.dp, dp_rank = mesh_ ? mesh_->dp_rank() : 0;
-  const int cp_rank = mesh_ ? mesh_->cp_rank() : 0;
+  const int64_t dp = c.dp, dp_rank = mesh_.dp_rank();
   LocalBatch batch = make_local_batch(*data_, state_.data_cursor, c.per_device_batch_size, dp, dp_rank, *layout_,
-                                      cp_rank, mask_);
+                                      mesh_.cp_rank(), mask_);
   if (batch.global_target_tokens == 0) throw DataError("a global batch has no target tokens (all padding)");
 
   model_->zero_gradients();
   LossStats local = model_->forward_backward(batch.view(), 1.0f / static_cast<float>(batch.global_target_tokens));
-  std::span<float> grads = model_->flat_gradients();
   double loss_sums[2] = {local.loss_sum, local.weight_sum};
-  const bool replicated = mesh_ && mesh_->replicas().size() > 1;
-  const FlatPiece& piece = optimizer_->piece();
-  // ZeRO-1: each replica receives its piece of the summed gradient (the
-  // equal blocks by reduce-scatter, the last piece's tail by all-reduce) into
-  // `staging`, copied back to the piece's place in the flat gradients; the
-  // same buffer later sends the updated parameter piece.
-  Buffer staging;
-  if (optimizer_->sharded()) {
-    const Communicator& reps = mesh_->replicas();
-    staging = Buffer(MemCategory::communication, "zero1 gradient/parameter piece", piece.block * sizeof(float));
-    reps.reduce_scatter_sum(grads.data(), staging.as<float>(), piece.block);
-    std::copy_n(staging.as<float>(), piece.block, grads.data() + piece.begin);
-    if (piece.tail > 0) reps.all_reduce_sum(grads.data() + grads.size() - piece.tail, piece.tail);
-    reps.all_reduce_sum(loss_sums, 2);
-  } else if (replicated) {
-    mesh_->replicas().all_reduce_sum(grads.data(), grads.size());
-    mesh_->replicas().all_reduce_sum(loss_sums, 2);
-  }
-
+  optimizer_->reduce_gradients(*model_, loss_sums);
   StepMetrics m;
-  // The global norm from this rank's piece (the whole vector when not sharded).
-  double sum_sq = optimizer_->piece_gradient_sum_sq(*model_, mesh_ ? mesh_->tp_rank() : 0);
-  if (optimizer_->sharded()) mesh_->replicas().all_reduce_sum(&sum_sq, 1);
-  if (mesh_ && mesh_->shape().tp > 1) mesh_->tp().all_reduce_sum(&sum_sq, 1);
-  m.grad_norm = std::sqrt(sum_sq);
-  if (c.gradient_clipping_threshold > 0 && m.grad_norm > c.gradient_clipping_threshold) {
-    const float scale = static_cast<float>(c.gradient_clipping_threshold / m.grad_norm);
-    optimizer_->scale_piece_gradients(*model_, scale);
-  }
   m.learning_rate = learning_rate_at(c, state_.step);
+  m.grad_norm = optimizer_->gradient_norm(*model_);
   // Stop before the update: one non-finite value makes every weight NaN, and
   // the next checkpoint would save them and prune the good ones. Every rank
   // holds the same reduced values, so all stop together.
@@ -142,20 +107,7 @@ StepMetrics Trainer::train_step() {
                 "; training stopped before the update, no checkpoint written (resume from the last checkpoint, "
                 "lower learning_rate or check the data)");
   }
-  optimizer_->update(*model_, m.learning_rate);
-  if (optimizer_->sharded()) {
-    // Every replica gets the full updated parameters back.
-    const Communicator& reps = mesh_->replicas();
-    std::span<float> params = model_->flat_parameters();
-    std::copy_n(params.data() + piece.begin, piece.block, staging.as<float>());
-    reps.all_gather(staging.as<float>(), params.data(), piece.block * sizeof(float));
-    if (piece.tail > 0) {
-      std::vector<float> tails(piece.tail * static_cast<size_t>(reps.size()));
-      float* mine = params.data() + params.size() - piece.tail;
-      reps.all_gather(mine, tails.data(), piece.tail * sizeof(float));
-      std::copy_n(tails.data() + (tails.size() - piece.tail), piece.tail, mine);  // the last replica's
-    }
-  }
+  optimizer_->step(*model_, m.learning_rate, m.grad_norm);
   state_.step += 1;
   state_.data_cursor += c.per_device_batch_size * dp;
 
@@ -164,10 +116,10 @@ StepMetrics Trainer::train_step() {
   m.tokens = c.per_device_batch_size * dp * c.max_target_length;
   m.flops = step_flops(c.model, m.tokens, batch.global_unmasked_pairs);
   m.peak_memory_bytes = static_cast<int64_t>(MemoryTracker::global().peak_total());
-  if (mesh_) mesh_->world().all_reduce_max(&m.peak_memory_bytes, 1);
+  mesh_.world().all_reduce_max(&m.peak_memory_bytes, 1);
   m.seconds = timer.seconds();
-  if (mesh_) mesh_->world().all_reduce_max(&m.seconds, 1);  // the slowest rank sets the pace
-  fill_rates(m, mesh_ ? mesh_->shape().world() : 1, peak_tflops_);
+  mesh_.world().all_reduce_max(&m.seconds, 1);  // the slowest rank sets the pace
+  fill_rates(m, mesh_.shape().world(), peak_tflops_);
   return m;
 }
 

@@ -1,10 +1,11 @@
 #pragma once
-// The training loop: data -> forward/backward -> gradient all-reduce over the
-// parameter replicas (dp x cp) -> global-norm clipping -> AdamW, with step
-// metrics, periodic checkpoints and resume.
+// The training loop: data -> forward/backward -> gradient reduction over the
+// parameter replicas (dp x cp) -> global-norm clipping -> AdamW (the last
+// three in AdamW, src/train/optimizer.h), with step metrics, periodic
+// checkpoints and resume.
 //
-//   Mesh mesh(MeshShape{dp, cp, ulysses, tp});       // or nullptr: one process, no MPI
-//   Trainer trainer(config, &mesh);                   // config already validated
+//   Mesh mesh(MeshShape{dp, cp, ulysses, tp});       // or Mesh::single(): one process, no MPI
+//   Trainer trainer(config, mesh);                    // config already validated
 //   trainer.run();                                    // or trainer.train_step() in a loop
 //
 // Gradients: each rank's forward_backward is scaled by 1 / (target tokens of
@@ -34,14 +35,15 @@ namespace longctx {
 // The mesh shape the config asks for (ulysses > 1 only for usp: the other
 // strategies use all of cp as one group).
 MeshShape mesh_shape_from_config(const RunConfig& config);
-ModelOptions model_options_from_config(const RunConfig& config, const Mesh* mesh);
+ModelOptions model_options_from_config(const RunConfig& config, const Mesh& mesh);
 
 class Trainer {
  public:
   // Builds data, model (seeded init) and optimizer; applies num_threads,
   // device_memory_budget and collective_timeout_seconds. Does not resume:
   // run() does, or call resume() yourself.
-  Trainer(const RunConfig& config, const Mesh* mesh);
+  // `mesh` must outlive the Trainer and match the config's shape.
+  Trainer(const RunConfig& config, const Mesh& mesh);
   ~Trainer();
 
   // Loads the latest complete checkpoint in checkpoint_dir, if any; returns its path or "".
@@ -64,7 +66,7 @@ class Trainer {
  private:
   bool is_logger() const;
   RunConfig config_;
-  const Mesh* mesh_;
+  const Mesh& mesh_;
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<CpLayout> layout_;
   MaskSpec mask_;

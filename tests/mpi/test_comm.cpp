@@ -48,17 +48,80 @@ TEST(Communicator, CollectivesAndCounters) {
   EXPECT_EQ(c.counters().bytes_sent(), 0);
 }
 
+// The operations the apps need beyond the training path: broadcast from each
+// root, min reductions, int64 max, split with a reversed key, ibarrier.
+TEST(Communicator, BroadcastMinSplitAndIbarrier) {
+  Communicator c = Communicator::world("more-ops");
+  const int P = c.size(), r = c.rank();
+  for (int root = 0; root < P; ++root) {
+    std::vector<int64_t> v(3, r == root ? 1000 + root : -1);
+    c.reset_counters();
+    c.broadcast(v.data(), v.size() * sizeof(int64_t), root);
+    for (int64_t x : v) EXPECT_EQ(x, 1000 + root);
+    const CommOpCounters k = c.counters()[CommOp::broadcast];
+    EXPECT_EQ(k.calls, 1);
+    EXPECT_EQ(k.bytes_sent, r == root ? 24 * (P - 1) : 0);
+    EXPECT_EQ(k.bytes_received, r == root ? 0 : 24);
+  }
+
+  c.reset_counters();
+  double d[2] = {static_cast<double>(r) + 0.5, -static_cast<double>(r)};
+  c.all_reduce_min(d, 2);
+  EXPECT_EQ(d[0], 0.5);
+  EXPECT_EQ(d[1], -static_cast<double>(P - 1));
+  int64_t i[2] = {10 + r, -3 * r};
+  c.all_reduce_min(i, 2);
+  EXPECT_EQ(i[0], 10);
+  EXPECT_EQ(i[1], -3 * (P - 1));
+  int64_t j[1] = {7 * r};
+  c.all_reduce_max(j, 1);
+  EXPECT_EQ(j[0], 7 * (P - 1));
+  EXPECT_EQ(c.counters()[CommOp::all_reduce].calls, 3);
+  EXPECT_EQ(c.counters()[CommOp::all_reduce].bytes_sent, 2 * (16 * 2 * (P - 1) / P) + 8 * 2 * (P - 1) / P);
+
+  // Even and odd ranks, each group ordered by decreasing world rank.
+  Communicator half = c.split(r % 2, -r, "half");
+  std::vector<int> expected;
+  for (int q = P - 1; q >= 0; --q)
+    if (q % 2 == r % 2) expected.push_back(q);
+  ASSERT_EQ(half.size(), static_cast<int>(expected.size()));
+  EXPECT_EQ(half.name(), "half");
+  EXPECT_EQ(expected[half.rank()], r);
+  std::vector<int> members(half.size());
+  half.all_gather(&r, members.data(), sizeof(int));
+  EXPECT_EQ(members, expected);
+
+  Request b = c.ibarrier();
+  c.wait(b);
+  EXPECT_FALSE(b.active());
+  EXPECT_EQ(c.counters()[CommOp::barrier].calls, 1);
+
+  // The posted all-gather and all-to-all, completed by polling test().
+  c.reset_counters();
+  std::vector<int64_t> gathered(P, -1), to(P), from(P, -1);
+  const int64_t mine = 5 * r + 1;
+  for (int q = 0; q < P; ++q) to[q] = 100 * r + q;
+  Request g = c.iall_gather(&mine, gathered.data(), sizeof mine);
+  Request a = c.iall_to_all(to.data(), from.data(), sizeof(int64_t));
+  while (!c.test(g) || !c.test(a)) {
+  }
+  for (int q = 0; q < P; ++q) {
+    EXPECT_EQ(gathered[q], 5 * q + 1);
+    EXPECT_EQ(from[q], 100 * q + r);
+  }
+  EXPECT_EQ(c.counters()[CommOp::all_gather].bytes_sent, 8 * (P - 1));
+  EXPECT_EQ(c.counters()[CommOp::all_to_all].bytes_received, 8 * (P - 1));
+  EXPECT_EQ(c.counters()[CommOp::all_gather].wait_seconds, 0.0);  // test() never counts as blocked
+}
+
 TEST(Communicator, PointToPointRing) {
   Communicator c = Communicator::world("p2p");
   const int P = c.size(), r = c.rank();
   std::vector<float> send(1000, static_cast<float>(r)), recv(1000, -1.f);
   Request rr = c.irecv(recv.data(), 4000, (r - 1 + P) % P, 7);
   Request sr = c.isend(send.data(), 4000, (r + 1) % P, 7);
-  {
-    ProgressPump pump;  // progress while "computing"
-    c.wait(rr);
-    c.wait(sr);
-  }
+  c.wait(rr);
+  c.wait(sr);
   EXPECT_EQ(recv[999], static_cast<float>((r - 1 + P) % P));
   const int64_t expected = P > 1 ? 4000 : 0;  // messages to oneself are not counted
   EXPECT_EQ(c.counters()[CommOp::send].bytes_sent, expected);
@@ -108,7 +171,7 @@ TEST(CommWorker, RethrowsWhatTheJobThrew) {
 
 TEST(Mesh, RankOrderAndGroups) {
   int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  world = comm_world_size();
   // Every factorization of the world into dp x (ulysses x ring) x tp.
   for (int tp = 1; tp <= world; ++tp)
     for (int cp = 1; cp * tp <= world; ++cp)
@@ -138,7 +201,7 @@ TEST(Mesh, RankOrderAndGroups) {
 
 TEST(Mesh, ProductMustEqualWorld) {
   int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  world = comm_world_size();
   try {
     Mesh m(1, world + 1, 1, 1);
     FAIL() << "expected ConfigError";

@@ -19,7 +19,7 @@ constexpr double kTolerance = 2e-5;
 
 int world_size() {
   int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  n = comm_world_size();
   return n;
 }
 

@@ -14,7 +14,7 @@ namespace {
 
 int world_size() {
   int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  n = comm_world_size();
   return n;
 }
 

@@ -4,7 +4,6 @@
 // equals the single-rank loss, for tp = world size, and for every (cp, tp)
 // factorisation of the world with each CP strategy and layout.
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <cmath>
 #include <random>
@@ -61,7 +60,7 @@ double shard_error(const std::vector<NamedTensor>& shards, const std::vector<Nam
 
 TEST(ModelTp, ShardsAndLossEqualSingleRank) {
   int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  world = comm_world_size();
   Mesh mesh(1, 1, 1, world);
   const LlamaConfig c = tp_config();
 
@@ -109,7 +108,7 @@ TEST(ModelTp, ShardsAndLossEqualSingleRank) {
 
 TEST(ModelTp, RejectsHeadsNotDivisibleByTp) {
   int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  world = comm_world_size();
   if (world == 1) GTEST_SKIP() << "needs tp > 1";
   Mesh mesh(1, 1, 1, world);
   LlamaConfig c = tp_config();
@@ -122,7 +121,7 @@ TEST(ModelTp, RejectsHeadsNotDivisibleByTp) {
 
 TEST(ModelCp, EveryStrategyAndFactorisationEqualsSingleRank) {
   int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  world = comm_world_size();
   const LlamaConfig c = tp_config();
   const int64_t B = 2, S = 16;
   std::mt19937 gen(12);

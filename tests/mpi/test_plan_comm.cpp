@@ -4,7 +4,6 @@
 // make_cp_attention, and each rank's counters, per operation, must equal
 // the planner's attention_call_comm for that rank exactly.
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <map>
 #include <random>
@@ -20,7 +19,7 @@ namespace {
 
 int world_size() {
   int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  n = comm_world_size();
   return n;
 }
 

@@ -10,7 +10,6 @@
 //   reduce-scatter and all-gather bytes exactly, and the optimizer memory
 //   exactly on the last replica (the busiest: it owns the tail).
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <cmath>
 #include <cstdio>
@@ -131,8 +130,8 @@ int64_t predicted_memory(const StrategyPlan& p, const std::string& category) {
 
 TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
   int world = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  world = comm_world_size();
+  rank = comm_world_rank();
   int ran = 0;
   for (const Case& k : cases(world)) {
     const std::string what = describe(k);
@@ -148,7 +147,7 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
     int64_t optimizer_bytes = 0;
     bool last_replica = false;
     {
-      Trainer trainer(c, &mesh);
+      Trainer trainer(c, mesh);
       optimizer_bytes = int64_t(MemoryTracker::global().current(MemCategory::optimizer));
       last_replica = mesh.replicas().rank() + 1 == mesh.replicas().size();
       mesh.reset_counters();

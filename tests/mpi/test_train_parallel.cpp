@@ -2,14 +2,13 @@
 // Every mesh (dp, cp, tp) in {1,2} x {1,2,4} x {1,2} whose product is the
 // world size, and every CP strategy, trains like one rank: loss and gradient
 // norm at step 1 within 1e-5 relative, loss after 5 more steps within 1e-4.
-// The reference runs on each rank without a mesh (no MPI involved).
+// The reference runs on each rank alone (Mesh::single(): no MPI involved).
 // Packed synthetic documents (segment masks), zigzag layout, causal.
 // The same with shard_optimizer_over_data (ZeRO-1) on a model whose parameter
 // count leaves a tail on the last replica; its optimizer memory is 1/R of
 // the unsharded one; and sharded checkpoints resume bit-exactly on the same
 // mesh, and on another mesh or without sharding within 1e-5.
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <cmath>
 #include <filesystem>
@@ -55,7 +54,7 @@ std::map<std::string, ConfigValue> sharded_values(int64_t dp, int64_t cp, int64_
   return v;
 }
 
-RunResult train(const RunConfig& c, const Mesh* mesh) {
+RunResult train(const RunConfig& c, const Mesh& mesh) {
   Trainer t(c, mesh);
   RunResult r;
   StepMetrics m = t.train_step();
@@ -68,9 +67,9 @@ RunResult train(const RunConfig& c, const Mesh* mesh) {
 // One directory name for all ranks of the job: rank 0's pid names it.
 std::filesystem::path shared_temp_dir(const std::string& prefix) {
   int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  rank = comm_world_rank();
   long long id = rank == 0 ? static_cast<long long>(::getpid()) : 0;
-  MPI_Bcast(&id, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  Communicator::world("temp dir").broadcast(&id, sizeof id, 0);
   return std::filesystem::temp_directory_path() / (prefix + std::to_string(id));
 }
 
@@ -84,10 +83,10 @@ using ValuesFor = std::function<std::map<std::string, ConfigValue>(int64_t dp, i
 // one-rank run within 1e-5, the loss after kSteps within 1e-4.
 void expect_every_mesh_matches_one_rank(const ValuesFor& values, const std::string& label) {
   int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  world = comm_world_size();
   RunConfig single = config_from_values(values(1, 1, 1, "all_gather", 1));
   validate_config(single, 1);
-  const RunResult ref = train(single, nullptr);
+  const RunResult ref = train(single, Mesh::single());
   ASSERT_GT(ref.grad_norm0, 0.5);  // clipping is active at step 1
 
   int meshes = 0;
@@ -107,7 +106,7 @@ void expect_every_mesh_matches_one_rank(const ValuesFor& values, const std::stri
             continue;
           }
           Mesh mesh(mesh_shape_from_config(c));
-          const RunResult got = train(c, &mesh);
+          const RunResult got = train(c, mesh);
           EXPECT_LT(rel(got.loss0, ref.loss0), 1e-5) << what << ": " << got.loss0 << " vs " << ref.loss0;
           EXPECT_LT(rel(got.grad_norm0, ref.grad_norm0), 1e-5) << what << ": " << got.grad_norm0 << " vs " << ref.grad_norm0;
           EXPECT_LT(rel(got.loss_last, ref.loss_last), 1e-4) << what << ": " << got.loss_last << " vs " << ref.loss_last;
@@ -125,22 +124,23 @@ TEST(TrainParallel, EveryMeshAndStrategyMatchesOneRank) {
 
 TEST(TrainParallel, ConfigErrorsAreRaisedOnEveryRankBeforeWork) {
   int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  world = comm_world_size();
   RunConfig c = config_from_values(tiny_values(1, world * 2, 1, "ring", 1));
   EXPECT_THROW(validate_config(c, world), ConfigError);  // mesh product != world: every rank agrees
 }
 
 TEST(TrainParallel, CheckpointFromAShardedMeshResumesOnOneRank) {
   int world = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  world = comm_world_size();
+  rank = comm_world_rank();
   const std::filesystem::path dir = shared_temp_dir("longctx_reshard_");
 
   RunConfig single = config_from_values(tiny_values(1, 1, 1, "all_gather", 1));
   validate_config(single, 1);
   std::vector<double> straight;
   {
-    Trainer t(single, nullptr);
+    const Mesh t_mesh = Mesh::single();
+    Trainer t(single, t_mesh);
     for (int i = 0; i < kSteps; ++i) straight.push_back(t.train_step().loss);
   }
   // First half on cp x tp (TP shards gathered into the checkpoint).
@@ -151,7 +151,7 @@ TEST(TrainParallel, CheckpointFromAShardedMeshResumesOnOneRank) {
   validate_config(sharded, world);
   {
     Mesh mesh(mesh_shape_from_config(sharded));
-    Trainer t(sharded, &mesh);
+    Trainer t(sharded, mesh);
     for (int i = 0; i < kSteps / 2; ++i) t.train_step();
     t.save();
   }
@@ -160,14 +160,15 @@ TEST(TrainParallel, CheckpointFromAShardedMeshResumesOnOneRank) {
   one["checkpoint_dir"] = dir.string();
   RunConfig resumed_config = config_from_values(one);
   validate_config(resumed_config, 1);
-  Trainer resumed(resumed_config, nullptr);
+  const Mesh resumed_mesh = Mesh::single();
+  Trainer resumed(resumed_config, resumed_mesh);
   ASSERT_NE(resumed.resume(), "");
   EXPECT_EQ(resumed.step(), kSteps / 2);
   for (int i = kSteps / 2; i < kSteps; ++i) {
     double loss = resumed.train_step().loss;
     EXPECT_LT(rel(loss, straight[i]), 1e-4) << "step " << i << ": " << loss << " vs " << straight[i];
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  Communicator::world("barrier").barrier();
   if (rank == 0) std::filesystem::remove_all(dir);
 }
 
@@ -181,7 +182,7 @@ TEST(TrainParallel, ShardedOptimizerMatchesOneRankOnEveryMesh) {
 
 TEST(TrainParallel, ShardedOptimizerMemoryIsOneReplicaShare) {
   int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  world = comm_world_size();
   const int64_t tp = world % 2 == 0 ? 2 : 1, cp = world / tp;
   size_t unsharded = 0, sharded = 0;
   for (bool shard : {false, true}) {
@@ -189,7 +190,7 @@ TEST(TrainParallel, ShardedOptimizerMemoryIsOneReplicaShare) {
     validate_config(c, world);
     Mesh mesh(mesh_shape_from_config(c));
     const size_t before = MemoryTracker::global().current(MemCategory::optimizer);
-    Trainer t(c, &mesh);
+    Trainer t(c, mesh);
     t.train_step();
     const size_t bytes = MemoryTracker::global().current(MemCategory::optimizer) - before;
     (shard ? sharded : unsharded) = bytes;
@@ -216,8 +217,8 @@ TEST(TrainParallel, ShardedOptimizerMemoryIsOneReplicaShare) {
 
 TEST(TrainParallel, ShardedCheckpointResumesOnTheSameMeshAnotherMeshAndUnsharded) {
   int world = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  world = comm_world_size();
+  rank = comm_world_rank();
   const std::filesystem::path dir = shared_temp_dir("longctx_zero1_");
   constexpr int kHalf = 5;
   auto with_dir = [&](std::map<std::string, ConfigValue> v) {
@@ -232,21 +233,21 @@ TEST(TrainParallel, ShardedCheckpointResumesOnTheSameMeshAnotherMeshAndUnsharded
   std::vector<float> final_straight;
   {
     Mesh mesh(mesh_shape_from_config(a));
-    Trainer t(a, &mesh);
+    Trainer t(a, mesh);
     for (int i = 0; i < 2 * kHalf; ++i) straight.push_back(t.train_step().loss);
     auto p = t.model().flat_parameters();
     final_straight.assign(p.begin(), p.end());
   }
   {
     Mesh mesh(mesh_shape_from_config(a));
-    Trainer t(a, &mesh);
+    Trainer t(a, mesh);
     for (int i = 0; i < kHalf; ++i) EXPECT_EQ(t.train_step().loss, straight[i]) << "step " << i;
     t.save();
   }
   // Same mesh and sharding: bit for bit.
   {
     Mesh mesh(mesh_shape_from_config(a));
-    Trainer t(a, &mesh);
+    Trainer t(a, mesh);
     ASSERT_NE(t.resume(), "");
     EXPECT_EQ(t.step(), kHalf);
     for (int i = kHalf; i < 2 * kHalf; ++i) EXPECT_EQ(t.train_step().loss, straight[i]) << "same mesh, step " << i;
@@ -259,7 +260,7 @@ TEST(TrainParallel, ShardedCheckpointResumesOnTheSameMeshAnotherMeshAndUnsharded
     RunConfig b = config_from_values(with_dir(sharded_values(dp, cp, tp, "all_gather", 1)));
     validate_config(b, world);
     Mesh mesh(mesh_shape_from_config(b));
-    Trainer t(b, &mesh);
+    Trainer t(b, mesh);
     ASSERT_NE(t.resume(), "");
     EXPECT_EQ(t.step(), kHalf);
     for (int i = kHalf; i < 2 * kHalf; ++i) {
@@ -271,7 +272,8 @@ TEST(TrainParallel, ShardedCheckpointResumesOnTheSameMeshAnotherMeshAndUnsharded
   {
     RunConfig one = config_from_values(with_dir(sharded_values(1, 1, 1, "all_gather", 1, false)));
     validate_config(one, 1);
-    Trainer t(one, nullptr);
+    const Mesh t_mesh = Mesh::single();
+    Trainer t(one, t_mesh);
     ASSERT_NE(t.resume(), "");
     EXPECT_EQ(t.step(), kHalf);
     for (int i = kHalf; i < 2 * kHalf; ++i) {
@@ -279,6 +281,6 @@ TEST(TrainParallel, ShardedCheckpointResumesOnTheSameMeshAnotherMeshAndUnsharded
       EXPECT_LT(rel(loss, straight[i]), 1e-5) << "one rank unsharded, step " << i << ": " << loss << " vs " << straight[i];
     }
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  Communicator::world("barrier").barrier();
   if (rank == 0) std::filesystem::remove_all(dir);
 }

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "comm/mesh.h"
 #include "train/checkpoint.h"
 #include "temp_dir.h"
 
@@ -15,6 +16,11 @@ using namespace longctx;
 
 namespace {
 
+// One process, no MPI: the same code path as many ranks.
+const Mesh& one_rank() {
+  static const Mesh mesh = Mesh::single();
+  return mesh;
+}
 
 RunConfig tiny_config(int64_t d_model = 32) {
   return config_from_values({{"base_emb_dim", d_model}, {"base_num_query_heads", int64_t(2)},
@@ -79,16 +85,16 @@ TEST(Checkpoint, RoundTripIsBitExactAndTheConfigIsHuggingFaces) {
   TempDir t;
   RunConfig c = tiny_config();
   LlamaModel saved(c.model, ModelOptions{}, 1);
-  AdamW opt(saved, c);
+  AdamW opt(saved, c, one_rank());
   fill(opt.exp_avg(), 0.25f);
   fill(opt.exp_avg_sq(), 0.5f);
   opt.set_step(7);
   TrainState st{7, 42, 0};
-  std::string dir = save_checkpoint(t.path.string(), saved, opt, st, c, nullptr);
+  std::string dir = save_checkpoint(t.path.string(), saved, opt, st, c, one_rank());
   EXPECT_EQ(latest_checkpoint(t.path.string()), dir);
 
   LlamaModel loaded(c.model, ModelOptions{}, 2);  // other weights
-  AdamW opt2(loaded, c);
+  AdamW opt2(loaded, c, one_rank());
   TrainState back = load_checkpoint(dir, loaded, opt2);
   EXPECT_EQ(back.step, 7);
   EXPECT_EQ(back.data_cursor, 42);
@@ -112,11 +118,11 @@ TEST(Checkpoint, CorruptMissingOrMismatchedIsRefusedAndNothingIsLoaded) {
   TempDir t;
   RunConfig c = tiny_config();
   LlamaModel m(c.model, ModelOptions{}, 1);
-  AdamW opt(m, c);
-  std::string dir = save_checkpoint(t.path.string(), m, opt, TrainState{3, 3, 0}, c, nullptr);
+  AdamW opt(m, c, one_rank());
+  std::string dir = save_checkpoint(t.path.string(), m, opt, TrainState{3, 3, 0}, c, one_rank());
 
   LlamaModel other(c.model, ModelOptions{}, 9);
-  AdamW opt2(other, c);
+  AdamW opt2(other, c, one_rank());
   const std::vector<float> before = snapshot(other.flat_parameters());
 
   // One flipped byte near the end of the weights.
@@ -135,8 +141,8 @@ TEST(Checkpoint, CorruptMissingOrMismatchedIsRefusedAndNothingIsLoaded) {
   TempDir t2;
   RunConfig wide = tiny_config(48);
   LlamaModel w(wide.model, ModelOptions{}, 1);
-  AdamW wopt(w, wide);
-  std::string wdir = save_checkpoint(t2.path.string(), w, wopt, TrainState{1, 1, 0}, wide, nullptr);
+  AdamW wopt(w, wide, one_rank());
+  std::string wdir = save_checkpoint(t2.path.string(), w, wopt, TrainState{1, 1, 0}, wide, one_rank());
   std::string e = data_error([&] { load_checkpoint(wdir, other, opt2); });
   EXPECT_NE(e.find("shape"), std::string::npos) << e;
   EXPECT_EQ(snapshot(other.flat_parameters()), before);
@@ -147,9 +153,9 @@ TEST(Checkpoint, LatestSkipsIncompleteDirectories) {
   TempDir t;
   RunConfig c = tiny_config();
   LlamaModel m(c.model, ModelOptions{}, 1);
-  AdamW opt(m, c);
-  save_checkpoint(t.path.string(), m, opt, TrainState{2, 2, 0}, c, nullptr);
-  std::string five = save_checkpoint(t.path.string(), m, opt, TrainState{5, 5, 0}, c, nullptr);
+  AdamW opt(m, c, one_rank());
+  save_checkpoint(t.path.string(), m, opt, TrainState{2, 2, 0}, c, one_rank());
+  std::string five = save_checkpoint(t.path.string(), m, opt, TrainState{5, 5, 0}, c, one_rank());
   fs::create_directories(t.path / "step_00000009");               // no manifest: a crash mid-write
   fs::create_directories(t.path / ".step_00000011.tmp");          // never renamed
   EXPECT_EQ(latest_checkpoint(t.path.string()), five);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "comm/mesh.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 #include "temp_dir.h"
@@ -22,6 +23,11 @@ using namespace longctx;
 using json = nlohmann::json;
 
 namespace {
+
+const Mesh& one_rank() {
+  static const Mesh mesh = Mesh::single();
+  return mesh;
+}
 
 RunConfig tiny_config(std::map<std::string, ConfigValue> extra = {}) {
   std::map<std::string, ConfigValue> v = {
@@ -51,10 +57,10 @@ struct Fixture {
   LlamaModel m;
   AdamW opt;
   explicit Fixture(std::map<std::string, ConfigValue> extra = {})
-      : c(tiny_config(std::move(extra))), m(c.model, ModelOptions{}, 1), opt(m, c) {}
+      : c(tiny_config(std::move(extra))), m(c.model, ModelOptions{}, 1), opt(m, c, one_rank()) {}
   std::string save(const fs::path& dir, int64_t step, int64_t keep) {
     c.max_num_checkpoints_to_keep = keep;
-    return save_checkpoint(dir.string(), m, opt, TrainState{step, step, 0}, c, nullptr);
+    return save_checkpoint(dir.string(), m, opt, TrainState{step, step, 0}, c, one_rank());
   }
 };
 
@@ -93,7 +99,7 @@ void expect_only_valid_checkpoints(const fs::path& dir, const std::string& where
   EXPECT_EQ(latest_valid_checkpoint(dir.string(), nullptr), latest);
   Fixture f;
   LlamaModel other(f.c.model, ModelOptions{}, 5);
-  AdamW opt(other, f.c);
+  AdamW opt(other, f.c, one_rank());
   EXPECT_NO_THROW(load_checkpoint(latest, other, opt));
 }
 
@@ -308,7 +314,7 @@ TEST(CheckpointFaults, ResumeFallsBackToTheNewestValidOneLoudly) {
 
   // The Trainer resumes from step 2, not refusing.
   RunConfig c = tiny_config({{"checkpoint_dir", t.path.string()}, {"peak_tflops_per_device", 1.0}});
-  Trainer trainer(c, nullptr);
+  Trainer trainer(c, one_rank());
   EXPECT_EQ(trainer.resume(), two);
   EXPECT_EQ(trainer.step(), 2);
 
@@ -358,7 +364,7 @@ TEST(CheckpointFaults, AnInfiniteLearningRateStopsBeforeAnyCheckpointAndPrunesNo
       {"checkpoint_dir", t.path.string()}, {"metrics_file", (t.path / "metrics.jsonl").string()},
       {"checkpoint_period", int64_t(1)},   {"max_num_checkpoints_to_keep", int64_t(1)},
       {"peak_tflops_per_device", 1.0},     {"steps", int64_t(2)}};
-  Trainer(tiny_config(run), nullptr).run(nullptr);
+  Trainer(tiny_config(run), one_rank()).run(nullptr);
   const std::string good = latest_valid_checkpoint(t.path.string(), nullptr);
   ASSERT_EQ(good, (t.path / "step_00000002").string());
 
@@ -369,7 +375,7 @@ TEST(CheckpointFaults, AnInfiniteLearningRateStopsBeforeAnyCheckpointAndPrunesNo
   // Driven anyway (as a diverging run would be): the step refuses, loudly.
   std::string e;
   try {
-    Trainer(bad, nullptr).run(nullptr);
+    Trainer(bad, one_rank()).run(nullptr);
   } catch (const Error& x) {
     e = x.what();
   }
@@ -386,7 +392,7 @@ TEST(CheckpointFaults, AnInfiniteLearningRateStopsBeforeAnyCheckpointAndPrunesNo
 TEST(CheckpointFaults, ANanLossStopsTheStepAndANanModelIsNeverSaved) {
   TempDir t;
   RunConfig c = tiny_config({{"checkpoint_dir", t.path.string()}, {"peak_tflops_per_device", 1.0}});
-  Trainer trainer(c, nullptr);
+  Trainer trainer(c, one_rank());
   for (float& w : trainer.model().flat_parameters()) w = std::numeric_limits<float>::quiet_NaN();
   try {
     trainer.train_step();

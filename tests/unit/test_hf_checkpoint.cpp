@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/mesh.h"
 #include "temp_dir.h"
 #include "train/checkpoint.h"
 
@@ -31,6 +32,12 @@ namespace fs = std::filesystem;
 using namespace longctx;
 
 namespace {
+
+// One process, no MPI: the same code path as many ranks.
+const Mesh& one_rank() {
+  static const Mesh mesh = Mesh::single();
+  return mesh;
+}
 
 const fs::path kReference = fs::path(__FILE__).parent_path().parent_path() / "hf_llama_reference.py";
 constexpr int64_t kSeq = 67;  // positions 0..66 predict tokens 1..67; not a multiple of any tile size
@@ -156,8 +163,8 @@ Saved build_and_save(const fs::path& dir, bool tied, bool rope_scaling, uint32_t
     EXPECT_EQ(l.weight_sum, static_cast<double>(kSeq));
     (impl == KernelImpl::fast ? s.model_loss : s.model_loss_reference_kernel) = l.loss_sum / l.weight_sum;
     if (impl == KernelImpl::fast) {
-      AdamW opt(model, c);
-      s.checkpoint = save_checkpoint((dir / "ckpt").string(), model, opt, TrainState{1, 0, 0}, c, nullptr);
+      AdamW opt(model, c, one_rank());
+      s.checkpoint = save_checkpoint((dir / "ckpt").string(), model, opt, TrainState{1, 0, 0}, c, one_rank());
     }
   }
   std::ostringstream text;

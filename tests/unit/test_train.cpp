@@ -1,4 +1,4 @@
-// The trainer on one process (no mesh): schedule, AdamW weight decay,
+// The trainer on one process (Mesh::single(), no MPI): schedule, AdamW weight decay,
 // determinism, loss falling, and 10 steps == 5 + checkpoint + resume + 5,
 // bit for bit.
 #include <gtest/gtest.h>
@@ -17,6 +17,11 @@ using namespace longctx;
 
 namespace {
 
+// One process, no MPI: the same code path as many ranks.
+const Mesh& one_rank() {
+  static const Mesh mesh = Mesh::single();
+  return mesh;
+}
 
 RunConfig tiny(const fs::path& out, std::map<std::string, ConfigValue> extra = {}) {
   std::map<std::string, ConfigValue> v = {
@@ -56,7 +61,7 @@ TEST(Train, AdamWDecaysMatricesOnly) {
   TempDir t;
   RunConfig c = tiny(t.path, {{"adam_weight_decay", 0.5}});
   LlamaModel m(c.model, ModelOptions{}, 0);
-  AdamW opt(m, c);
+  AdamW opt(m, c, one_rank());
   std::vector<std::vector<float>> before;
   for (const auto& p : m.parameters()) before.emplace_back(p.local.f32(), p.local.f32() + p.local.numel());
   m.zero_gradients();
@@ -85,12 +90,12 @@ TEST(Train, FlatPiecesAreContiguousNearEqualAndCoverEveryElement) {
     }
 }
 
-TEST(Train, WithoutAMeshTheOptimizerIsNeverSharded) {
+TEST(Train, OnOneRankTheOptimizerIsNeverSharded) {
   TempDir t;
   RunConfig c = tiny(t.path, {{"shard_optimizer_over_data", true}});
   LlamaModel m(c.model, ModelOptions{}, 0);
   const size_t before = MemoryTracker::global().current(MemCategory::optimizer);
-  AdamW opt(m, c, nullptr);
+  AdamW opt(m, c, one_rank());
   EXPECT_FALSE(opt.sharded());
   EXPECT_EQ(opt.piece().begin, 0u);
   EXPECT_EQ(opt.piece().size, m.flat_parameters().size());
@@ -107,7 +112,7 @@ TEST(Train, SameConfigSameLossesAndTheLossFalls) {
   }
   RunConfig c = tiny(t.path, {{"dataset_type", std::string("text")}, {"dataset_path", (t.path / "text").string()},
                               {"steps", int64_t(30)}, {"learning_rate", 1e-2}});
-  Trainer a(c, nullptr), b(c, nullptr);
+  Trainer a(c, one_rank()), b(c, one_rank());
   std::vector<double> la, lb;
   for (int i = 0; i < 30; ++i) {
     la.push_back(a.train_step().loss);
@@ -124,17 +129,17 @@ TEST(Train, TenStepsEqualFivePlusResumePlusFive) {
   std::vector<double> straight;
   std::vector<float> final_straight;
   {
-    Trainer tr(c, nullptr);
+    Trainer tr(c, one_rank());
     for (int i = 0; i < 10; ++i) straight.push_back(tr.train_step().loss);
     final_straight = params(tr.model());
   }
   RunConfig r = tiny(t.path, {{"checkpoint_dir", (t.path / "ckpt").string()}});
   {
-    Trainer first(r, nullptr);
+    Trainer first(r, one_rank());
     for (int i = 0; i < 5; ++i) EXPECT_EQ(first.train_step().loss, straight[i]);
     first.save();
   }
-  Trainer second(r, nullptr);
+  Trainer second(r, one_rank());
   EXPECT_NE(second.resume(), "");
   EXPECT_EQ(second.step(), 5);
   EXPECT_EQ(second.data_cursor(), 10);
@@ -148,7 +153,7 @@ TEST(Train, RunWritesStepLinesMetricsAndAFinalCheckpoint) {
   fs::path log = t.path / "log.txt";
   {
     std::FILE* f = std::fopen(log.c_str(), "w");
-    Trainer(c, nullptr).run(f);
+    Trainer(c, one_rank()).run(f);
     std::fclose(f);
   }
   std::ifstream in(log);
@@ -163,7 +168,7 @@ TEST(Train, RunWritesStepLinesMetricsAndAFinalCheckpoint) {
   EXPECT_TRUE(fs::exists(fs::path(c.checkpoint_dir) / "step_00000002" / "MANIFEST.json"));
   EXPECT_TRUE(fs::exists(fs::path(c.checkpoint_dir) / "step_00000004" / "MANIFEST.json"));
   // A second run resumes at the end and trains nothing more.
-  Trainer again(c, nullptr);
+  Trainer again(c, one_rank());
   again.run(nullptr);
   EXPECT_EQ(again.step(), 4);
 }
@@ -173,13 +178,13 @@ TEST(Train, KeepsOnlyTheNewestCheckpoints) {
   RunConfig c = tiny(t.path, {{"steps", int64_t(5)},
                               {"checkpoint_period", int64_t(1)},
                               {"max_num_checkpoints_to_keep", int64_t(2)}});
-  Trainer(c, nullptr).run(nullptr);
+  Trainer(c, one_rank()).run(nullptr);
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(c.checkpoint_dir)) left.push_back(e.path().filename().string());
   std::sort(left.begin(), left.end());
   EXPECT_EQ(left, (std::vector<std::string>{"step_00000004", "step_00000005"}));
   // A run resumes from the newest that is left.
-  Trainer more(c, nullptr);
+  Trainer more(c, one_rank());
   EXPECT_NE(more.resume().find("step_00000005"), std::string::npos);
   EXPECT_EQ(more.step(), 5);
 }
@@ -187,6 +192,6 @@ TEST(Train, KeepsOnlyTheNewestCheckpoints) {
 TEST(Train, DeviceMemoryBudgetIsEnforced) {
   TempDir t;
   RunConfig c = tiny(t.path, {{"device_memory_budget", int64_t(64 * 1024)}});
-  EXPECT_THROW(Trainer(c, nullptr), OutOfMemoryError);
+  EXPECT_THROW(Trainer(c, one_rank()), OutOfMemoryError);
   MemoryTracker::global().set_budget(0);
 }
