@@ -1,7 +1,7 @@
 // `longctx bench attention`: the attention kernel's FLOP rate, forward and
 // backward, against a oneDNN GEMM measured in the same run with the same
 // thread count. FLOPs count only unmasked (q, kv) pairs: forward 4 D per pair
-// per q head, backward 10 D (DESIGN.md section 4: ratios, not timings).
+// per q head, backward 10 D (the README: benchmarks report ratios, not timings).
 #include <omp.h>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 #pragma once
 // Block-sparse flash attention, forward and backward, used by every
-// context-parallel strategy (DESIGN.md section 2).
+// context-parallel strategy (src/cp).
 //
 // Shapes (views may be strided; the head dim must be contiguous):
 //   q, o, dq, dout   [B, Sq,  H, D]

@@ -261,7 +261,7 @@ std::vector<Projection> projections(const Shape& s) {
           {s.d, s.V, 1, false}};  // LM head
 }
 
-// ---- communication (mirrors src/cp and src/comm byte counters) --------------------------
+// ---- communication time: transfers (CpCallTraffic, collectives per the src/comm counters) over links --
 
 struct Link {
   double bandwidth, latency;
@@ -315,8 +315,8 @@ void add_attention_calls(const Shape& s, const HardwareProfile& hw, const std::v
 // ---- time -----------------------------------------------------------------------------
 
 // Elements (of its operand; parameters for the optimizer) each elementwise
-// kernel processes per device per step, mirroring the order of calls in
-// src/model/llama.cpp: per layer forward two norms, RoPE on q and k, two
+// kernel processes per device per step (the time model's count of the calls
+// src/model/llama.cpp makes): per layer forward two norms, RoPE on q and k, two
 // residual adds, SwiGLU; backward the norm and SwiGLU again (and the q/k/v
 // norm, RoPE and the out_proj add when recomputed), SwiGLU's and both norms'
 // gradients, RoPE's inverse, the attention norm once more; per step the

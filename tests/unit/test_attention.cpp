@@ -44,7 +44,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Zigzag order of S positions over `ranks` ranks: rank r holds chunks r and
-// 2 ranks - 1 - r (DESIGN.md section 1); the ranks' pieces are concatenated.
+// 2 ranks - 1 - r (src/cp/layout.h); the ranks' pieces are concatenated.
 std::vector<int64_t> zigzag_positions(int64_t S, int64_t ranks) {
   const int64_t chunk = S / (2 * ranks);
   std::vector<int64_t> pos;

@@ -9,6 +9,7 @@
 
 #include "comm/mesh.h"
 #include "train/checkpoint.h"
+#include "error_text.h"
 #include "temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -38,16 +39,6 @@ void fill(std::span<float> s, float base) {
 std::string read(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), {}};
-}
-
-template <typename F>
-std::string data_error(F f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "comm/mesh.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
+#include "error_text.h"
 #include "temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -74,16 +75,6 @@ std::vector<std::string> entries(const fs::path& dir) {
   for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
   std::sort(out.begin(), out.end());
   return out;
-}
-
-template <typename F>
-std::string data_error(F f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "(no DataError)";
 }
 
 // The invariant after any fault: every complete checkpoint verifies, and the

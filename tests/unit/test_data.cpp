@@ -8,6 +8,7 @@
 #include <set>
 
 #include "train/data.h"
+#include "error_text.h"
 #include "temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -15,16 +16,6 @@ using namespace longctx;
 
 namespace {
 
-
-template <typename F>
-std::string data_error(F f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Every (document, i) next-token pair of the corpus, as (input, target, i-th in doc).
 std::multiset<std::tuple<int32_t, int32_t>> corpus_pairs(const Corpus& c) {
