@@ -605,6 +605,10 @@ void validate_config(RunConfig& c, int64_t world) {
   require(c.peak_tflops_per_device >= 0, "peak_tflops_per_device must be >= 0 (0 = measure)");
   require(c.collective_timeout_seconds >= 1, "collective_timeout_seconds must be >= 1");
   require(c.num_threads >= 0, "num_threads must be >= 0 (0 = OpenMP default)");
+  // libgomp crashes creating 100000 threads; far more than any CPU's cores is a typo.
+  constexpr int64_t kMaxThreads = 1024;
+  require(c.num_threads <= kMaxThreads, "num_threads must be <= " + str(kMaxThreads) + " (got " +
+                                            str(c.num_threads) + ")");
   require(!c.run_name.empty(), "run_name must not be empty");
 }
 

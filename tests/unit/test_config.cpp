@@ -163,6 +163,7 @@ TEST(Config, ValidationRulesNameTheRule) {
   EXPECT_NE(rule({{"remat_policy", S("custom")}, {"decoder_layer_input", S("remat")}}, 1).find("recompute boundary"),
             S::npos);
   EXPECT_NE(rule({{"steps", I(0)}}, 1).find("steps must be >= 1"), S::npos);
+  EXPECT_NE(rule({{"num_threads", I(100000)}}, 1).find("num_threads must be <= 1024"), S::npos);
   EXPECT_NE(rule({{"head_dim", I(7)}}, 1).find("even"), S::npos);
   // ZeRO-1: any mesh, as long as every replica owns at least one parameter (16 here).
   EXPECT_EQ(rule({{"shard_optimizer_over_data", true}, {"ici_data_parallelism", I(2)},
