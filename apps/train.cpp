@@ -79,6 +79,7 @@ int run_train(const Args& args) {
   RunConfig config = load_config(args[0], Args(args.begin() + 1, args.end()));
   if (!config.cp_strategy) resolve_auto_strategy(config, Communicator::world("auto"));
   validate_config(config, comm_world_size());
+  require_memory_fits(config, Communicator::world("memory check"));
   Mesh mesh(mesh_shape_from_config(config));
   Trainer trainer(config, mesh);
   trainer.run(stdout);

@@ -3,6 +3,7 @@
 #include "plan/measure.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/memory.h"
 #include "core/timer.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
@@ -404,6 +406,28 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
                                      : "placeholder (one rank)"},
   };
   return h;
+}
+
+void require_memory_fits(const RunConfig& c, const Communicator& world) {
+  const int64_t threads = c.num_threads > 0 ? c.num_threads : omp_get_max_threads();
+  const int64_t need = predicted_memory_bytes(c, threads);
+  // Ranks on this host share its memory: count them by host name.
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const uint64_t mine = std::hash<std::string>{}(host);
+  std::vector<uint64_t> hosts(world.size());
+  world.all_gather(&mine, hosts.data(), sizeof mine);
+  const int64_t local_ranks = std::count(hosts.begin(), hosts.end(), mine);
+  const int64_t host_memory = physical_memory_bytes();
+  auto gib = [](int64_t b) { return format_bytes(static_cast<size_t>(b)); };
+  if (c.device_memory_budget > 0 && need > c.device_memory_budget)
+    throw ConfigError("the run needs " + gib(need) + " per rank (predicted by the planner) but device_memory_budget is " +
+                      gib(c.device_memory_budget) + ": see `longctx plan` for what fits");
+  if (host_memory > 0 && need > host_memory / local_ranks)
+    throw ConfigError("the run needs " + gib(need) + " per rank (predicted by the planner) but this host has " +
+                      gib(host_memory) + " for " + std::to_string(local_ranks) +
+                      " rank(s): lower max_target_length or per_device_batch_size, raise ici_context_parallelism "
+                      "or add hosts (`longctx plan` shows what fits)");
 }
 
 }  // namespace longctx

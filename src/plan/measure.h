@@ -3,6 +3,7 @@
 // --measure`, and train's quick one for context_parallel_strategy=auto):
 // real kernels on random data and real transfers between the ranks.
 #include "comm/communicator.h"
+#include "core/config.h"
 #include "plan/hardware.h"
 
 namespace longctx {
@@ -12,5 +13,11 @@ namespace longctx {
 // the link numbers are placeholders (a one-rank plan has no communication).
 // quick: smaller problems and fewer repetitions (a few seconds).
 HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick);
+
+// Before anything is allocated: refuses (ConfigError naming both numbers, on
+// every rank) a run whose predicted peak per rank (predicted_memory_bytes)
+// exceeds device_memory_budget, or this host's memory shared by the ranks
+// on it (MemTotal / ranks on this host). Collective over `world`.
+void require_memory_fits(const RunConfig& config, const Communicator& world);
 
 }  // namespace longctx

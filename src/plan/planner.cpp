@@ -617,6 +617,20 @@ std::vector<int64_t> cp_sizes(const RunConfig& c, int64_t devices) {
 
 }  // namespace
 
+int64_t predicted_memory_bytes(const RunConfig& c, int64_t threads) {
+  // Sizes the engine could not even count in 64 bits are refused first (in
+  // double precision): the residual streams alone of one rank's tokens.
+  const double tokens = double(c.per_device_batch_size) * double(c.max_target_length) / double(c.cp);
+  const double streams = tokens * double(c.model.d_model) * double(c.model.num_layers + 1) * 4.0;
+  if (!(streams < 0x1p62))
+    throw ConfigError("the run needs more than 4 EiB per rank (" + str(c.per_device_batch_size) + " x " +
+                      str(c.max_target_length) + " tokens over cp=" + str(c.cp) +
+                      "): lower max_target_length or per_device_batch_size, or raise ici_context_parallelism");
+  StrategyPlan p;
+  plan_memory(make_shape(c, c.dp * c.cp * c.tp, threads), p);
+  return p.memory_total;
+}
+
 std::vector<CommLine> attention_call_comm(const RunConfig& c, bool backward, int64_t cp_rank) {
   const Shape s = make_shape(c, c.cp * c.tp, threads_of(c, nullptr));
   return comm_lines(CpCallTraffic(call_shape(s)).transfers(backward, cp_rank));

@@ -125,6 +125,11 @@ const ElementwiseKernel& elementwise_kernel(const std::string& name);  // Config
 // resets); with packed documents ring skips depend on the data.
 std::vector<CommLine> attention_call_comm(const RunConfig& config, bool backward, int64_t cp_rank);
 
+// Peak bytes per device that exactly this (validated) run allocates: the
+// memory plan_strategy reports, which needs no hardware profile. `threads`:
+// kernel threads per rank (per-thread attention scratch).
+int64_t predicted_memory_bytes(const RunConfig& config, int64_t threads);
+
 // The recommended configuration: the smallest cp that fits (searched only
 // when ici_data_parallelism is -1, i.e. the mesh is not pinned), the fastest
 // strategy there, the configured remat policy unless nothing fits with it,

@@ -16,7 +16,7 @@ struct RunResult {
 };
 
 RunResult run_longctx(const std::string& flags, int ranks = 2) {
-  const auto exe = std::filesystem::canonical("/proc/self/exe").parent_path().parent_path() / "longctx";
+  const std::filesystem::path exe = LONGCTX_BINARY;
   const std::string cmd = "OMP_NUM_THREADS=1 timeout 30 mpiexec --oversubscribe --allow-run-as-root "
                           "--bind-to none -n " + std::to_string(ranks) + " " + exe.string() + " " + flags + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
@@ -58,6 +58,18 @@ TEST(ConfigErrors, UlyssesDegreeVersusHeads) {
 
 TEST(ConfigErrors, MeshProductMustEqualWorld) {
   expect_rule("selftest --cp 3", "dp x cp x tp = 1 x 3 x 1 = 3 but the job has 2 ranks");
+}
+
+// Memory is checked against the planner's prediction before anything is
+// allocated (a 10^12-token sequence used to run for tens of seconds, then
+// die in a bare std::bad_alloc).
+TEST(ConfigErrors, MemoryNeedIsCheckedBeforeAllocating) {
+  const std::string train = std::string("train ") + LONGCTX_SOURCE_DIR +
+                            "/configs/base.yml dataset_type=synthetic ici_data_parallelism=2 ";
+  expect_rule(train + "max_target_length=1000000000000", "per rank (predicted by the planner) but this host has");
+  expect_rule(train + "device_memory_budget=1MiB", "but device_memory_budget is 1.00 MiB");
+  expect_rule(train + "max_target_length=4000000000000000 per_device_batch_size=1000000",
+              "needs more than 4 EiB per rank");
 }
 
 TEST(ConfigErrors, UnknownStrategy) {

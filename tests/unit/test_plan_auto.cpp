@@ -16,22 +16,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The build directory's longctx and the source tree's root, found from this
-// executable's location (build*/tests/<exe>, inside the source tree).
-bool locate(fs::path& longctx, fs::path& root) {
-  std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) return false;
-  for (fs::path p = exe.parent_path(); !p.empty() && p != p.root_path(); p = p.parent_path()) {
-    if (longctx.empty() && fs::is_regular_file(p / "longctx")) longctx = p / "longctx";
-    if (fs::is_regular_file(p / "configs/base.yml")) {
-      root = p;
-      break;
-    }
-  }
-  return !longctx.empty() && !root.empty();
-}
-
 int run(const std::string& command, std::string& output) {
   FILE* pipe = ::popen(command.c_str(), "r");
   if (!pipe) return -1;
@@ -45,8 +29,7 @@ int run(const std::string& command, std::string& output) {
 }  // namespace
 
 TEST(PlanAuto, TrainWithAutoStrategyMeasuresAProfileAndRuns) {
-  fs::path longctx, root;
-  ASSERT_TRUE(locate(longctx, root)) << "longctx binary or configs/base.yml not found";
+  const fs::path longctx = LONGCTX_BINARY, root = LONGCTX_SOURCE_DIR;
   const fs::path empty = fs::temp_directory_path() / ("longctx_no_profile_" + std::to_string(::getpid()));
   fs::create_directories(empty);
   const std::string command =

@@ -77,7 +77,7 @@ TEST(PlanTime, ProfileTablesRoundTrip) {
 
 TEST(PlanTime, DatasheetProfilesUseTheirScalars) {
   for (const char* name : {"tpu-v5p", "tpu-v7", "h100", "h200"}) {
-    const HardwareProfile h = load_hardware_profile(name);
+    const HardwareProfile h = load_hardware_profile(name, LONGCTX_SOURCE_DIR "/configs/hardware");
     EXPECT_EQ(h.attention_block, 0) << name;
     EXPECT_DOUBLE_EQ(h.matmul_efficiency_at(512), h.matmul_efficiency) << name;
     EXPECT_DOUBLE_EQ(h.attention_partial_tile_cost_at("causal", 128), 1.0) << name;
