@@ -35,6 +35,15 @@ T value_as(const ConfigValue& v) {
   throw ConfigError("is " + type_name(v) + ", not the type asked for");
 }
 
+// context_parallel_strategy: a strategy, or "auto" (nullopt: the planner picks).
+std::optional<CpStrategy> parse_strategy_or_auto(const std::string& name) {
+  if (name == "auto") return std::nullopt;
+  for (const auto& [strategy, known] : EnumNames<CpStrategy>::names)
+    if (name == known) return strategy;
+  throw ConfigError("unknown context_parallel_strategy '" + name + "': expected " + enum_choices<CpStrategy>() +
+                    "|auto");
+}
+
 bool parse_save_choice(const std::string& v) {
   if (v == "device") return true;
   if (v == "remat") return false;
@@ -60,18 +69,11 @@ bool parse_save_choice(const std::string& v) {
   [](RunConfig& c, const ConfigValue& v) {                                                       \
     c.remat_custom_save[static_cast<int>(SavePoint::point)] = parse_save_choice(value_as<std::string>(v)); \
   }
-#define STRATEGY                                                                                  \
-  [](const RunConfig& c) -> ConfigValue {                                                         \
-    return std::string(c.cp_strategy ? name_of(*c.cp_strategy) : "auto");                        \
-  },                                                                                              \
-  [](RunConfig& c, const ConfigValue& v) {                                                        \
-    const std::string name = value_as<std::string>(v);                                            \
-    if (name == "auto") return c.cp_strategy.reset();                                             \
-    for (const auto& [strategy, known] : EnumNames<CpStrategy>::names)                            \
-      if (name == known) return c.cp_strategy.emplace(strategy), void();                          \
-    throw ConfigError("unknown context_parallel_strategy '" + name + "': expected " +             \
-                      enum_choices<CpStrategy>() + "|auto");                                       \
-  }
+#define STRATEGY                                                                          \
+  [](const RunConfig& c) -> ConfigValue {                                                 \
+    return std::string(c.cp_strategy ? name_of(*c.cp_strategy) : "auto");                \
+  },                                                                                      \
+  [](RunConfig& c, const ConfigValue& v) { c.cp_strategy = parse_strategy_or_auto(value_as<std::string>(v)); }
 
 const std::vector<ConfigKey>& config_keys() {
   using S = std::string;
