@@ -1,8 +1,13 @@
 #include "kernels/gemm.h"
 
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "core/timer.h"
@@ -17,11 +22,105 @@ void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
   if (st != dnnl_success) throw ShapeError("dnnl_sgemm failed (bad sizes or leading dims)");
 }
 
+namespace {
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// Everything that makes a matmul primitive differ.
+using GemmKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float>;
+
+struct CachedGemm {
+  dnnl::memory::desc a, b, c;
+  dnnl::matmul primitive;
+  bool widen = false;  // no bf16 matmul on this CPU: widen to fp32, then dnnl_sgemm
+  std::string implementation;
+};
+
+// Row-major [rows, cols] with leading dimension ld, or its transpose.
+dnnl::memory::desc matrix(int64_t rows, int64_t cols, int64_t ld, bool transposed, dnnl::memory::data_type t) {
+  return transposed ? dnnl::memory::desc({rows, cols}, t, {1, ld}) : dnnl::memory::desc({rows, cols}, t, {ld, 1});
+}
+
+// Creating a primitive costs far more than running a small one: once per
+// shape, shared by every thread.
+const CachedGemm& bf16_gemm_for(const GemmKey& key) {
+  static std::mutex mu;
+  static std::map<GemmKey, std::unique_ptr<CachedGemm>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<CachedGemm>& slot = cache[key];
+  if (!slot) {
+    const auto [ta, tb, M, N, K, lda, ldb, ldc, alpha, beta] = key;
+    using dt = dnnl::memory::data_type;
+    auto g = std::make_unique<CachedGemm>();
+    g->a = matrix(M, K, lda, ta, dt::bf16);
+    g->b = matrix(K, N, ldb, tb, dt::bf16);
+    g->c = matrix(M, N, ldc, false, dt::f32);
+    dnnl::primitive_attr attr;
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(beta);  // C = alpha A B + beta C
+      attr.set_post_ops(ops);
+    }
+    try {
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(g->a, g->b, g->c), attr, cpu_engine());
+      g->implementation = pd.impl_info_str();
+      g->primitive = dnnl::matmul(pd);
+    } catch (const dnnl::error&) {
+      // oneDNN 2.6 implements bf16 only where the CPU has AVX512 (or AMX):
+      // elsewhere the inputs are widened (exactly) and multiplied in fp32.
+      g->widen = true;
+      g->implementation = "bf16 widened to fp32, dnnl_sgemm (no bf16 matmul on this CPU)";
+    }
+    slot = std::move(g);
+  }
+  return *slot;
+}
+
+}  // namespace
+
+void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+               const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  check_shape(K > 0 && lda >= (ta ? M : K) && ldb >= (tb ? K : N) && ldc >= N,
+              "gemm_bf16: leading dimensions smaller than the rows they hold");
+  const CachedGemm& g = bf16_gemm_for({ta, tb, M, N, K, lda, ldb, ldc, alpha, beta});
+  if (g.widen) {
+    // Each operand as stored ([rows, ld] row-major), widened; the fp32 GEMM
+    // then reads it with the same transposes and leading dimensions.
+    thread_local std::vector<float> wa, wb;
+    auto widen = [](const bf16* src, int64_t rows, int64_t cols, int64_t ld, std::vector<float>& dst) {
+      dst.resize((rows - 1) * ld + cols);  // the last row ends at its last column
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = r * ld; i < r * ld + cols; ++i) dst[i] = float(src[i]);
+    };
+    widen(A, ta ? K : M, ta ? M : K, lda, wa);
+    widen(B, tb ? N : K, tb ? K : N, ldb, wb);
+    gemm_f32(ta, tb, M, N, K, alpha, wa.data(), lda, wb.data(), ldb, beta, C, ldc);
+    return;
+  }
+  const dnnl::engine& engine = cpu_engine();
+  thread_local dnnl::stream stream(engine);
+  dnnl::memory a(g.a, engine, const_cast<bf16*>(A)), b(g.b, engine, const_cast<bf16*>(B)), c(g.c, engine, C);
+  g.primitive.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  stream.wait();
+}
+
+std::string gemm_bf16_implementation(int64_t n) {
+  return bf16_gemm_for({false, false, n, n, n, n, n, n, 1.0f, 0.0f}).implementation;
+}
+
 double measure_gemm_gflops(DType dtype, int64_t n, double min_seconds) {
-  if (dtype != DType::f32) throw ConfigError("bf16 GEMM is not supported yet: use fp32");
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  std::vector<bf16> a16(n * n, bf16(0.5f)), b16(n * n, bf16(0.25f));
   auto once = [&] {
-    gemm_f32(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    if (dtype == DType::bf16)
+      gemm_bf16(false, false, n, n, n, 1.0f, a16.data(), n, b16.data(), n, 0.0f, c.data(), n);
+    else
+      gemm_f32(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   };
   once();  // warm-up: page faults, oneDNN dispatch
   double best = 0.0;

@@ -3,6 +3,7 @@
 // The one way longctx multiplies matrices; called inside OpenMP regions it
 // runs on the calling thread (nested parallelism is off).
 #include <cstdint>
+#include <string>
 
 #include "core/tensor.h"
 
@@ -12,8 +13,20 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
               int64_t ldc);
 
-// Measures the GEMM rate (GFLOP/s) of an n x n x n product in `dtype` (fp32 today; bf16 throws until
-// a bf16 GEMM lands) with the
+// The same with bf16 inputs, fp32 accumulation and an fp32 C: oneDNN's
+// matmul primitive, which picks the CPU's matrix units by itself (AMX-BF16,
+// AVX512-BF16) and falls back to a portable (slow, exact-in-fp32) kernel
+// elsewhere. Primitives are created once per shape and cached; safe to call
+// from several threads at once (each runs on its calling thread).
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
+               int64_t ldc);
+
+// The oneDNN implementation gemm_bf16 uses for an n x n x n product (e.g.
+// "brg:avx512_core_amx_bf16" or "ref:any"): benchmarks print it.
+std::string gemm_bf16_implementation(int64_t n);
+
+// Measures the GEMM rate (GFLOP/s) of an n x n x n product in `dtype` with the
 // current OpenMP thread count: the reference that benchmarks and MFU divide by.
 double measure_gemm_gflops(DType dtype, int64_t n = 2048, double min_seconds = 0.5);
 

@@ -58,7 +58,7 @@ Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), m
   peak_tflops_ = c.peak_tflops_per_device;
   if (peak_tflops_ <= 0) {
     mesh_.world().barrier();  // measure together, not beside a peer's set-up
-    double gflops = measure_gemm_gflops(DType::f32, 1024, 0.3);
+    double gflops = measure_gemm_gflops(c.dtype, 1024, 0.3);  // in the run's dtype
     mesh_.world().all_reduce_sum(&gflops, 1);
     gflops /= mesh_.shape().world();
     peak_tflops_ = gflops / 1e3;

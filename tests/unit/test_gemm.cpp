@@ -1,0 +1,99 @@
+// gemm_bf16 against a float64 reference of the same bf16 inputs: every
+// transpose, odd shapes, alpha and beta (accumulate), leading dimensions wider
+// than the rows, and concurrent calls from OpenMP threads.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/gemm.h"
+
+using namespace longctx;
+
+namespace {
+
+struct Problem {
+  int64_t M, N, K;
+  bool ta, tb;
+  float alpha, beta;
+};
+
+// Row-major storage of an op()-ed matrix: [rows, cols] or, transposed, [cols, rows]; ld adds padding.
+std::vector<bf16> random_bf16(int64_t elements, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<bf16> v(elements);
+  for (bf16& x : v) x = bf16(normal(rng));
+  return v;
+}
+
+// Runs one problem; returns the largest error over its bound (<= 1 passes).
+double worst_error_over_bound(const Problem& p, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t lda = (p.ta ? p.M : p.K) + 3, ldb = (p.tb ? p.K : p.N) + 1, ldc = p.N + 2;
+  const std::vector<bf16> A = random_bf16((p.ta ? p.K : p.M) * lda, rng), B = random_bf16((p.tb ? p.N : p.K) * ldb, rng);
+  std::vector<float> C(p.M * ldc);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : C) x = normal(rng);
+  const std::vector<float> C0 = C;
+  gemm_bf16(p.ta, p.tb, p.M, p.N, p.K, p.alpha, A.data(), lda, B.data(), ldb, p.beta, C.data(), ldc);
+  auto a = [&](int64_t i, int64_t k) { return double(float(p.ta ? A[k * lda + i] : A[i * lda + k])); };
+  auto b = [&](int64_t k, int64_t j) { return double(float(p.tb ? B[j * ldb + k] : B[k * ldb + j])); };
+  double worst = 0;
+  for (int64_t i = 0; i < p.M; ++i)
+    for (int64_t j = 0; j < p.N; ++j) {
+      double exact = 0, magnitude = 0;
+      for (int64_t k = 0; k < p.K; ++k) exact += a(i, k) * b(k, j), magnitude += std::fabs(a(i, k) * b(k, j));
+      const double c0 = C0[i * ldc + j];
+      exact = p.alpha * exact + p.beta * c0;
+      // bf16 x bf16 products are exact in fp32; fp32 accumulation of K terms
+      // (any order) errs by at most K ulps of the magnitude, plus the scaling
+      // and the sum with beta C.
+      const double bound = (p.K + 4) * std::ldexp(1.0, -23) * (std::fabs(p.alpha) * magnitude + std::fabs(p.beta * c0)) + 1e-30;
+      worst = std::max(worst, std::fabs(double(C[i * ldc + j]) - exact) / bound);
+    }
+  // Padding between rows is never written.
+  for (int64_t i = 0; i < p.M; ++i)
+    for (int64_t j = p.N; j < ldc; ++j) EXPECT_EQ(C[i * ldc + j], C0[i * ldc + j]);
+  return worst;
+}
+
+}  // namespace
+
+TEST(GemmBf16, MatchesFloat64ReferenceForEveryTransposeAndScale) {
+  std::printf("gemm_bf16 implementation here: %s\n", gemm_bf16_implementation(64).c_str());
+  uint32_t seed = 1;
+  for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {7, 13, 5}, {33, 17, 129}, {96, 64, 200}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {0.5f, 1.0f}, {-2.0f, 1.5f}}) {
+          const Problem p{M, N, K, ta, tb, alpha, beta};
+          SCOPED_TRACE(testing::Message() << M << "x" << N << "x" << K << " ta=" << ta << " tb=" << tb
+                                          << " alpha=" << alpha << " beta=" << beta);
+          EXPECT_LE(worst_error_over_bound(p, seed++), 1.0);
+        }
+}
+
+// The primitive cache is shared: threads running different shapes at once
+// give what the same calls give one at a time on one thread (a GEMM's
+// summation order may depend on its thread count, so both use one).
+TEST(GemmBf16, ConcurrentCallsMatchSerialOnes) {
+  const std::vector<Problem> problems = {{17, 9, 31, false, true, 1, 0}, {8, 40, 16, true, false, 1, 1},
+                                         {64, 64, 64, false, false, 0.5f, 0}, {5, 3, 300, true, true, 1, 0}};
+  auto run = [&](const Problem& p, std::vector<float>& C) {
+    std::mt19937 rng(7);
+    const int64_t lda = p.ta ? p.M : p.K, ldb = p.tb ? p.K : p.N;
+    const std::vector<bf16> A = random_bf16(p.M * p.K, rng), B = random_bf16(p.K * p.N, rng);
+    C.assign(p.M * p.N, 1.0f);
+    gemm_bf16(p.ta, p.tb, p.M, p.N, p.K, p.alpha, A.data(), lda, B.data(), ldb, p.beta, C.data(), p.N);
+  };
+  std::vector<std::vector<float>> serial(problems.size()), parallel(problems.size() * 8);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  for (size_t i = 0; i < problems.size(); ++i) run(problems[i], serial[i]);
+  omp_set_num_threads(threads);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(4)
+  for (int64_t t = 0; t < int64_t(parallel.size()); ++t) run(problems[t % problems.size()], parallel[t]);
+  for (size_t t = 0; t < parallel.size(); ++t) EXPECT_EQ(parallel[t], serial[t % problems.size()]) << t;
+}
