@@ -14,8 +14,9 @@
 // (ZeRO-1) the sum is a reduce-scatter: each replica gets only its piece
 // (AdamW::piece()), computes the global norm from the pieces (all-reduced
 // over the replicas, then over tp), clips and updates that piece with its
-// share of the moments, and all-gathers the updated pieces. Same config + seed + mesh gives
-// bit-identical losses (no atomics, fixed reduction order).
+// share of the moments, and all-gathers the updated pieces. Same config + seed + mesh + thread
+// count gives bit-identical losses (no atomics, fixed reduction order); across thread counts
+// the model's oneDNN GEMMs round differently (README, "Determinism").
 #include <cstdint>
 #include <cstdio>
 #include <memory>
