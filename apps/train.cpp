@@ -76,6 +76,9 @@ void resolve_auto_strategy(RunConfig& config, const Communicator& world) {
 
 int run_train(const Args& args) {
   if (args.empty()) throw ConfigError(std::string("train needs a config file\n") + kTrainUsage);
+  // Here only, and first (a signal while loading or measuring stops after
+  // the first step): other commands keep the default, ending at once.
+  install_stop_signal_handlers();
   RunConfig config = load_config(args[0], Args(args.begin() + 1, args.end()));
   if (!config.cp_strategy) resolve_auto_strategy(config, Communicator::world("auto"));
   validate_config(config, comm_world_size());
@@ -83,7 +86,8 @@ int run_train(const Args& args) {
   Mesh mesh(mesh_shape_from_config(config));
   Trainer trainer(config, mesh);
   trainer.run(stdout);
-  return 0;
+  // Stopped early by a signal: non-zero, as a killed process would exit.
+  return trainer.stopped_by_signal() ? 128 + trainer.stopped_by_signal() : 0;
 }
 
 }  // namespace longctx

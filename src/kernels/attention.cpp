@@ -11,15 +11,17 @@
 // its kv blocks. Backward: one unit per (batch, kv head, kv block), so that
 // a few heads over a long sequence still feed every thread; dK, dV of the
 // unit stay in per-thread accumulators, and each tile's dQ contribution is
-// added under a per-(batch, head, q block) lock. Units run head by head,
-// heaviest first within a head.
+// added in kv block order (a per-(batch, head, q block) turn), so the result
+// is bit-identical at any thread count. Forward units run head by head,
+// heaviest first within a head; backward units head by head in kv block order.
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <memory>
-#include <mutex>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "core/memory.h"
@@ -48,6 +50,13 @@ int64_t attention_backward_scratch_bytes(int64_t D, int64_t threads) {
 }
 
 namespace {
+
+// A spin-wait hint (the wait for a dQ turn is usually shorter than a tile).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -118,10 +127,9 @@ struct Unit {
   int64_t b, head, block, cost;
 };
 
-// Head by head, so that the threads share one head's K, V (forward) or
-// Q, dO (backward) in cache instead of streaming every head's from memory;
-// heaviest first within a head, so that dynamic scheduling ends with small
-// units.
+// Forward: head by head, so that the threads share one head's K, V in cache
+// instead of streaming every head's from memory; heaviest first within a
+// head, so that dynamic scheduling ends with small units.
 void sort_for_locality(std::vector<Unit>& units) {
   std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) {
     if (x.b != y.b || x.head != y.head) return x.b != y.b ? x.b < y.b : x.head < y.head;
@@ -264,7 +272,15 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
       if (cost == 0) continue;  // no gradient flows through this kv block
       for (int64_t kvh = 0; kvh < g.G; ++kvh) units.push_back({b, kvh, j, cost});
     }
-  sort_for_locality(units);
+  // Head by head in kv block order: a tile's dQ waits for the tile of the
+  // previous non-empty kv block of its row (below), and every unit claimed
+  // before this one comes earlier in this order, so the earliest unfinished
+  // unit never waits and the schedule cannot deadlock. For causal masks this
+  // is also heaviest first.
+  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) {
+    if (x.b != y.b || x.head != y.head) return x.b != y.b ? x.b < y.b : x.head < y.head;
+    return x.block < y.block;
+  });
 
   // Per thread: s, dp [bq, bk], dk_acc, dv_acc [bk, D], dq_tile [bq, D],
   // then K, V, Q, dO copies (attention_backward_scratch_bytes).
@@ -272,10 +288,18 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
   const int64_t per_thread = attention_backward_scratch_bytes(g.D, 1) / sizeof(float);
   Buffer scratch(MemCategory::scratch, "attention backward scratch",
                  attention_backward_scratch_bytes(g.D, threads));
-  // dQ rows of one (batch, head, q block) receive tiles from many units.
-  std::unique_ptr<std::mutex[]> dq_locks(new std::mutex[g.B * g.H * g.nq]);
+  // dQ rows of one (batch, head, q block) receive tiles from many units:
+  // dq_last holds the kv block whose tile was added last (-1: none yet), and
+  // a tile is added only right after the previous non-empty kv block of its
+  // row, so dQ sums in kv block order whatever the threads' timing.
+  const int64_t n_dq = g.B * g.H * g.nq;
+  std::unique_ptr<std::atomic<int64_t>[]> dq_last(new std::atomic<int64_t>[n_dq]);
+  for (int64_t x = 0; x < n_dq; ++x) dq_last[x].store(-1, std::memory_order_relaxed);
   const float scale_log2 = g.scale * kLog2e;
   const int64_t n_units = static_cast<int64_t>(units.size());
+  // Units are claimed in list order (the deadlock argument above needs it;
+  // an own counter rather than relying on how OpenMP hands out iterations).
+  std::atomic<int64_t> next_unit{0};
   int64_t partial = 0, full = 0;
 
 #pragma omp parallel reduction(+ : partial, full)
@@ -289,8 +313,7 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
     float* vj = kj + g.bk * g.D;                                         // [bk, D]
     float* qi = vj + g.bk * g.D;                                         // [bq, D]
     float* doi = qi + g.bq * g.D;                                        // [bq, D]
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t u = 0; u < n_units; ++u) {
+    for (int64_t u; (u = next_unit.fetch_add(1, std::memory_order_relaxed)) < n_units;) {
       const Unit& unit = units[u];
       const int64_t b = unit.b, kvh = unit.head, j0 = unit.block * g.bk;
       const int64_t cols = std::min(g.bk, g.Skv - j0);
@@ -329,12 +352,21 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
           gemm_f32(true, false, cols, g.D, rows, g.scale, dp, g.bk, qi, g.D, 1.0f, dk_acc, g.D);
           // dQ += scale dS K
           gemm_f32(false, false, rows, g.D, cols, g.scale, dp, g.bk, kj, g.D, 0.0f, dq_tile, g.D);
-          std::lock_guard<std::mutex> hold(dq_locks[(b * g.H + h) * g.nq + i]);
+          // Wait for the previous non-empty kv block of row i (usually j - 1,
+          // claimed earlier and one tile ahead), add, pass the turn on.
+          int64_t prev = unit.block - 1;
+          while (prev >= 0 && map.kind(b, i, prev) == TileKind::empty) --prev;
+          std::atomic<int64_t>& last = dq_last[(b * g.H + h) * g.nq + i];
+          for (int spins = 0; last.load(std::memory_order_acquire) != prev; ++spins) {
+            if (spins < 64) cpu_relax();
+            else std::this_thread::yield();  // oversubscribed: let the other thread run
+          }
           for (int64_t r = 0; r < rows; ++r) {
             float* dst = dq.at<float>({b, i0 + r, h});
             const float* src = dq_tile + r * g.D;
             for (int64_t x = 0; x < g.D; ++x) dst[x] += src[x];
           }
+          last.store(unit.block, std::memory_order_release);
         }
       for (int64_t c = 0; c < cols; ++c) {
         float* dkr = dk.at<float>({b, j0 + c, kvh});

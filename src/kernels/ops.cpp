@@ -1,5 +1,7 @@
 // Fast (OpenMP, vectorisable) model ops. Memory-bound: one pass over the
 // data where possible, rows split over threads, sums in fp32 per row.
+// Every sum has a fixed order (per row, or per fixed chunk of rows added in
+// index order), so results are bit-identical at any thread count.
 // Floating-point exceptions are never inspected: without this GCC refuses to
 // if-convert min/max and float->int conversions, and the exp loops stay scalar.
 // Results are unchanged (no reassociation, no fast-math).
@@ -26,6 +28,10 @@ void check_rows(const TensorView& t, int64_t rows, int64_t cols, const char* wha
 }
 
 float* row(const TensorView& t, int64_t r) { return t.f32() + r * t.stride[0]; }
+
+// Reductions over rows use at most this many fixed chunks (enough to feed
+// the threads; their partials cost chunks x row width).
+constexpr int64_t kMaxRowChunks = 256;
 
 void check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* what) {
   for (int64_t i = 0; i < n; ++i)
@@ -83,15 +89,16 @@ void rmsnorm_backward(const TensorView& x, const float* w, double eps, const Ten
   check_rows(x, N, C, "rmsnorm x");
   check_rows(dy, N, C, "rmsnorm dy");
   check_rows(dx, N, C, "rmsnorm dx");
-  // dw partial sums per thread, added in thread order so results do not
-  // depend on scheduling.
-  const int threads = omp_get_max_threads();
-  std::vector<float> dw_part(static_cast<size_t>(threads) * C, 0.0f);
-#pragma omp parallel num_threads(threads)
-  {
-    float* my_dw = dw_part.data() + static_cast<size_t>(omp_get_thread_num()) * C;
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < N; ++r) {
+  // dw partial sums per fixed chunk of rows (chunks depend on N only, never
+  // on the thread count), each summed in row order, then added in chunk
+  // order: bit-identical at any thread count.
+  const int64_t rows_per_chunk = std::max<int64_t>(1, (N + kMaxRowChunks - 1) / kMaxRowChunks);
+  const int64_t chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
+  std::vector<float> dw_part(static_cast<size_t>(chunks) * C, 0.0f);
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < chunks; ++k) {
+    float* my_dw = dw_part.data() + static_cast<size_t>(k) * C;
+    for (int64_t r = k * rows_per_chunk; r < std::min(N, (k + 1) * rows_per_chunk); ++r) {
       const float* xr = row(x, r);
       const float* gr = row(dy, r);
       float* dxr = row(dx, r);
@@ -103,16 +110,17 @@ void rmsnorm_backward(const TensorView& x, const float* w, double eps, const Ten
       }
       const float rstd = 1.0f / std::sqrt(ss / C + static_cast<float>(eps));
       // d/dx of x_c * rstd * w_c: rstd * g_c w_c - x_c rstd^3 * mean(g w x).
-      const float k = rstd * rstd * rstd * gwx / C;
+      const float k3 = rstd * rstd * rstd * gwx / C;
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) {
-        dxr[c] += rstd * gr[c] * w[c] - k * xr[c];
+        dxr[c] += rstd * gr[c] * w[c] - k3 * xr[c];
         my_dw[c] += gr[c] * xr[c] * rstd;
       }
     }
   }
-  for (int t = 0; t < threads; ++t)
-    for (int64_t c = 0; c < C; ++c) dw[c] += dw_part[static_cast<size_t>(t) * C + c];
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t k = 0; k < chunks; ++k) dw[c] += dw_part[static_cast<size_t>(k) * C + c];
 }
 
 // ---- RoPE ---------------------------------------------------------------------------
@@ -236,8 +244,10 @@ double cross_entropy(const TensorView& logits, const int32_t* targets, const flo
   check_rows(logits, R, V, "cross_entropy logits");
   if (dlogits) check_rows(*dlogits, R, V, "cross_entropy dlogits");
   check_ids(targets, R, V, "target");
-  double total = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
+  // Per-row losses summed in row order afterwards: an OpenMP reduction would
+  // add per-thread partials, in an order that depends on the thread count.
+  std::vector<double> row_loss(static_cast<size_t>(R));
+#pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < R; ++r) {
     const float* z = row(logits, r);
     float mx = z[0];
@@ -248,7 +258,7 @@ double cross_entropy(const TensorView& logits, const int32_t* targets, const flo
     const float lse = mx + std::log(sum);
     const float w = weights ? weights[r] : 1.0f;
     const float z_target = z[targets[r]];
-    total += static_cast<double>(w) * (lse - z_target);
+    row_loss[r] = static_cast<double>(w) * (lse - z_target);
     if (dlogits) {
       float* dz = row(*dlogits, r);
       const float k = grad_scale * w;
@@ -257,6 +267,8 @@ double cross_entropy(const TensorView& logits, const int32_t* targets, const flo
       dz[targets[r]] -= k;
     }
   }
+  double total = 0.0;
+  for (double l : row_loss) total += l;
   return total;
 }
 

@@ -1,8 +1,10 @@
 #include "train/trainer.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +16,52 @@
 namespace longctx {
 
 namespace fs = std::filesystem;
+
+// ---- graceful stop ------------------------------------------------------------------
+
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+// Async-signal-safe: sets the flag, or on a second signal writes one line
+// and exits without unwinding (a checkpoint being written stays a hidden
+// temporary: never a "complete" one with files missing).
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal != 0) {
+    static const char msg[] = "longctx: second stop signal: exiting now, without a checkpoint\n";
+    (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+    ::_exit(128 + sig);
+  }
+  g_stop_signal = sig;
+  static const char msg[] =
+      "longctx: stop signal: finishing this step, then a checkpoint (send it again to exit at once)\n";
+  (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+}
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
+    default: return "a signal";
+  }
+}
+
+}  // namespace
+
+void install_stop_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;  // system calls (file writes, MPI's) resume after the handler
+  sigemptyset(&sa.sa_mask);
+  // SIGUSR1 too: Open MPI's mpiexec forwards it to every rank as is, while
+  // on SIGTERM / SIGINT it kills the ranks 1 s after passing SIGTERM on.
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1}) sigaddset(&sa.sa_mask, sig);
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1})
+    if (::sigaction(sig, &sa, nullptr) != 0) throw Error(std::string("sigaction failed for ") + signal_name(sig));
+}
+
+int stop_signal_received() { return g_stop_signal; }
 
 MeshShape mesh_shape_from_config(const RunConfig& c) {
   MeshShape s;
@@ -150,6 +198,7 @@ void Trainer::run(std::FILE* out) {
     std::fflush(out);
   }
   int64_t last_saved = -1;
+  std::string last_path;
   while (state_.step < c.steps) {
     StepMetrics m = train_step();
     if (log && (m.step % c.log_period == 0 || m.step == c.steps || m.step == 1)) {
@@ -158,13 +207,31 @@ void Trainer::run(std::FILE* out) {
     }
     if (metrics.is_open()) metrics << step_json(m) << "\n" << std::flush;
     if (c.enable_checkpointing && c.checkpoint_period > 0 && m.step % c.checkpoint_period == 0) {
-      save();
+      last_path = save();
       last_saved = m.step;
+    }
+    // Every rank stops after the same step, whichever got the signal and
+    // when: the signal number's maximum over the world (8 bytes a step, on
+    // the world communicator, which the planner's per-axis bytes leave out
+    // like the step time and peak memory maxima in train_step).
+    int64_t stop = stop_signal_received();
+    mesh_.world().all_reduce_max(&stop, 1);
+    if (stop != 0 && state_.step < c.steps) {
+      stopped_by_ = static_cast<int>(stop);
+      break;
     }
   }
   if (c.enable_checkpointing && last_saved != state_.step) {
-    std::string path = save();
-    if (log) std::fprintf(out, "checkpoint %s\n", path.c_str());
+    last_path = save();
+    if (log) std::fprintf(out, "checkpoint %s\n", last_path.c_str());
+  }
+  if (stopped_by_ && is_logger()) {
+    std::fprintf(stderr, "longctx: stopped by %s after step %lld of %lld: %s\n", signal_name(stopped_by_),
+                 static_cast<long long>(state_.step), static_cast<long long>(c.steps),
+                 c.enable_checkpointing
+                     ? ("checkpoint " + last_path + " written; run the same command again to resume").c_str()
+                     : "no checkpoint (enable_checkpointing: false)");
+    std::fflush(stderr);
   }
   if (log) {
     std::fprintf(out, "memory peaks (rank 0):\n%s\n", MemoryTracker::global().report().c_str());

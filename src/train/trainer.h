@@ -14,8 +14,9 @@
 // (ZeRO-1) the sum is a reduce-scatter: each replica gets only its piece
 // (AdamW::piece()), computes the global norm from the pieces (all-reduced
 // over the replicas, then over tp), clips and updates that piece with its
-// share of the moments, and all-gathers the updated pieces. Same config + seed + mesh gives
-// bit-identical losses (no atomics, fixed reduction order).
+// share of the moments, and all-gathers the updated pieces. Same config + seed + mesh + thread
+// count gives bit-identical losses (no atomics, fixed reduction order); across thread counts
+// the model's oneDNN GEMMs round differently (README, "Determinism").
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -37,6 +38,16 @@ namespace longctx {
 MeshShape mesh_shape_from_config(const RunConfig& config);
 ModelOptions model_options_from_config(const RunConfig& config, const Mesh& mesh);
 
+// Graceful stop. The train command installs handlers for SIGTERM, SIGINT
+// and SIGUSR1: the first one makes Trainer::run finish the current step on
+// every rank (the ranks agree on the step through one small all-reduce over
+// the world per step), write a checkpoint and return with
+// stopped_by_signal() set; a second one exits at once (_exit(128 + signal),
+// no checkpoint). The handlers only set a sig_atomic_t flag.
+void install_stop_signal_handlers();
+// The first stop signal this process received, 0 if none.
+int stop_signal_received();
+
 class Trainer {
  public:
   // Builds data, model (seeded init) and optimizer; applies num_threads,
@@ -52,8 +63,12 @@ class Trainer {
   StepMetrics train_step();
   // resume (if config.resume), train to config.steps printing step lines on
   // rank 0 to `out`, JSON lines to metrics_file, checkpoints every
-  // checkpoint_period steps and at the end, then the memory report.
+  // checkpoint_period steps and at the end, then the memory report. After a
+  // stop signal (any rank's) every rank stops after the same step, with the
+  // checkpoint and a line on stderr (rank 0), and stopped_by_signal() says
+  // which signal.
   void run(std::FILE* out = stdout);
+  int stopped_by_signal() const { return stopped_by_; }
   std::string save();  // a checkpoint of the current state
 
   int64_t step() const { return state_.step; }
@@ -74,6 +89,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   TrainState state_;
   double peak_tflops_ = 0;
+  int stopped_by_ = 0;
 };
 
 }  // namespace longctx

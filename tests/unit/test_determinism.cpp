@@ -1,0 +1,151 @@
+// Reductions in a fixed order: the attention kernel (forward and backward),
+// RMSNorm, cross-entropy and the embedding backward give bit-identical
+// results at 1, 2, 3 and 4 OpenMP threads, on shapes that are not multiples
+// of the attention tile or of the row chunks. (GEMMs outside the kernels are
+// oneDNN's threaded sgemm, bit-exact only at a fixed thread count: see
+// README "Determinism"; test_train checks whole runs.)
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/ops.h"
+
+using namespace longctx;
+
+namespace {
+
+std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Runs `f` at each thread count and expects every result to equal the
+// 1-thread one bit for bit. Restores the thread count.
+template <class F>
+void expect_same_at_every_thread_count(F f, const std::string& what) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const std::vector<std::vector<float>> one = f();
+  for (int threads : {2, 3, 4, 1, 2}) {
+    omp_set_num_threads(threads);
+    const std::vector<std::vector<float>> got = f();
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_TRUE(same_bits(got[i], one[i])) << what << ": output " << i << " at " << threads << " threads";
+  }
+  omp_set_num_threads(saved);
+}
+
+struct AttentionProblem {
+  int64_t S, H, G, D;
+  MaskSpec mask;
+  std::vector<int64_t> pos;
+  std::vector<int32_t> seg;
+  std::vector<float> q, k, v, dout, dq0;
+};
+
+AttentionProblem attention_problem(int64_t S, int64_t H, int64_t G, int64_t D, MaskSpec mask) {
+  AttentionProblem p{S, H, G, D, mask, {}, {}, {}, {}, {}, {}, {}};
+  p.pos.resize(S);
+  std::iota(p.pos.begin(), p.pos.end(), 0);
+  for (int64_t t = 0; t < S; ++t) p.seg.push_back(static_cast<int32_t>(t * 3 / S));
+  p.q = random_vec(S * H * D, 1, 1.5f);
+  p.k = random_vec(S * G * D, 2, 1.5f);
+  p.v = random_vec(S * G * D, 3);
+  p.dout = random_vec(S * H * D, 4);
+  p.dq0 = random_vec(S * H * D, 5, 0.1f);  // dQ accumulates: start from nonzero
+  return p;
+}
+
+// o, lse, dq, dk, dv of one forward + backward.
+std::vector<std::vector<float>> run_attention(AttentionProblem& p) {
+  const int64_t S = p.S, H = p.H, G = p.G, D = p.D;
+  auto view = [&](std::vector<float>& d, int64_t heads) {
+    return TensorView::strided(d.data(), DType::f32, {1, S, heads, D}, {S * heads * D, heads * D, D, 1});
+  };
+  AttentionArgs a;
+  a.q = view(p.q, H), a.k = view(p.k, G), a.v = view(p.v, G);
+  a.q_pos = a.kv_pos = p.pos.data();
+  if (p.mask.same_segment) a.q_seg = a.kv_seg = p.seg.data();
+  a.mask = p.mask;
+  std::vector<float> o(S * H * D), lse(S * H), delta(S * H), dq = p.dq0, dk(S * G * D, 0.0f),
+      dv(S * G * D, 0.0f);
+  attention_forward(a, view(o, H), lse.data());
+  attention_delta(view(o, H), view(p.dout, H), delta.data());
+  attention_backward(a, view(p.dout, H), lse.data(), delta.data(), view(dq, H), view(dk, G), view(dv, G));
+  return {o, lse, dq, dk, dv};
+}
+
+}  // namespace
+
+TEST(Determinism, AttentionIsBitIdenticalAtAnyThreadCount) {
+  // 1000 = 7 full tiles + 104 rows; GQA so that a unit covers two heads.
+  for (const char* mask : {"full", "causal", "local:300", "causal+segments"}) {
+    AttentionProblem p = attention_problem(1000, 4, 2, 64, MaskSpec::parse(mask));
+    expect_same_at_every_thread_count([&] { return run_attention(p); }, mask);
+  }
+}
+
+TEST(Determinism, RmsnormIsBitIdenticalAtAnyThreadCount) {
+  // More rows than the fixed chunks (so chunks hold several rows) and an
+  // odd row count and width.
+  for (int64_t N : {1, 7, 1001, 3001}) {
+    const int64_t C = 333;
+    const std::vector<float> x = random_vec(N * C, 11), dy = random_vec(N * C, 12), w = random_vec(C, 13),
+                             dx0 = random_vec(N * C, 14, 0.1f), dw0 = random_vec(C, 15, 0.1f);
+    expect_same_at_every_thread_count(
+        [&] {
+          std::vector<float> xs = x, dys = dy, y(N * C), dx = dx0, dw = dw0;
+          auto v = [&](std::vector<float>& d) { return TensorView::strided(d.data(), DType::f32, {N, C}, {C, 1}); };
+          rmsnorm_forward(v(xs), w.data(), 1e-5, v(y));
+          rmsnorm_backward(v(xs), w.data(), 1e-5, v(dys), v(dx), dw.data());
+          return std::vector<std::vector<float>>{y, dx, dw};
+        },
+        "rmsnorm N=" + std::to_string(N));
+  }
+}
+
+TEST(Determinism, CrossEntropyIsBitIdenticalAtAnyThreadCount) {
+  const int64_t R = 1001, V = 259;
+  const std::vector<float> logits = random_vec(R * V, 21, 3.0f), weights = random_vec(R, 22);
+  std::vector<int32_t> targets(R);
+  for (int64_t r = 0; r < R; ++r) targets[r] = static_cast<int32_t>((r * 97) % V);
+  expect_same_at_every_thread_count(
+      [&] {
+        std::vector<float> z = logits, dz(R * V);
+        const TensorView zv = TensorView::strided(z.data(), DType::f32, {R, V}, {V, 1});
+        const TensorView dzv = TensorView::strided(dz.data(), DType::f32, {R, V}, {V, 1});
+        const double loss = cross_entropy(zv, targets.data(), weights.data(), 0.5f, &dzv);
+        std::vector<float> loss_bits(2);
+        std::memcpy(loss_bits.data(), &loss, sizeof loss);  // the double's bits
+        return std::vector<std::vector<float>>{loss_bits, dz};
+      },
+      "cross_entropy");
+}
+
+TEST(Determinism, EmbeddingBackwardIsBitIdenticalAtAnyThreadCount) {
+  const int64_t n = 1001, C = 333, vocab = 50;
+  const std::vector<float> dout = random_vec(n * C, 31), table0 = random_vec(vocab * C, 32, 0.1f);
+  std::vector<int32_t> tokens(n);
+  for (int64_t t = 0; t < n; ++t) tokens[t] = static_cast<int32_t>((t * 7) % vocab);
+  expect_same_at_every_thread_count(
+      [&] {
+        std::vector<float> d = dout, table = table0;
+        embedding_backward(tokens.data(), n, TensorView::strided(d.data(), DType::f32, {n, C}, {C, 1}),
+                           table.data(), vocab);
+        return std::vector<std::vector<float>>{table};
+      },
+      "embedding_backward");
+}
