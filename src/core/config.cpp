@@ -215,6 +215,29 @@ const ConfigKey* find_key(const std::string& name) {
                     "'? (configs/base.yml lists every key)");
 }
 
+// Well-formed UTF-8 (no overlong forms, surrogates or code points past
+// U+10FFFF). Other bytes cannot be written back by to_yaml() (the emitter
+// replaces them), so a checkpoint's run_config.yml would differ from the run.
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    // n continuation bytes follow the lead byte
+    const int n = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xe ? 2 : (c >> 3) == 0x1e ? 3 : -1;
+    if (n < 0) return false;
+    uint32_t cp = n == 0 ? c : c & (0x3f >> n);
+    for (int k = 1; k <= n; ++k) {
+      if (i + k >= s.size()) return false;
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 0x2) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    static const uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += static_cast<size_t>(n) + 1;
+  }
+  return true;
+}
+
 // Converts a YAML scalar to the type of the key's default.
 ConfigValue convert(const ConfigKey& key, const YAML::Node& node, const std::string& where) {
   auto fail = [&](const std::string& got) -> ConfigError {
@@ -231,6 +254,8 @@ ConfigValue convert(const ConfigKey& key, const YAML::Node& node, const std::str
       [&](const auto& def) -> ConfigValue {
         using T = std::decay_t<decltype(def)>;
         if constexpr (std::is_same_v<T, std::string>) {
+          if (!valid_utf8(text))
+            throw ConfigError(where + ": key '" + key.name + "' must be UTF-8 text (it holds other bytes)");
           return text;
         } else if constexpr (std::is_same_v<T, bool>) {
           bool b;

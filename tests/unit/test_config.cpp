@@ -217,6 +217,11 @@ TEST(Config, MalformedFilesNameTheFileAndRule) {
   // Was "yaml-cpp: bad conversion", without the file.
   e = load("base_list.yml", "base_config: [a, b]\n");
   EXPECT_NE(e.find("base_list.yml': base_config must be one file name"), std::string::npos) << e;
+  // Found by fuzzing: bytes that are not UTF-8 loaded, but to_yaml() wrote
+  // them back changed (the run_config.yml of a checkpoint differed).
+  e = load("utf8.yml", "dataset_path: \xff\xfe/data\n");
+  EXPECT_NE(e.find("utf8.yml: key 'dataset_path' must be UTF-8 text"), std::string::npos) << e;
+  EXPECT_EQ(load("utf8_ok.yml", "run_name: caf\xc3\xa9-\xf0\x9f\x99\x82\n"), "");
   fs::create_directories(t.path / "model" / "toy.yml");
   e = load("model_dir.yml", "model_name: toy\n");
   EXPECT_NE(e.find("toy.yml' is a directory"), std::string::npos) << e;
