@@ -1,7 +1,5 @@
 #include "core/config.h"
 
-#include "core/checked.h"
-
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -10,6 +8,8 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+
+#include "core/checked.h"
 
 namespace longctx {
 

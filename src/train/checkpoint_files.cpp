@@ -9,8 +9,6 @@
 #include <limits>
 #include <sstream>
 
-#include "core/checked.h"
-
 namespace longctx {
 
 namespace fs = std::filesystem;

@@ -27,6 +27,9 @@ put("config", "valid_plain", "steps: 3\ndataset_type: synthetic\nmax_target_leng
 put("config", "valid_usp", "base_config: base.yml\ncontext_parallel_strategy: usp\nici_context_parallelism: 4\n"
     "ici_context_usp_ulysses_parallelism: 2\nici_data_parallelism: 2\nmax_target_length: 64\n"
     "dataset_type: synthetic\nsteps: 1\n#~~\nlearning_rate: 0.5\n")
+put("config", "valid_overrides", "steps: 3\ndataset_type: synthetic\n#~~\n\n#~~\n\n#~~\n"
+    "max_target_length=64\nici_context_parallelism=4\ncontext_parallel_strategy=ulysses\nrun_name=x")
+put("config", "broken_override", "steps: 3\n#~~\n\n#~~\n\n#~~\nsteps\nnum_threads=[1]\ndevice_memory_budget=1e300GiB")
 put("config", "broken_unclosed_quote", 'run_name: "abc\nsteps: 3\n')
 put("config", "broken_duplicate_key", "steps: 3\nsteps: 4\n")
 put("config", "broken_base_list", "base_config: [a, b]\n")
