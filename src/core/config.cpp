@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <sstream>
+
+#include "core/checked.h"
 
 namespace longctx {
 
@@ -186,7 +189,8 @@ int64_t parse_bytes(const std::string& text) {
     try {
       size_t used = 0;
       double v = std::stod(number, &used);
-      if (used == number.size() && v >= 0) return static_cast<int64_t>(std::llround(v * scale));
+      // Below 2^63: llround of anything larger is undefined (1e300GiB read as negative).
+      if (used == number.size() && v >= 0 && v * scale < 9.2e18) return static_cast<int64_t>(std::llround(v * scale));
     } catch (const std::exception&) {
     }
     break;
@@ -213,6 +217,29 @@ const ConfigKey* find_key(const std::string& name) {
                     "'? (configs/base.yml lists every key)");
 }
 
+// Well-formed UTF-8 (no overlong forms, surrogates or code points past
+// U+10FFFF). Other bytes cannot be written back by to_yaml() (the emitter
+// replaces them), so a checkpoint's run_config.yml would differ from the run.
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    // n continuation bytes follow the lead byte
+    const int n = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xe ? 2 : (c >> 3) == 0x1e ? 3 : -1;
+    if (n < 0) return false;
+    uint32_t cp = n == 0 ? c : c & (0x3f >> n);
+    for (int k = 1; k <= n; ++k) {
+      if (i + k >= s.size()) return false;
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 0x2) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    static const uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += static_cast<size_t>(n) + 1;
+  }
+  return true;
+}
+
 // Converts a YAML scalar to the type of the key's default.
 ConfigValue convert(const ConfigKey& key, const YAML::Node& node, const std::string& where) {
   auto fail = [&](const std::string& got) -> ConfigError {
@@ -229,6 +256,8 @@ ConfigValue convert(const ConfigKey& key, const YAML::Node& node, const std::str
       [&](const auto& def) -> ConfigValue {
         using T = std::decay_t<decltype(def)>;
         if constexpr (std::is_same_v<T, std::string>) {
+          if (!valid_utf8(text))
+            throw ConfigError(where + ": key '" + key.name + "' must be UTF-8 text (it holds other bytes)");
           return text;
         } else if constexpr (std::is_same_v<T, bool>) {
           bool b;
@@ -258,16 +287,76 @@ struct Layer {
   std::vector<std::pair<std::string, YAML::Node>> entries;
 };
 
-YAML::Node load_yaml_file(const fs::path& path) {
-  if (!fs::exists(path)) throw ConfigError("config file '" + path.string() + "' does not exist");
-  try {
-    YAML::Node root = YAML::LoadFile(path.string());
-    if (root.IsNull()) return YAML::Node(YAML::NodeType::Map);
-    if (!root.IsMap()) throw ConfigError("config file '" + path.string() + "' must be a YAML map of key: value");
-    return root;
-  } catch (const YAML::Exception& e) {
-    throw ConfigError("config file '" + path.string() + "' is not valid YAML: " + e.what());
+// The file must be a regular file: a directory "exists" too, and reading one
+// gave a misleading error.
+void require_regular_file(const fs::path& path, const std::string& what) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) throw ConfigError(what + " '" + path.string() + "' does not exist");
+  if (fs::is_directory(st)) throw ConfigError(what + " '" + path.string() + "' is a directory, not a YAML file");
+  if (!fs::is_regular_file(st)) throw ConfigError(what + " '" + path.string() + "' is not a regular file");
+}
+
+// yaml-cpp 0.7 reads an unclosed quote to the end of the file as one string
+// ("a: \"x\nb: 1" is a = "x b: 1"), silently swallowing every key after it.
+// A quoted scalar starts at its mark with the quote: find its end as YAML does.
+bool quote_closed(const std::string& text, size_t pos) {
+  const char q = text[pos];
+  for (size_t i = pos + 1; i < text.size(); ++i) {
+    if (q == '"' && text[i] == '\\') {
+      ++i;  // an escape: the next character never ends the string
+    } else if (text[i] == q) {
+      if (q == '\'' && i + 1 < text.size() && text[i + 1] == '\'') {
+        ++i;  // '' is a quote inside a single-quoted string
+        continue;
+      }
+      return true;
+    }
   }
+  return false;
+}
+
+void check_quote(const YAML::Node& node, const std::string& text, const fs::path& path) {
+  if (!node.IsScalar() || node.Tag() != "!") return;  // "!": a quoted or block scalar
+  const size_t pos = node.Mark().pos;
+  if (pos < text.size() && (text[pos] == '"' || text[pos] == '\'') && !quote_closed(text, pos))
+    throw ConfigError("config file '" + path.string() + "' line " + std::to_string(node.Mark().line + 1) +
+                      ": unclosed quote (" + text[pos] + ") runs to the end of the file");
+}
+
+// The entries of a config file in order: a map of unique plain keys to values.
+std::vector<std::pair<std::string, YAML::Node>> load_yaml_file(const fs::path& path) {
+  require_regular_file(path, "config file");
+  const std::string file = "config file '" + path.string() + "'";
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  if (!in) throw ConfigError(file + " cannot be read");
+  const std::string text = buf.str();
+  std::vector<std::pair<std::string, YAML::Node>> entries;
+  try {
+    YAML::Node root = YAML::Load(text);
+    check_quote(root, text, path);
+    if (root.IsNull()) return entries;
+    if (!root.IsMap()) throw ConfigError(file + " must be a YAML map of key: value");
+    std::map<std::string, int> line_of;  // key -> line it first appeared on
+    for (const auto& kv : root) {
+      check_quote(kv.first, text, path);
+      check_quote(kv.second, text, path);
+      const int line = kv.first.Mark().line + 1;
+      if (!kv.first.IsScalar())
+        throw ConfigError(file + " line " + std::to_string(line) + ": a key must be a plain name, not a list or map");
+      const std::string key = kv.first.Scalar();
+      // yaml-cpp keeps both; the later one silently won.
+      if (const auto [it, fresh] = line_of.emplace(key, line); !fresh)
+        throw ConfigError(file + " line " + std::to_string(line) + ": duplicate key '" + key +
+                          "' (first set on line " + std::to_string(it->second) + ")");
+      entries.emplace_back(key, kv.second);
+    }
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(file + " is not valid YAML: " + e.what());
+  }
+  return entries;
 }
 
 // The base_config chain, root first. `root_dir` receives the directory of the
@@ -277,19 +366,26 @@ void load_chain(const fs::path& path, std::vector<Layer>& layers, std::set<std::
   std::string canon = fs::weakly_canonical(path).string();
   if (!seen.insert(canon).second)
     throw ConfigError("config file '" + path.string() + "': base_config forms a cycle");
-  YAML::Node root = load_yaml_file(path);
   Layer layer{path.string(), {}};
   std::string base;
-  for (const auto& kv : root) {
-    std::string key = kv.first.as<std::string>();
+  for (auto& [key, value] : load_yaml_file(path)) {
     if (key == "base_config") {
-      base = kv.second.as<std::string>();
+      // null or "" = no base
+      if (!value.IsNull() && !value.IsScalar())
+        throw ConfigError("config file '" + path.string() + "': base_config must be one file name, not a list or map");
+      if (value.IsScalar()) base = value.Scalar();
       continue;
     }
-    layer.entries.emplace_back(key, kv.second);
+    layer.entries.emplace_back(key, value);
   }
   if (!base.empty()) {
-    load_chain(path.parent_path() / base, layers, seen, root_dir);
+    const fs::path base_path = path.parent_path() / base;
+    try {
+      require_regular_file(base_path, "base_config");
+    } catch (const ConfigError& e) {
+      throw ConfigError("config file '" + path.string() + "': " + e.what());
+    }
+    load_chain(base_path, layers, seen, root_dir);
   } else {
     root_dir = path.parent_path();
   }
@@ -433,9 +529,7 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
     if (!fs::exists(model_path))
       throw ConfigError("model_name '" + model_name + "': no model file '" + model_path.string() +
                         "' (model files live in configs/model/)");
-    Layer model{model_path.string(), {}};
-    for (const auto& kv : load_yaml_file(model_path))
-      model.entries.emplace_back(kv.first.as<std::string>(), kv.second);
+    Layer model{model_path.string(), load_yaml_file(model_path)};
     apply_layer(model, values, sources);
   }
   apply_layer(cmdline, values, sources);
@@ -500,15 +594,18 @@ void validate_config(RunConfig& c, int64_t world) {
   require(c.cp >= 1, "ici_context_parallelism must be >= 1 (got " + str(c.cp) + ")");
   require(c.tp >= 1, "ici_tensor_parallelism must be >= 1 (got " + str(c.tp) + ")");
   require(c.dp >= 1 || c.dp == -1, "ici_data_parallelism must be >= 1 or -1 (fill), got " + str(c.dp));
+  // Products of config sizes are checked: 4611686018427387904 * 4 wrapped to 0.
+  const int64_t cp_tp = checked_mul(c.cp, c.tp, "ici_context_parallelism * ici_tensor_parallelism");
   if (c.dp == -1) {
-    require(world % (c.cp * c.tp) == 0,
+    require(world % cp_tp == 0,
             "ici_data_parallelism=-1 needs the world size (" + str(world) +
-                ") divisible by ici_context_parallelism * ici_tensor_parallelism (" + str(c.cp * c.tp) + ")");
-    c.dp = world / (c.cp * c.tp);
+                ") divisible by ici_context_parallelism * ici_tensor_parallelism (" + str(cp_tp) + ")");
+    c.dp = world / cp_tp;
   }
-  require(c.dp * c.cp * c.tp == world,
+  const int64_t mesh = checked_mul(c.dp, cp_tp, "ici_data_parallelism * ici_context_parallelism * ici_tensor_parallelism");
+  require(mesh == world,
           "ici_data_parallelism * ici_context_parallelism * ici_tensor_parallelism = " + str(c.dp) + " * " +
-              str(c.cp) + " * " + str(c.tp) + " = " + str(c.dp * c.cp * c.tp) +
+              str(c.cp) + " * " + str(c.tp) + " = " + str(mesh) +
               " must equal the number of ranks (" + str(world) + ")");
 
   // ---- strategy
@@ -530,6 +627,11 @@ void validate_config(RunConfig& c, int64_t world) {
   require(m.vocab_size >= 1 && m.d_model >= 1 && m.num_heads >= 1 && m.num_kv_heads >= 1 &&
               m.head_dim >= 2 && m.mlp_dim >= 1 && m.num_layers >= 1,
           "model dimensions (vocab_size, base_emb_dim, heads, head_dim, base_mlp_dim, layers) must be positive");
+  // Every size derived from the shape must fit int64: the parameter count
+  // (checked inside), its bytes (weights, gradients, AdamW moments: 16 per
+  // parameter), and the per-head widths the projections use.
+  checked_mul(m.num_heads, m.head_dim, "base_num_query_heads * head_dim");
+  checked_mul(parameters_per_tp_rank(m, 1), 16, "the model's bytes (parameters * 16: weights, gradients, moments)");
   require(m.head_dim % 2 == 0, "head_dim must be even (RoPE rotates halves), got " + str(m.head_dim));
   require(m.num_heads % m.num_kv_heads == 0,
           "base_num_query_heads (" + str(m.num_heads) + ") must be divisible by base_num_kv_heads (" +
@@ -566,11 +668,17 @@ void validate_config(RunConfig& c, int64_t world) {
                                                ") must be divisible by ici_context_parallelism (" + str(c.cp) + ")");
   if (c.cp_load_balance && c.cp > 1) {
     // zigzag (src/cp/layout.h): 2 * ring chunks; ring rank i holds chunks i and 2R-1-i.
-    require(c.max_target_length % (2 * c.ring()) == 0,
+    require(c.max_target_length % checked_mul(2, c.ring(), "2 * ring") == 0,
             "context_parallel_load_balance (zigzag) needs max_target_length (" + str(c.max_target_length) +
                 ") divisible by 2 * ring (ring = ici_context_parallelism / ulysses = " + str(c.ring()) + ")");
   }
   require(c.per_device_batch_size >= 1, "per_device_batch_size must be >= 1");
+  // The largest activation, the logits of a replica's batch (and the data's
+  // 2 * max_target_length), must have a size that fits int64.
+  checked_mul(checked_mul(checked_mul(c.per_device_batch_size, c.max_target_length,
+                                      "per_device_batch_size * max_target_length"),
+                          m.vocab_size, "per_device_batch_size * max_target_length * vocab_size"),
+              4, "the logits' bytes (per_device_batch_size * max_target_length * vocab_size * 4)");
 
   // ---- data
   const DatasetType d = c.dataset_type;
@@ -594,7 +702,7 @@ void validate_config(RunConfig& c, int64_t world) {
   if (c.shard_optimizer_over_data) {
     // Each of the dp x cp replicas owns a contiguous piece of at least one element.
     const int64_t tp_params = parameters_per_tp_rank(m, c.tp);
-    require(tp_params >= c.dp * c.cp,
+    require(tp_params >= c.dp * c.cp,  // <= the world size: no overflow
             "shard_optimizer_over_data needs at least one parameter per replica (dp * cp = " + str(c.dp * c.cp) +
                 ", parameters per tp rank = " + str(tp_params) + ")");
   }

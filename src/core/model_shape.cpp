@@ -1,5 +1,7 @@
 #include "core/model_shape.h"
 
+#include "core/checked.h"
+
 namespace longctx {
 
 std::array<int64_t, 2> ParameterSpec::local_shape(int64_t tp) const {
@@ -8,7 +10,7 @@ std::array<int64_t, 2> ParameterSpec::local_shape(int64_t tp) const {
 
 int64_t ParameterSpec::local_elements(int64_t tp) const {
   const auto [r, c] = local_shape(tp);
-  return r * (c == 0 ? 1 : c);
+  return checked_mul(r, c == 0 ? 1 : c, "the elements of parameter '" + name + "' (rows * cols)");
 }
 
 std::vector<ParameterSpec> parameter_table(const LlamaConfig& c) {
@@ -33,9 +35,19 @@ std::vector<ParameterSpec> parameter_table(const LlamaConfig& c) {
 }
 
 int64_t parameters_per_tp_rank(const LlamaConfig& c, int64_t tp) {
-  int64_t n = 0;
-  for (const ParameterSpec& s : parameter_table(c)) n += s.local_elements(tp);
-  return n;
+  // Layers are alike: count the table without layers and one layer, then
+  // multiply (base_num_decoder_layers comes from the config: 10^15 layers is
+  // an overflow error, not a 10^15-entry table). Every sum and product checked.
+  auto count = [&](int64_t layers) {
+    LlamaConfig one = c;
+    one.num_layers = layers;
+    int64_t n = 0;
+    for (const ParameterSpec& s : parameter_table(one)) n = checked_add(n, s.local_elements(tp), "the parameter count");
+    return n;
+  };
+  const int64_t outer = count(0), layer = count(1) - outer;
+  return checked_add(outer, checked_mul(layer, c.num_layers, "the parameter count (per layer * base_num_decoder_layers)"),
+                     "the parameter count");
 }
 
 int64_t LlamaConfig::num_parameters() const { return parameters_per_tp_rank(*this, 1); }

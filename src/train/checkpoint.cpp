@@ -23,22 +23,6 @@ namespace longctx {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-uint32_t crc32(const void* data, size_t bytes, uint32_t crc) {
-  static const auto table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  const auto* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  for (size_t i = 0; i < bytes; ++i) crc = table[(crc ^ p[i]) & 0xffu] ^ (crc >> 8);
-  return ~crc;
-}
-
 namespace {
 
 std::function<void(const char*)>& fault_hook() {
@@ -58,15 +42,6 @@ int injected(const char* op, const fs::path& p) { return io_fault() ? io_fault()
 [[noreturn]] void io_error(const char* op, const fs::path& p, int err) {
   throw DataError(std::string("checkpoint I/O: ") + op + " of '" + p.string() + "' failed: " + std::strerror(err) +
                   (err == ENOSPC || err == EDQUOT ? " (disk full: free space or point checkpoint_dir elsewhere)" : ""));
-}
-
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw DataError("checkpoint file '" + p.string() + "' cannot be read");
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) throw DataError("checkpoint file '" + p.string() + "' cannot be read (I/O error)");
-  return s.str();
 }
 
 void fsync_path(const fs::path& p) {
@@ -119,59 +94,6 @@ bool exchange_dirs(const fs::path& a, const fs::path& b) {
   if (!err) err = errno;
   if (err == EINVAL || err == ENOSYS || err == ENOTSUP) return false;
   io_error("rename (exchange)", a.string() + "' and '" + b.string(), err);
-}
-
-std::string safetensors_bytes(const std::vector<std::pair<std::string, const HostTensor*>>& tensors) {
-  json header = json::object();
-  header["__metadata__"] = {{"format", "pt"}};
-  size_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    size_t bytes = t->data.size() * sizeof(float);
-    header[name] = {{"dtype", "F32"}, {"shape", t->shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string h = header.dump();
-  h.append((8 - h.size() % 8) % 8, ' ');  // data starts 8-byte aligned
-  uint64_t n = h.size();
-  std::string out(8, '\0');
-  std::memcpy(out.data(), &n, 8);
-  out += h;
-  out.reserve(out.size() + offset);
-  for (const auto& [name, t] : tensors)
-    out.append(reinterpret_cast<const char*>(t->data.data()), t->data.size() * sizeof(float));
-  return out;
-}
-
-std::map<std::string, HostTensor> parse_safetensors(const std::string& bytes, const std::string& what) {
-  auto bad = [&](const std::string& why) { return DataError("checkpoint file '" + what + "': " + why); };
-  if (bytes.size() < 8) throw bad("too short for a safetensors header");
-  uint64_t n;
-  std::memcpy(&n, bytes.data(), 8);
-  if (n > bytes.size() - 8) throw bad("header length exceeds the file");
-  json header;
-  try {
-    header = json::parse(bytes.substr(8, n));
-  } catch (const json::exception& e) {
-    throw bad(std::string("header is not JSON: ") + e.what());
-  }
-  const size_t data_start = 8 + n, data_bytes = bytes.size() - data_start;
-  std::map<std::string, HostTensor> out;
-  for (const auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
-    if (info.value("dtype", "") != "F32") throw bad("tensor '" + name + "' is not F32");
-    HostTensor t;
-    t.shape = info.at("shape").get<std::vector<int64_t>>();
-    auto off = info.at("data_offsets").get<std::vector<size_t>>();
-    int64_t numel = 1;
-    for (int64_t d : t.shape) numel *= d;
-    if (off.size() != 2 || off[1] < off[0] || off[1] > data_bytes ||
-        off[1] - off[0] != static_cast<size_t>(numel) * sizeof(float))
-      throw bad("tensor '" + name + "' has inconsistent data offsets");
-    t.data.resize(static_cast<size_t>(numel));
-    std::memcpy(t.data.data(), bytes.data() + data_start + off[0], off[1] - off[0]);
-    out.emplace(name, std::move(t));
-  }
-  return out;
 }
 
 // The full tensor of a TP-sharded view (collective over tp).
@@ -240,9 +162,6 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return t + "]";
 }
 
-const char* kFiles[] = {"model.safetensors", "config.json", "optimizer.safetensors", "train_state.json",
-                        "run_config.yml"};
-
 void remove_stale(const fs::path& dir);
 // ".step_N.tmp" / ".step_N.trash": hidden, so never taken for a checkpoint.
 std::string hidden_name(const std::string& name, const char* suffix) {
@@ -255,10 +174,6 @@ void prune_older_than(const fs::path& dir, int64_t keep, int64_t verified);
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, const HostTensor*>>& tensors) {
   write_durable(path, safetensors_bytes(tensors));
-}
-
-std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
-  return parse_safetensors(read_all(path), path);
 }
 
 std::string hf_config_json(const LlamaConfig& c, int64_t max_position_embeddings) {
@@ -413,18 +328,6 @@ void set_checkpoint_io_fault(std::function<int(const char*, const std::string&)>
   io_fault() = std::move(fault);
 }
 
-std::optional<int64_t> checkpoint_step_from_name(const std::string& name) {
-  // Digits only (no sign, no spaces) and within int64: atoll took any prefix
-  // and saturated, so "step_99999999999999999999999" looked like the newest.
-  if (name.size() <= 5 || name.compare(0, 5, "step_") != 0) return std::nullopt;
-  const char *b = name.data() + 5, *e = name.data() + name.size();
-  if (!std::all_of(b, e, [](char ch) { return ch >= '0' && ch <= '9'; })) return std::nullopt;
-  int64_t step = 0;
-  const auto [end, ec] = std::from_chars(b, e, step);
-  if (ec != std::errc() || end != e) return std::nullopt;
-  return step;
-}
-
 namespace {
 
 // Complete checkpoints (step_N with a MANIFEST.json) by step, oldest first.
@@ -473,39 +376,6 @@ void prune_older_than(const fs::path& dir, int64_t keep, int64_t verified) {
   }
 }
 
-// Every file of a checkpoint, checked against MANIFEST.json; `bad` makes the error.
-template <typename Bad>
-std::map<std::string, std::string> read_verified(const fs::path& dir, json& manifest, const Bad& bad) {
-  try {
-    manifest = json::parse(read_all(dir / "MANIFEST.json"));
-  } catch (const json::exception& e) {
-    throw bad(std::string("MANIFEST.json is not valid JSON: ") + e.what());
-  }
-  std::map<std::string, std::string> files;
-  try {
-    for (const char* f : kFiles) {
-      if (!manifest.contains("files") || !manifest["files"].contains(f))
-        throw bad(std::string("MANIFEST.json does not list ") + f);
-      if (!fs::exists(dir / f)) throw bad(std::string("file ") + f + " is missing");
-      std::string bytes = read_all(dir / f);
-      const auto& rec = manifest["files"][f];
-      if (bytes.size() != rec.at("bytes").get<size_t>())
-        throw bad(std::string(f) + " has " + std::to_string(bytes.size()) + " bytes, the manifest says " +
-                  std::to_string(rec.at("bytes").get<size_t>()));
-      if (crc32(bytes.data(), bytes.size()) != rec.at("crc32").get<uint32_t>())
-        throw bad(std::string(f) + " fails its CRC-32 check (corrupt)");
-      files[f] = std::move(bytes);
-    }
-  } catch (const json::exception& e) {
-    throw bad(std::string("MANIFEST.json is malformed: ") + e.what());
-  }
-  return files;
-}
-
-DataError refused(const std::string& path, const std::string& why) {
-  return DataError("checkpoint '" + path + "' refused: " + why + " (delete it to start over, or fix checkpoint_dir)");
-}
-
 }  // namespace
 
 std::string latest_checkpoint(const std::string& checkpoint_dir) {
@@ -515,7 +385,7 @@ std::string latest_checkpoint(const std::string& checkpoint_dir) {
 
 void verify_checkpoint(const std::string& path) {
   json manifest;
-  read_verified(path, manifest, [&](const std::string& why) { return refused(path, why); });
+  read_verified_files(path, manifest);
 }
 
 std::string latest_valid_checkpoint(const std::string& checkpoint_dir, std::FILE* warn) {
@@ -548,14 +418,14 @@ void prune_checkpoints(const std::string& checkpoint_dir, int64_t keep) {
 }
 
 TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& optimizer) {
-  const fs::path dir(path);
-  auto bad = [&](const std::string& why) { return refused(path, why); };
-  // 1. Every file present, of the recorded size and checksum.
-  json manifest;
-  std::map<std::string, std::string> files = read_verified(dir, manifest, bad);
-  // 2. Everything parsed and matched against the model.
-  auto weights = parse_safetensors(files["model.safetensors"], (dir / "model.safetensors").string());
-  auto moments = parse_safetensors(files["optimizer.safetensors"], (dir / "optimizer.safetensors").string());
+  auto bad = [&](const std::string& why) { return checkpoint_refused(path, why); };
+  // 1. Every file present, of the recorded size and checksum, and parsed
+  // (train_state.json's fields in range, its step that of the manifest and
+  // the directory).
+  CheckpointFiles files = read_checkpoint_files(path);
+  const auto& weights = files.weights;
+  const auto& moments = files.moments;
+  // 2. Matched against the model.
   const auto& params = model.parameters();
   if (weights.size() != params.size())
     throw bad("it holds " + std::to_string(weights.size()) + " weight tensors, the model has " +
@@ -573,12 +443,7 @@ TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& op
   }
   // The model config: tensor shapes alone accept 4 heads x 16 as 2 x 32, or
   // another RoPE theta; every key that changes what the weights mean must match.
-  json saved_cfg;
-  try {
-    saved_cfg = json::parse(files["config.json"]);
-  } catch (const json::exception& e) {
-    throw bad(std::string("config.json is not valid JSON: ") + e.what());
-  }
+  const json& saved_cfg = files.hf_config;
   const json want_cfg = json::parse(hf_config_json(model.config(), 0));
   static const std::pair<const char*, const char*> kModelKeys[] = {
       {"vocab_size", "vocab_size"}, {"hidden_size", "base_emb_dim"}, {"intermediate_size", "base_mlp_dim"},
@@ -588,43 +453,13 @@ TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& op
       {"rope_scaling", "rope_use_scaling / rope_*_factor / rope_original_max_position"},
       {"tie_word_embeddings", "logits_via_embedding"}};
   for (const auto& [key, ours] : kModelKeys) {
-    const json got = saved_cfg.is_object() && saved_cfg.contains(key) ? saved_cfg[key] : json("(missing)");
+    const json got = saved_cfg.contains(key) ? saved_cfg[key] : json("(missing)");
     if (got != want_cfg[key])
       throw bad("config.json: model key '" + std::string(key) + "' (" + ours + ") is " + got.dump() +
                 " in the checkpoint but " + want_cfg[key].dump() + " in this run (another model shape)");
   }
-  json st;
-  try {
-    st = json::parse(files["train_state.json"]);
-  } catch (const json::exception& e) {
-    throw bad(std::string("train_state.json is not valid JSON: ") + e.what());
-  }
-  // Every field checked: data_cursor = -1 indexed before the data, 2^63-1
-  // overflowed the next cursor, step = -100 trained from a negative step.
-  // 2^53 steps or sequences are beyond any run and keep all arithmetic exact.
-  constexpr int64_t kMaxCount = int64_t(1) << 53;
-  auto field = [&](const char* key, int64_t max) -> int64_t {
-    const std::string where = "train_state.json field '" + std::string(key) + "'";
-    if (!st.is_object() || !st.contains(key)) throw bad(where + " is missing");
-    const json& v = st[key];
-    if (!v.is_number_integer()) throw bad(where + " must be an integer, got " + v.dump());
-    if ((v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max)) ||
-        (!v.is_number_unsigned() && (v.get<int64_t>() < 0 || v.get<int64_t>() > max)))
-      throw bad(where + " = " + v.dump() + " is outside [0, " + std::to_string(max) + "]");
-    return v.get<int64_t>();
-  };
-  TrainState state;
-  state.step = field("step", kMaxCount);
-  state.data_cursor = field("data_cursor", kMaxCount);
-  state.init_weights_seed = field("init_weights_seed", std::numeric_limits<int64_t>::max());
-  const int64_t optimizer_step = field("optimizer_step", state.step);  // AdamW steps once per training step at most
-  const json manifest_step = manifest.is_object() && manifest.contains("step") ? manifest["step"] : json();
-  if (manifest_step != json(state.step))
-    throw bad("train_state.json field 'step' = " + std::to_string(state.step) + " differs from MANIFEST.json's step " +
-              manifest_step.dump());
-  const auto named = checkpoint_step_from_name(dir.filename().string());
-  if (named && *named != state.step)
-    throw bad("train_state.json field 'step' = " + std::to_string(state.step) + " differs from the directory name");
+  const TrainState state = files.train.state;
+  const int64_t optimizer_step = files.train.optimizer_step;
   // 3. Only now touch the model and optimizer.
   // The moments: this tp rank's shards, then only this replica's piece of them.
   const float* flat = model.flat_parameters().data();

@@ -36,17 +36,12 @@
 
 #include "core/config.h"
 #include "model/llama.h"
+#include "train/checkpoint_files.h"
 #include "train/optimizer.h"
 
 namespace longctx {
 
 class Mesh;
-
-struct TrainState {
-  int64_t step = 0;           // optimizer steps completed
-  int64_t data_cursor = 0;    // sequences consumed (global)
-  int64_t init_weights_seed = 0;  // the only RNG state: init and synthetic data are pure functions of it
-};
 
 // Collective over the world (every rank calls it); world rank 0 writes. A
 // sharded optimizer's (ZeRO-1) moment pieces are gathered over the replicas
@@ -73,10 +68,6 @@ void verify_checkpoint(const std::string& path);
 // save_checkpoint calls it with max_num_checkpoints_to_keep after each save.
 void prune_checkpoints(const std::string& checkpoint_dir, int64_t keep);
 
-// The step of a checkpoint directory name "step_<digits>" that fits int64;
-// nullopt for anything else (such directories are ignored).
-std::optional<int64_t> checkpoint_step_from_name(const std::string& name);
-
 // ---- test seams (nullptr/empty: off) -----------------------------------------------
 // Called at each named point of the save / re-save / prune protocol
 // ("files-written", "verified", "renamed", "resave-exchanged", "resave-aside",
@@ -95,16 +86,9 @@ void set_checkpoint_io_fault(std::function<int(const char* op, const std::string
 // tensors do not match the model's names and shapes.
 TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& optimizer);
 
-// ---- building blocks (exposed for tests) -----------------------------------------
-uint32_t crc32(const void* data, size_t bytes, uint32_t crc = 0);
-
-struct HostTensor {
-  std::vector<int64_t> shape;
-  std::vector<float> data;
-};
-// fp32 safetensors with {"format": "pt"} metadata.
+// ---- building blocks (exposed for tests; the readers in train/checkpoint_files.h) ----
+// fp32 safetensors with {"format": "pt"} metadata, written durably.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, const HostTensor*>>& tensors);
-std::map<std::string, HostTensor> read_safetensors(const std::string& path);
 
 // HF config.json text for this model shape.
 std::string hf_config_json(const LlamaConfig& config, int64_t max_position_embeddings);

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace longctx {
@@ -53,9 +54,6 @@ uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-constexpr char kTokenMagic[8] = {'L', 'C', 'T', 'X', 'T', 'O', 'K', '1'};
-constexpr size_t kTokenHeaderBytes = 32;
-
 }  // namespace
 
 Corpus load_text_corpus(const std::string& path, const std::string& separator) {
@@ -89,65 +87,12 @@ Corpus load_text_corpus(const std::string& path, const std::string& separator) {
   return c;
 }
 
-void write_token_file(const std::string& path, const Corpus& corpus, int64_t vocab_size, int32_t eos_id) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw DataError("cannot write '" + path + "'");
-  char header[kTokenHeaderBytes] = {};
-  std::memcpy(header, kTokenMagic, 8);
-  uint32_t version = 1, vocab = static_cast<uint32_t>(vocab_size), eos = static_cast<uint32_t>(eos_id);
-  uint64_t n = corpus.tokens.size();
-  std::memcpy(header + 8, &version, 4);
-  std::memcpy(header + 12, &vocab, 4);
-  std::memcpy(header + 16, &eos, 4);
-  std::memcpy(header + 24, &n, 8);
-  out.write(header, sizeof header);
-  std::vector<uint32_t> ids(corpus.tokens.begin(), corpus.tokens.end());
-  out.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 4));
-  if (!out) throw DataError("writing '" + path + "' failed");
-}
-
-Corpus load_token_file(const std::string& path, int64_t vocab_size) {
-  if (!fs::is_regular_file(path)) throw DataError("token file '" + path + "' does not exist");
-  std::string bytes = read_file(path);
-  auto bad = [&](const std::string& why) { return DataError("token file '" + path + "': " + why); };
-  if (bytes.size() < kTokenHeaderBytes || std::memcmp(bytes.data(), kTokenMagic, 8) != 0)
-    throw bad("not a longctx token file (magic 'LCTXTOK1' missing)");
-  uint32_t version, vocab, eos;
-  uint64_t n;
-  std::memcpy(&version, bytes.data() + 8, 4);
-  std::memcpy(&vocab, bytes.data() + 12, 4);
-  std::memcpy(&eos, bytes.data() + 16, 4);
-  std::memcpy(&n, bytes.data() + 24, 8);
-  if (version != 1) throw bad("format version " + std::to_string(version) + " is not supported (expected 1)");
-  if (n == 0) throw bad("holds no tokens");
-  if ((bytes.size() - kTokenHeaderBytes) / 4 != n || (bytes.size() - kTokenHeaderBytes) % 4 != 0)
-    throw bad("header says " + std::to_string(n) + " ids but the file has " +
-              std::to_string(bytes.size() - kTokenHeaderBytes) + " bytes after the header (truncated or corrupt)");
-  if (vocab > vocab_size)
-    throw bad("made for vocab size " + std::to_string(vocab) + ", larger than the model's vocab_size " +
-              std::to_string(vocab_size));
-  if (eos >= vocab) throw bad("EOS id " + std::to_string(eos) + " is outside its vocab " + std::to_string(vocab));
-  Corpus c;
-  c.pad_id = static_cast<int32_t>(eos);
-  c.tokens.resize(n);
-  c.doc_offsets.push_back(0);
-  const char* p = bytes.data() + kTokenHeaderBytes;
-  for (uint64_t i = 0; i < n; ++i) {
-    uint32_t id;
-    std::memcpy(&id, p + 4 * i, 4);
-    if (id >= vocab_size)
-      throw bad("id " + std::to_string(id) + " at index " + std::to_string(i) + " is >= vocab_size " +
-                std::to_string(vocab_size));
-    c.tokens[i] = static_cast<int32_t>(id);
-    if (id == eos || i + 1 == n) c.doc_offsets.push_back(static_cast<int64_t>(i + 1));
-  }
-  return c;
-}
-
 Corpus synthetic_corpus(uint64_t seed, int64_t max_target_length, int64_t num_documents) {
   Corpus c;
   c.doc_offsets.push_back(0);
-  const int64_t lo = std::max<int64_t>(1, max_target_length / 4), hi = 2 * max_target_length;
+  const int64_t lo = std::max<int64_t>(1, max_target_length / 4),
+                hi = checked_mul(2, max_target_length, "2 * max_target_length (synthetic document length)");
+  check_shape(hi >= lo, "synthetic_corpus: max_target_length must be >= 1");
   for (int64_t d = 0; d < num_documents; ++d) {
     uint64_t h = mix(seed * 0x100000001b3ull + static_cast<uint64_t>(d));
     int64_t len = lo + static_cast<int64_t>(h % static_cast<uint64_t>(hi - lo + 1));
@@ -172,6 +117,9 @@ Corpus load_corpus(const RunConfig& config) {
 Dataset::Dataset(Corpus corpus, int64_t max_target_length, bool packing)
     : corpus_(std::move(corpus)), seq_len_(max_target_length), packing_(packing) {
   const int64_t S = seq_len_;
+  // S = 0 packed forever (pieces of no tokens); S + 1 must not wrap.
+  check_shape(S >= 1, "Dataset: max_target_length must be >= 1");
+  checked_add(S, 1, "max_target_length + 1");
   if (!packing_) {
     if (static_cast<int64_t>(corpus_.tokens.size()) < S + 1)
       throw DataError("the corpus has " + std::to_string(corpus_.tokens.size()) +

@@ -28,46 +28,20 @@
 #include "cp/layout.h"
 #include "kernels/attention.h"
 #include "model/llama.h"
+#include "train/token_file.h"
 
 namespace longctx {
 
-// ---- byte-level tokenizer ----------------------------------------------------
-constexpr int32_t kBosId = 256;
-constexpr int32_t kEosId = 257;
-constexpr int32_t kPadId = 258;
-constexpr int64_t kByteVocabSize = 259;
-
+// ---- byte-level tokenizer (ids in train/token_file.h) ---------------------------
 std::vector<int32_t> tokenize_bytes(std::string_view text);  // bytes only, no BOS/EOS
 std::string detokenize_bytes(const std::vector<int32_t>& ids);  // special ids dropped
 
-// ---- corpus --------------------------------------------------------------------
-struct Corpus {
-  std::vector<int32_t> tokens;        // every document, concatenated
-  std::vector<int64_t> doc_offsets;   // [num_documents + 1]
-  int32_t pad_id = kPadId;            // input id of padding slots (binary files: their EOS)
-  int64_t num_documents() const { return static_cast<int64_t>(doc_offsets.size()) - 1; }
-};
-
+// ---- corpus (Corpus and the binary token file: train/token_file.h) ------------
 // A text file, or a directory whose regular files (sorted by name, hidden
 // files skipped) are the documents. A non-empty separator splits each file
 // into several documents; empty pieces are dropped. DataError when the path
 // is missing or no document has any byte.
 Corpus load_text_corpus(const std::string& path, const std::string& separator);
-
-// Pre-tokenized binary file, little-endian, 32-byte header:
-//   bytes 0..7   magic "LCTXTOK1"
-//   bytes 8..11  uint32 format version (1)
-//   bytes 12..15 uint32 vocab size the ids were made for
-//   bytes 16..19 uint32 EOS id (ends every document; also the input of padding slots)
-//   bytes 20..23 uint32 reserved (0)
-//   bytes 24..31 uint64 number of ids n
-//   then n uint32 ids, documents separated by (ending with) EOS.
-// DataError on a bad magic/version, a size that does not match n, n == 0,
-// or an id >= vocab_size (the model's).
-Corpus load_token_file(const std::string& path, int64_t vocab_size);
-// Writes the corpus (each document should end with eos_id).
-void write_token_file(const std::string& path, const Corpus& corpus, int64_t vocab_size,
-                      int32_t eos_id = kEosId);
 
 // Random documents of random bytes (BOS + bytes + EOS), lengths in
 // [S/4, 2S], a function of seed only: for tests and benchmarks.

@@ -152,3 +152,76 @@ TEST(Checkpoint, LatestSkipsIncompleteDirectories) {
   EXPECT_EQ(latest_checkpoint(t.path.string()), five);
   EXPECT_EQ(latest_checkpoint((t.path / "nothing").string()), "");
 }
+
+// The safetensors reader's rules: each broken header is a DataError naming
+// the file and the rule (it accepted overlapping offsets; [2^31, 2^31] wrapped
+// numel * 4 into a bare vector::_M_default_append; a non-object header or a
+// wrong JSON type gave nlohmann's message without the file).
+TEST(Checkpoint, SafetensorsHeadersAreChecked) {
+  // 8-byte length, the header, then `data` bytes of data section.
+  auto file = [](const std::string& header, size_t data) {
+    std::string out(8, '\0');
+    const uint64_t n = header.size();
+    std::memcpy(out.data(), &n, 8);
+    return out + header + std::string(data, '\0');
+  };
+  auto error = [&](const std::string& header, size_t data) {
+    return data_error([&] { parse_safetensors(file(header, data), "w.safetensors"); });
+  };
+  const std::string t4 = R"("dtype":"F32","shape":[1])";  // 4 bytes
+  EXPECT_EQ(error(R"({"a":{)" + t4 + R"(,"data_offsets":[0,4]},"b":{)" + t4 + R"(,"data_offsets":[4,8]}})", 8), "");
+  const std::pair<std::string, const char*> cases[] = {
+      {R"({"a":{)" + t4 + R"(,"data_offsets":[0,4]},"b":{)" + t4 + R"(,"data_offsets":[2,6]}})", "overlap"},
+      {R"({"a":{)" + t4 + R"(,"data_offsets":[0,4]},"b":{)" + t4 + R"(,"data_offsets":[0,4]}})", "overlap"},
+      {R"({"a":{)" + t4 + R"(,"data_offsets":[4,8]}})", "after a gap"},
+      {R"({"a":{)" + t4 + R"(,"data_offsets":[0,4]}})", "cover 4 of the data section's 8 bytes"},
+      {R"({"a":{)" + t4 + R"(,"data_offsets":[8,12]}})", "end past the data section"},
+      {R"({"a":{"dtype":"F32","shape":[2147483648,2147483648],"data_offsets":[0,8]}})",
+       "has more bytes than int64 holds"},
+      {R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})",
+       "has more bytes than int64 holds"},
+      {R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "needs 12"},
+      {R"([1, 2])", "the header must be a JSON object"},
+      {R"({"a":[1]})", "tensor 'a' must be a JSON object"},
+      {R"({"a":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})", "is not F32"},
+      {R"({"a":{"dtype":"F32","shape":"x","data_offsets":[0,4]}})", "shape must be an array"},
+      {R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", "non-negative integers"},
+      {R"({"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", "non-negative integers"},
+      {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,"4"]}})", "data_offsets must be [begin, end]"},
+      {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", "begin <= end"},
+      {R"({"__metadata__":3})", "__metadata__ must be a JSON object"},
+  };
+  for (const auto& [header, rule] : cases) {
+    const std::string e = error(header, 8);
+    EXPECT_NE(e.find("checkpoint file 'w.safetensors': "), std::string::npos) << header << " -> " << e;
+    EXPECT_NE(e.find(rule), std::string::npos) << header << " -> " << e;
+  }
+}
+
+// MANIFEST.json entries of the wrong JSON type were nlohmann's bare message,
+// and a crc32 above 2^32 was truncated; train_state.json that is not an object.
+TEST(Checkpoint, ManifestAndTrainStateTypesAreChecked) {
+  TempDir t;
+  for (const char* f : {"model.safetensors", "config.json", "optimizer.safetensors", "train_state.json",
+                        "run_config.yml"})
+    t.write(f, "x");
+  const std::string dir = t.path.string();
+  auto error = [&](const std::string& manifest) {
+    t.write("MANIFEST.json", manifest);
+    return data_error([&] { verify_checkpoint(dir); });
+  };
+  std::string e = error("[]");
+  EXPECT_NE(e.find("MANIFEST.json must be an object with a \"files\" object"), std::string::npos) << e;
+  e = error(R"({"files": {"model.safetensors": {"bytes": "1", "crc32": 0}}})");
+  EXPECT_NE(e.find("MANIFEST.json entry of model.safetensors must be"), std::string::npos) << e;
+  const uint32_t crc = crc32("x", 1);
+  e = error(R"({"files": {"model.safetensors": {"bytes": 1, "crc32": )" + std::to_string(crc + (uint64_t(1) << 32)) +
+            "}}}");
+  EXPECT_NE(e.find("an integer below 2^32"), std::string::npos) << e;
+  EXPECT_NE(e.find("checkpoint '" + dir + "' refused"), std::string::npos) << e;
+  e = data_error([] { parse_train_state("[1]", "s/train_state.json"); });
+  EXPECT_NE(e.find("checkpoint file 's/train_state.json': train_state.json must be a JSON object"),
+            std::string::npos) << e;
+  EXPECT_EQ(parse_train_state(R"({"step":3,"data_cursor":2,"init_weights_seed":1,"optimizer_step":3})", "x")
+                .optimizer_step, 3);
+}

@@ -185,3 +185,67 @@ TEST(Config, ValidationRulesNameTheRule) {
   validate_config(c, 8);
   EXPECT_EQ(c.dp, 4);
 }
+
+// Bad input files: each is a ConfigError naming the file and the rule.
+TEST(Config, MalformedFilesNameTheFileAndRule) {
+  TempDir t;
+  auto load = [&](const std::string& name, const std::string& text) {
+    const std::string p = t.write(name, text).string();
+    return error_of([&] { load_config(p); });
+  };
+  // yaml-cpp read an unclosed quote to the end, swallowing 'steps'.
+  std::string e = load("q.yml", "run_name: \"abc\nsteps: 3\n");
+  EXPECT_NE(e.find("q.yml' line 1: unclosed quote"), std::string::npos) << e;
+  e = load("q1.yml", "steps: 3\nrun_name: 'it''s\n");
+  EXPECT_NE(e.find("q1.yml' line 2: unclosed quote"), std::string::npos) << e;
+  EXPECT_EQ(load("ok.yml", "run_name: \"a \\\" b\"\ndataset_path: 'it''s'\n"), "");
+  // The later duplicate silently won.
+  e = load("dup.yml", "steps: 3\nlearning_rate: 1\nsteps: 4\n");
+  EXPECT_NE(e.find("dup.yml' line 3: duplicate key 'steps' (first set on line 1)"), std::string::npos) << e;
+  e = load("key.yml", "[a, b]: 3\n");
+  EXPECT_NE(e.find("key.yml' line 1: a key must be a plain name"), std::string::npos) << e;
+  // A directory "exists": it must be named as a directory.
+  fs::create_directories(t.path / "adir");
+  e = error_of([&] { load_config((t.path / "adir").string()); });
+  EXPECT_NE(e.find("adir' is a directory"), std::string::npos) << e;
+  e = load("base_dir.yml", "base_config: adir\n");
+  EXPECT_NE(e.find("base_dir.yml': base_config '"), std::string::npos) << e;
+  EXPECT_NE(e.find("adir' is a directory"), std::string::npos) << e;
+  e = load("base_missing.yml", "base_config: nothere.yml\n");
+  EXPECT_NE(e.find("base_missing.yml': base_config '"), std::string::npos) << e;
+  EXPECT_NE(e.find("nothere.yml' does not exist"), std::string::npos) << e;
+  // Was "yaml-cpp: bad conversion", without the file.
+  e = load("base_list.yml", "base_config: [a, b]\n");
+  EXPECT_NE(e.find("base_list.yml': base_config must be one file name"), std::string::npos) << e;
+  // Found by fuzzing: bytes that are not UTF-8 loaded, but to_yaml() wrote
+  // them back changed (the run_config.yml of a checkpoint differed).
+  e = load("utf8.yml", "dataset_path: \xff\xfe/data\n");
+  EXPECT_NE(e.find("utf8.yml: key 'dataset_path' must be UTF-8 text"), std::string::npos) << e;
+  EXPECT_EQ(load("utf8_ok.yml", "run_name: caf\xc3\xa9-\xf0\x9f\x99\x82\n"), "");
+  fs::create_directories(t.path / "model" / "toy.yml");
+  e = load("model_dir.yml", "model_name: toy\n");
+  EXPECT_NE(e.find("toy.yml' is a directory"), std::string::npos) << e;
+}
+
+// Products of config sizes overflowed silently: 4611686018427387904 * 4 printed "= 0".
+TEST(Config, SizeProductsAreOverflowChecked) {
+  auto rule = [](std::map<std::string, ConfigValue> v, int64_t world) {
+    v.emplace("dataset_type", std::string("synthetic"));
+    RunConfig c = config_from_values(v);
+    return error_of([&] { validate_config(c, world); });
+  };
+  using I = int64_t;
+  std::string e = rule({{"ici_data_parallelism", I(4611686018427387904)}, {"ici_context_parallelism", I(4)}}, 4);
+  EXPECT_NE(e.find("ici_data_parallelism * ici_context_parallelism * ici_tensor_parallelism overflows int64"),
+            std::string::npos) << e;
+  e = rule({{"ici_data_parallelism", I(-1)}, {"ici_context_parallelism", I(4611686018427387904)},
+            {"ici_tensor_parallelism", I(4)}}, 4);
+  EXPECT_NE(e.find("ici_context_parallelism * ici_tensor_parallelism overflows"), std::string::npos) << e;
+  e = rule({{"base_num_decoder_layers", I(1) << 60}}, 1);
+  EXPECT_NE(e.find("overflows int64"), std::string::npos) << e;
+  e = rule({{"vocab_size", I(1) << 40}, {"base_emb_dim", I(1) << 40}}, 1);
+  EXPECT_NE(e.find("overflows int64"), std::string::npos) << e;
+  e = rule({{"max_target_length", I(1) << 62}}, 1);
+  EXPECT_NE(e.find("per_device_batch_size * max_target_length * vocab_size overflows"), std::string::npos) << e;
+  EXPECT_THROW(parse_bytes("1e300GiB"), ConfigError);  // llround of it was undefined
+}

@@ -190,3 +190,38 @@ TEST(Data, ConfigSelectsTheCorpusAndMask) {
   EXPECT_FALSE(m.allows(10, 7));
   EXPECT_FALSE(m.allows(10, 11));
 }
+
+// The header's vocab bounds the ids (an id the tokenizer cannot have made is
+// corruption) and must itself fit the model; a directory is named as one.
+TEST(Data, TokenFileIdsAreCheckedAgainstItsOwnVocab) {
+  TempDir t;
+  Corpus c;
+  c.tokens = {1, 2, 150, 257};
+  c.doc_offsets = {0, 4};
+  const std::string small = (t.path / "small.bin").string();
+  write_token_file(small, c, /*vocab_size=*/100, /*eos_id=*/2);  // id 150 >= the file's vocab 100
+  std::string e = data_error([&] { load_token_file(small, 259); });
+  EXPECT_NE(e.find("small.bin': id 150 at index 2 is >= vocab_size 100 of the file's header"), std::string::npos) << e;
+  const std::string big = (t.path / "big.bin").string();
+  write_token_file(big, c, 300);
+  e = data_error([&] { load_token_file(big, 259); });
+  EXPECT_NE(e.find("big.bin': made for vocab size 300, larger than the model's vocab_size 259"), std::string::npos)
+      << e;
+  // A vocab above 2^31 turned ids negative in int32.
+  const std::string huge = (t.path / "huge.bin").string();
+  write_token_file(huge, c, int64_t(3) << 30);
+  e = data_error([&] { load_token_file(huge, int64_t(1) << 34); });
+  EXPECT_NE(e.find("huge.bin': header vocab size 3221225472 exceeds 2^31"), std::string::npos) << e;
+  fs::create_directories(t.path / "adir");
+  e = data_error([&] { load_token_file((t.path / "adir").string(), 259); });
+  EXPECT_NE(e.find("adir' is a directory"), std::string::npos) << e;
+  e = data_error([&] { load_token_file((t.path / "none.bin").string(), 259); });
+  EXPECT_NE(e.find("none.bin' does not exist"), std::string::npos) << e;
+}
+
+// 2 * max_target_length wrapped (signed overflow); S = 0 packed forever.
+TEST(Data, SizesAreOverflowChecked) {
+  EXPECT_THROW(synthetic_corpus(1, int64_t(1) << 62, 1), ConfigError);
+  EXPECT_THROW(Dataset(synthetic_corpus(1, 8, 2), INT64_MAX, false), ConfigError);
+  EXPECT_THROW(Dataset(synthetic_corpus(1, 8, 2), 0, true), ShapeError);
+}
