@@ -68,7 +68,7 @@ TEST(ConfigErrors, MemoryNeedIsCheckedBeforeAllocating) {
                             "/configs/base.yml dataset_type=synthetic ici_data_parallelism=2 ";
   expect_rule(train + "max_target_length=1000000000000", "per rank (predicted by the planner) but this host has");
   expect_rule(train + "device_memory_budget=1MiB", "but device_memory_budget is 1.00 MiB");
-  expect_rule(train + "max_target_length=4000000000000000 per_device_batch_size=1000000",
+  expect_rule(train + "max_target_length=1000000000000 base_emb_dim=10000000",
               "needs more than 4 EiB per rank");
 }
 
