@@ -9,18 +9,11 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "random_data.h"
 
 using namespace longctx;
 
 namespace {
-
-std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
 
 // max |a - b| / max |b| over finite entries; an infinity must match exactly.
 double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
