@@ -101,12 +101,12 @@ Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), m
   optimizer_ = std::make_unique<AdamW>(*model_, c, mesh_);
   state_.init_weights_seed = c.init_weights_seed;
 
-  // MFU denominator: the given peak, or this rank's fp32 GEMM rate now
+  // MFU denominator: the given peak, or this rank's GEMM rate now in the run's dtype
   // (all ranks measure at once, so shared cores count as shared), averaged.
   peak_tflops_ = c.peak_tflops_per_device;
   if (peak_tflops_ <= 0) {
     mesh_.world().barrier();  // measure together, not beside a peer's set-up
-    double gflops = measure_gemm_gflops(c.dtype, 1024, 0.3);  // in the run's dtype
+    double gflops = measure_gemm_gflops(c.dtype, 1024, 0.3);
     mesh_.world().all_reduce_sum(&gflops, 1);
     gflops /= mesh_.shape().world();
     peak_tflops_ = gflops / 1e3;
