@@ -155,6 +155,8 @@ const std::vector<ConfigKey>& config_keys() {
       {"peak_tflops_per_device", 0.0, "MFU denominator; 0 = measure fp32 GEMM at start-up", F(peak_tflops_per_device)},
       {"collective_timeout_seconds", I(600), "abort when a collective waits longer", F(collective_timeout_seconds)},
       {"num_threads", I(0), "OpenMP threads per rank; 0 = OpenMP default", F(num_threads)},
+      {"deterministic_across_thread_counts", false, "bit-identical at any num_threads (slower GEMMs)",
+       F(deterministic_across_thread_counts)},
   };
   return keys;
 }

@@ -117,6 +117,7 @@ struct RunConfig {
   double peak_tflops_per_device = 0;  // peak_tflops_per_device (0 = measure a GEMM at start-up)
   int64_t collective_timeout_seconds = 0;  // collective_timeout_seconds
   int64_t num_threads = 0;            // num_threads (0 = OpenMP default)
+  bool deterministic_across_thread_counts = false;  // thread-count-independent GEMM pieces
 
   // The ring factor of cp (the mesh's ring axis, src/comm/mesh.h): cp for
   // all_gather/ring/ulysses (their group is all of cp), cp / ulysses for usp.

@@ -86,6 +86,7 @@ ModelOptions model_options_from_config(const RunConfig& c, const Mesh& mesh) {
 Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), mesh_(mesh) {
   const RunConfig& c = config_;
   if (c.num_threads > 0) omp_set_num_threads(static_cast<int>(c.num_threads));
+  set_gemm_thread_count_independent(c.deterministic_across_thread_counts);
   MemoryTracker::global().set_budget(static_cast<size_t>(c.device_memory_budget));
   set_collective_timeout_seconds(static_cast<double>(c.collective_timeout_seconds));
   const MeshShape want = mesh_shape_from_config(c), got = mesh_.shape();

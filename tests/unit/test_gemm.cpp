@@ -97,3 +97,48 @@ TEST(GemmBf16, ConcurrentCallsMatchSerialOnes) {
   for (int64_t t = 0; t < int64_t(parallel.size()); ++t) run(problems[t % problems.size()], parallel[t]);
   for (size_t t = 0; t < parallel.size(); ++t) EXPECT_EQ(parallel[t], serial[t % problems.size()]) << t;
 }
+
+// gemm_f32 outside a parallel region, thread-count independent: the same bits at 1, 2 and 3 threads,
+// for both ways it cuts a product (rows of C; K chunks for a short C over a
+// long K, as the weight gradients are), and correct against float64.
+TEST(GemmF32, BitIdenticalAtAnyThreadCountAndCorrect) {
+  struct Shape { bool ta, tb; int64_t M, N, K; float beta; };
+  const std::vector<Shape> shapes = {{false, true, 1100, 96, 64, 0.0f},   // forward: rows of C
+                                     {false, false, 700, 64, 160, 1.0f},  // input gradient
+                                     {true, false, 96, 80, 5000, 1.0f},   // weight gradient: K chunks
+                                     {true, false, 300, 40, 4500, 0.5f},  // K chunks, beta scales C
+                                     {false, false, 3, 5, 7, 0.0f}};      // one piece
+  const int threads = omp_get_max_threads();
+  set_gemm_thread_count_independent(true);
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(testing::Message() << "ta=" << s.ta << " tb=" << s.tb << " " << s.M << "x" << s.N << "x" << s.K);
+    const int64_t lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> A(s.M * s.K), B(s.K * s.N), C0(s.M * s.N);
+    for (auto* v : {&A, &B, &C0})
+      for (float& x : *v) x = normal(rng);
+    std::vector<std::vector<float>> out;
+    for (int t : {1, 2, 3}) {
+      omp_set_num_threads(t);
+      std::vector<float> C = C0;
+      gemm_f32(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, s.beta, C.data(), s.N);
+      out.push_back(C);
+    }
+    omp_set_num_threads(threads);
+    EXPECT_TRUE(out[1] == out[0]) << "2 threads differ from 1";
+    EXPECT_TRUE(out[2] == out[0]) << "3 threads differ from 1";
+    double worst = 0;
+    for (int64_t i = 0; i < s.M; ++i)
+      for (int64_t j = 0; j < s.N; ++j) {
+        double exact = s.beta * double(C0[i * s.N + j]), magnitude = std::fabs(exact);
+        for (int64_t k = 0; k < s.K; ++k) {
+          const double p = double(s.ta ? A[k * lda + i] : A[i * lda + k]) * double(s.tb ? B[j * ldb + k] : B[k * ldb + j]);
+          exact += p, magnitude += std::fabs(p);
+        }
+        worst = std::max(worst, std::fabs(out[0][i * s.N + j] - exact) / ((s.K + 4) * std::ldexp(1.0, -23) * magnitude));
+      }
+    EXPECT_LE(worst, 1.0);
+  }
+  set_gemm_thread_count_independent(false);
+}
