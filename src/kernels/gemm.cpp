@@ -71,9 +71,11 @@ void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
   // (as many as threads: the wave only bounds the scratch, not the order).
   const int64_t wave = std::min<int64_t>(chunks, omp_get_max_threads());
   std::vector<float> partial(wave * M * N);  // oneDNN's own packing scratch is untracked too
+  if (beta != 1.0f) {
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t j = 0; j < N; ++j) C[r * ldc + j] = beta == 0.0f ? 0.0f : beta * C[r * ldc + j];
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t j = 0; j < N; ++j) C[r * ldc + j] = beta == 0.0f ? 0.0f : beta * C[r * ldc + j];
+  }
   for (int64_t first = 0; first < chunks; first += wave) {
     const int64_t count = std::min(wave, chunks - first);
 #pragma omp parallel for schedule(dynamic, 1)

@@ -3,24 +3,25 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "cp/layout.h"
 
 namespace longctx {
 
 std::vector<PositionRange> layout_ranges(LayoutKind layout, int64_t seq_len, int64_t parts,
                                          int64_t index) {
-  if (layout == LayoutKind::contiguous) {
-    if (seq_len % parts != 0)
-      throw ConfigError("contiguous layout: " + std::to_string(parts) +
-                        " ranks must divide the sequence length " + std::to_string(seq_len));
-    int64_t n = seq_len / parts;
-    return {{index * n, (index + 1) * n}};
+  const int64_t pieces = layout == LayoutKind::zigzag ? 2 * parts : parts;
+  if (seq_len % pieces != 0)
+    throw ConfigError(std::string(name_of(layout)) + " layout: " + std::to_string(pieces) +
+                      " pieces must divide the sequence length " + std::to_string(seq_len));
+  // The layout itself is ring_shard_index (src/cp/layout.h): a rank's tokens
+  // are one run of positions (contiguous) or two (zigzag).
+  const int64_t runs = pieces / parts, run = seq_len / pieces;
+  std::vector<PositionRange> out;
+  for (int64_t r = 0; r < runs; ++r) {
+    const int64_t begin = ring_shard_index(layout, seq_len, parts, index, r * run);
+    out.push_back({begin, begin + run});
   }
-  if (seq_len % (2 * parts) != 0)
-    throw ConfigError("zigzag layout: 2 x " + std::to_string(parts) +
-                      " chunks must divide the sequence length " + std::to_string(seq_len));
-  int64_t c = seq_len / (2 * parts);
-  int64_t j = 2 * parts - 1 - index;
-  return {{index * c, (index + 1) * c}, {j * c, (j + 1) * c}};
+  return out;
 }
 
 namespace {
