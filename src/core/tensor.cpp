@@ -2,6 +2,16 @@
 
 namespace longctx {
 
+void widen_bf16(const bf16* src, float* dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+void round_to_bf16(const float* src, bf16* dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16(src[i]);
+}
+
 TensorView::TensorView(void* d, DType t, std::initializer_list<int64_t> shp) : data(d), dtype(t) {
   check_shape(shp.size() <= kMaxRank, "tensor rank above kMaxRank");
   rank = static_cast<int>(shp.size());

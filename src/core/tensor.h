@@ -35,6 +35,10 @@ struct bf16 {
   }
 };
 
+// n values widened (exact) / rounded to nearest even; vectorisable loops.
+void widen_bf16(const bf16* src, float* dst, int64_t n);
+void round_to_bf16(const float* src, bf16* dst, int64_t n);
+
 constexpr int kMaxRank = 5;
 
 // A non-owning view. Strides are in elements; the last dimension is usually

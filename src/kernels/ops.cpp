@@ -24,10 +24,37 @@ void check_rows(const TensorView& t, int64_t rows, int64_t cols, const char* wha
   check_shape(t.rank == 2 && t.dim(0) == rows && t.dim(1) == cols && t.stride[1] == 1,
               std::string(what) + ": expected [" + std::to_string(rows) + "," +
                   std::to_string(cols) + "] with contiguous columns, got " + t.shape_string());
-  t.f32();  // dtype check
 }
 
 float* row(const TensorView& t, int64_t r) { return t.f32() + r * t.stride[0]; }
+
+// Rows of an fp32 or bf16 view, seen as fp32 by the math: an fp32 row is
+// used in place; a bf16 row is widened into a per-thread row buffer, and
+// written back rounded once, after the fp32 math (so bf16 activations cost
+// one rounding per op, and statistics stay fp32).
+class RowBuffers {
+ public:
+  RowBuffers(int64_t cols, int count) : cols_(cols), buf_(static_cast<size_t>(cols * count)) {}
+  // Row r of t for reading, as fp32 (buffer `slot` when t is bf16).
+  const float* read(const TensorView& t, int64_t r, int slot) {
+    if (t.dtype == DType::f32) return row(t, r);
+    float* b = buf_.data() + slot * cols_;
+    widen_bf16(static_cast<const bf16*>(t.data) + r * t.stride[0], b, cols_);
+    return b;
+  }
+  // Where to write row r of t: the row itself, or buffer `slot` until commit().
+  float* write(const TensorView& t, int64_t r, int slot) {
+    return t.dtype == DType::f32 ? row(t, r) : buf_.data() + slot * cols_;
+  }
+  void commit(const TensorView& t, int64_t r, int slot) {
+    if (t.dtype == DType::bf16)
+      round_to_bf16(buf_.data() + slot * cols_, static_cast<bf16*>(t.data) + r * t.stride[0], cols_);
+  }
+
+ private:
+  int64_t cols_;
+  std::vector<float> buf_;
+};
 
 // Reductions over rows use at most this many fixed chunks (enough to feed
 // the threads; their partials cost chunks x row width).
@@ -70,16 +97,21 @@ void rmsnorm_forward(const TensorView& x, const float* w, double eps, const Tens
   const int64_t N = x.dim(0), C = x.dim(1);
   check_rows(x, N, C, "rmsnorm x");
   check_rows(y, N, C, "rmsnorm y");
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < N; ++r) {
-    const float* xr = row(x, r);
-    float* yr = row(y, r);
-    float ss = 0.0f;
+#pragma omp parallel
+  {
+    RowBuffers io(C, 2);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const float* xr = io.read(x, r, 0);
+      float* yr = io.write(y, r, 1);
+      float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
-    for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
-    const float rstd = 1.0f / std::sqrt(ss / C + static_cast<float>(eps));
+      for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
+      const float rstd = 1.0f / std::sqrt(ss / C + static_cast<float>(eps));
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * rstd * w[c];
+      for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * rstd * w[c];
+      io.commit(y, r, 1);
+    }
   }
 }
 
@@ -89,17 +121,22 @@ void rmsnorm_backward(const TensorView& x, const float* w, double eps, const Ten
   check_rows(x, N, C, "rmsnorm x");
   check_rows(dy, N, C, "rmsnorm dy");
   check_rows(dx, N, C, "rmsnorm dx");
+  dy.f32();  // gradients of the residual stream are fp32
+  dx.f32();
   // dw partial sums per fixed chunk of rows (chunks depend on N only, never
   // on the thread count), each summed in row order, then added in chunk
   // order: bit-identical at any thread count.
   const int64_t rows_per_chunk = std::max<int64_t>(1, (N + kMaxRowChunks - 1) / kMaxRowChunks);
   const int64_t chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
   std::vector<float> dw_part(static_cast<size_t>(chunks) * C, 0.0f);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel
+  {
+  RowBuffers io(C, 1);
+#pragma omp for schedule(static)
   for (int64_t k = 0; k < chunks; ++k) {
     float* my_dw = dw_part.data() + static_cast<size_t>(k) * C;
     for (int64_t r = k * rows_per_chunk; r < std::min(N, (k + 1) * rows_per_chunk); ++r) {
-      const float* xr = row(x, r);
+      const float* xr = io.read(x, r, 0);
       const float* gr = row(dy, r);
       float* dxr = row(dx, r);
       float ss = 0.0f, gwx = 0.0f;
@@ -117,6 +154,7 @@ void rmsnorm_backward(const TensorView& x, const float* w, double eps, const Ten
         my_dw[c] += gr[c] * xr[c] * rstd;
       }
     }
+  }
   }
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < C; ++c)
@@ -168,7 +206,7 @@ void rope_apply(const TensorView& x, const float* cos, const float* sin, float s
   check_shape(x.rank == 3 && x.stride[2] == 1 && x.dim(2) % 2 == 0,
               "rope: expected [N, H, D] with contiguous even D, got " + x.shape_string());
   const int64_t N = x.dim(0), H = x.dim(1), half = x.dim(2) / 2;
-  float* base = x.f32();
+  float* base = x.f32();  // fp32: the model rotates GEMM outputs before any rounding
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t) {
     const float* c = cos + t * half;
@@ -201,13 +239,18 @@ void swiglu_forward(const TensorView& g, const TensorView& u, const TensorView& 
   check_rows(g, N, F, "swiglu g");
   check_rows(u, N, F, "swiglu u");
   check_rows(a, N, F, "swiglu a");
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < N; ++r) {
-    const float* gr = row(g, r);
-    const float* ur = row(u, r);
-    float* ar = row(a, r);
+#pragma omp parallel
+  {
+    RowBuffers io(F, 3);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const float* gr = io.read(g, r, 0);
+      const float* ur = io.read(u, r, 1);
+      float* ar = io.write(a, r, 2);
 #pragma omp simd
-    for (int64_t f = 0; f < F; ++f) ar[f] = gr[f] / (1.0f + exp_fast(-gr[f])) * ur[f];
+      for (int64_t f = 0; f < F; ++f) ar[f] = gr[f] / (1.0f + exp_fast(-gr[f])) * ur[f];
+      io.commit(a, r, 2);
+    }
   }
 }
 
@@ -219,19 +262,26 @@ void swiglu_backward(const TensorView& g, const TensorView& u, const TensorView&
   check_rows(da, N, F, "swiglu da");
   check_rows(dg, N, F, "swiglu dg");
   check_rows(du, N, F, "swiglu du");
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < N; ++r) {
-    const float* gr = row(g, r);
-    const float* ur = row(u, r);
-    const float* dar = row(da, r);
-    float* dgr = row(dg, r);
-    float* dur = row(du, r);
+#pragma omp parallel
+  {
+    // bf16 rows are widened before any is written: dg, du may alias g, u.
+    RowBuffers io(F, 5);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const float* gr = io.read(g, r, 0);
+      const float* ur = io.read(u, r, 1);
+      const float* dar = io.read(da, r, 2);
+      float* dgr = io.write(dg, r, 3);
+      float* dur = io.write(du, r, 4);
 #pragma omp simd
-    for (int64_t f = 0; f < F; ++f) {
-      const float x = gr[f], y = ur[f], d = dar[f];  // read all before writing (aliasing)
-      const float sig = 1.0f / (1.0f + exp_fast(-x));
-      dgr[f] = d * y * sig * (1.0f + x * (1.0f - sig));
-      dur[f] = d * x * sig;
+      for (int64_t f = 0; f < F; ++f) {
+        const float x = gr[f], y = ur[f], d = dar[f];  // read all before writing (aliasing)
+        const float sig = 1.0f / (1.0f + exp_fast(-x));
+        dgr[f] = d * y * sig * (1.0f + x * (1.0f - sig));
+        dur[f] = d * x * sig;
+      }
+      io.commit(dg, r, 3);
+      io.commit(du, r, 4);
     }
   }
 }
@@ -243,6 +293,8 @@ double cross_entropy(const TensorView& logits, const int32_t* targets, const flo
   const int64_t R = logits.dim(0), V = logits.dim(1);
   check_rows(logits, R, V, "cross_entropy logits");
   if (dlogits) check_rows(*dlogits, R, V, "cross_entropy dlogits");
+  logits.f32();  // the loss and its gradient are fp32 (logits come from an fp32-output GEMM)
+  if (dlogits) dlogits->f32();
   check_ids(targets, R, V, "target");
   // Per-row losses summed in row order afterwards: an OpenMP reduction would
   // add per-thread partials, in an order that depends on the thread count.
@@ -280,14 +332,20 @@ void embedding_forward(const int32_t* tokens, int64_t n, const float* table, int
   check_rows(out, n, C, "embedding out");
   check_ids(tokens, n, vocab, "token");
 #pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < n; ++t)
-    std::copy_n(table + static_cast<int64_t>(tokens[t]) * C, C, row(out, t));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* src = table + static_cast<int64_t>(tokens[t]) * C;
+    if (out.dtype == DType::f32)
+      std::copy_n(src, C, row(out, t));
+    else
+      round_to_bf16(src, static_cast<bf16*>(out.data) + t * out.stride[0], C);
+  }
 }
 
 void embedding_backward(const int32_t* tokens, int64_t n, const TensorView& dout, float* dtable,
                         int64_t vocab) {
   const int64_t C = dout.dim(1);
   check_rows(dout, n, C, "embedding dout");
+  dout.f32();
   check_ids(tokens, n, vocab, "token");
   // Each thread owns a slice of columns for every token: no races, and the
   // order of additions per element is the token order.
@@ -299,6 +357,46 @@ void embedding_backward(const int32_t* tokens, int64_t n, const TensorView& dout
       const float* src = row(dout, t);
       float* dst = dtable + static_cast<int64_t>(tokens[t]) * C;
       for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+    }
+  }
+}
+
+// ---- Precision boundaries ---------------------------------------------------------
+
+void convert(const TensorView& src, const TensorView& dst) {
+  const int64_t N = src.dim(0), C = src.dim(1);
+  check_rows(src, N, C, "convert src");
+  check_rows(dst, N, C, "convert dst");
+#pragma omp parallel
+  {
+    RowBuffers io(C, 1);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const float* in = io.read(src, r, 0);
+      if (dst.dtype == DType::f32)
+        std::copy_n(in, C, row(dst, r));
+      else
+        round_to_bf16(in, static_cast<bf16*>(dst.data) + r * dst.stride[0], C);
+    }
+  }
+}
+
+void residual_add(const TensorView& a, const TensorView& b, const TensorView& out) {
+  const int64_t N = a.dim(0), C = a.dim(1);
+  check_rows(a, N, C, "residual_add a");
+  check_rows(b, N, C, "residual_add b");
+  check_rows(out, N, C, "residual_add out");
+#pragma omp parallel
+  {
+    RowBuffers io(C, 3);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const float* ar = io.read(a, r, 0);
+      const float* br = io.read(b, r, 1);
+      float* o = io.write(out, r, 2);
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] = ar[c] + br[c];
+      io.commit(out, r, 2);
     }
   }
 }

@@ -3,8 +3,10 @@
 // each with a float64 naive reference beside it (ops_reference.cpp) that the
 // tests compare against on odd shapes.
 //
-// Activations are TensorViews so that bf16 can be added without changing the
-// model: today every view must be fp32 (ShapeError otherwise). 2-D views are
+// Activations are TensorViews, fp32 or bf16 (dtype: bfloat16): a bf16 input
+// is widened, the math runs in fp32 (norm statistics, SwiGLU, sums), and a
+// bf16 output is rounded once. Which views may be bf16 is said per op; the
+// others must be fp32 (ShapeError otherwise). 2-D views are
 // [rows, cols] with any row stride and contiguous columns, so the halves of a
 // fused projection output can be passed without copies.
 //
@@ -18,7 +20,7 @@
 namespace longctx {
 
 // ---- RMSNorm: y = x / sqrt(mean(x^2) + eps) * w -------------------------------
-// x, y, dy, dx [N, C]; w, dw [C].
+// x, y, dy, dx [N, C]; w, dw [C]. x and y may be bf16; dy, dx are fp32.
 void rmsnorm_forward(const TensorView& x, const float* w, double eps, const TensorView& y);
 // dx += d/dx, dw += d/dw.
 void rmsnorm_backward(const TensorView& x, const float* w, double eps, const TensorView& dy,
@@ -44,7 +46,7 @@ std::vector<double> rope_inv_freq(const RopeParams& p, int64_t head_dim);
 // cos, sin [n, D/2] for the given GLOBAL positions, angles computed in float64.
 void rope_table(const RopeParams& p, int64_t head_dim, const int64_t* positions, int64_t n,
                 float* cos, float* sin);
-// x [N, H, D] (strided rows and heads, contiguous D), rotated in place with
+// x [N, H, D] (strided rows and heads, contiguous D, fp32), rotated in place with
 // the table of its N rows. Backward applies the inverse rotation to dx in place.
 void rope_forward(const TensorView& x, const float* cos, const float* sin);
 void rope_backward(const TensorView& dx, const float* cos, const float* sin);
@@ -53,7 +55,7 @@ void rope_reference(const RopeParams& p, const TensorView& x, const int64_t* pos
                     bool inverse);
 
 // ---- SwiGLU: a = silu(g) * u ---------------------------------------------------
-// g, u, a, da, dg, du [N, F]. dg, du are written and may alias g, u.
+// g, u, a, da, dg, du [N, F], each fp32 or bf16. dg, du are written and may alias g, u.
 void swiglu_forward(const TensorView& g, const TensorView& u, const TensorView& a);
 void swiglu_backward(const TensorView& g, const TensorView& u, const TensorView& da,
                      const TensorView& dg, const TensorView& du);
@@ -71,8 +73,15 @@ double cross_entropy(const TensorView& logits, const int32_t* targets, const flo
 double cross_entropy_reference(const TensorView& logits, const int32_t* targets,
                                const float* weights, float grad_scale, const TensorView* dlogits);
 
+// ---- Precision boundaries (fp32 <-> bf16) ---------------------------------------
+// dst = src, [N, C] each fp32 or bf16 (bf16 dst: rounded to nearest even).
+void convert(const TensorView& src, const TensorView& dst);
+// out = a + b in fp32, each [N, C] fp32 or bf16; out may alias a or b.
+void residual_add(const TensorView& a, const TensorView& b, const TensorView& out);
+
 // ---- Token embedding --------------------------------------------------------------
 // table, dtable [V, C]; out, dout [n, C]; tokens in [0, V) (DataError otherwise).
+// out may be bf16 (rounded from the fp32 table); dout is fp32.
 void embedding_forward(const int32_t* tokens, int64_t n, const float* table, int64_t vocab,
                        const TensorView& out);
 // dtable += scatter of dout rows (deterministic: no atomics).

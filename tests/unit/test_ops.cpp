@@ -196,11 +196,141 @@ TEST(Ops, AdamWMatchesReferenceOverSteps) {
   EXPECT_LT(rel_err(v, v_ref), 1e-6);
 }
 
-TEST(Ops, Bf16ViewsAreRejectedUntilImplemented) {
-  std::vector<uint16_t> x(6);
+// ---- bf16 activations ----------------------------------------------------------
+// The reference runs in float64 on the exact values the bf16 inputs hold
+// (widened), so the only differences allowed are the fast op's fp32 math
+// (relative ~1e-6 of the row's scale) and ONE rounding of each bf16 output
+// to nearest even: |round(y) - y| <= u |y| with u = 2^-8 (bf16 keeps 8
+// significant bits). Bound per element: u |ref| + 1e-5 max|ref|. Truncating
+// instead of rounding (error up to 2u |y|), rounding twice, or rounding an
+// intermediate (the norm's statistics) breaks it on these sizes.
+namespace {
+constexpr double kBf16Unit = 1.0 / 256;
+
+struct Bf16Data {
+  std::vector<bf16> bits;
+  std::vector<float> widened;  // the exact values the bf16 tensor holds
+};
+Bf16Data random_bf16(size_t n, uint32_t seed, float scale = 1.0f) {
+  Bf16Data d;
+  for (float x : random_vec(n, seed, scale)) {
+    d.bits.push_back(bf16(x));
+    d.widened.push_back(static_cast<float>(d.bits.back()));
+  }
+  return d;
+}
+std::vector<float> widened(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  widen_bf16(v.data(), out.data(), static_cast<int64_t>(v.size()));
+  return out;
+}
+// Count of elements outside u |ref| + 1e-5 max|ref| (0 expected).
+int outside_bf16_bound(const std::vector<float>& got, const std::vector<float>& ref) {
+  double scale = 0.0;
+  for (float r : ref) scale = std::max(scale, std::abs(static_cast<double>(r)));
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::abs(static_cast<double>(got[i]) - ref[i]) > kBf16Unit * std::abs(ref[i]) + 1e-5 * scale) ++bad;
+  return bad;
+}
+TensorView bf16_view(std::vector<bf16>& v, int64_t rows, int64_t cols, int64_t ld) {
+  return TensorView::strided(v.data(), DType::bf16, {rows, cols}, {ld, 1});
+}
+}  // namespace
+
+TEST(OpsBf16, RmsnormBf16InOutMatchesReferenceWithinOneRounding) {
+  const int64_t N = 37, C = 53, ld = 61;
+  Bf16Data x = random_bf16(N * ld, 11, 3.0f);
+  auto w = random_vec(C, 12);
+  std::vector<bf16> y(N * ld);
+  std::vector<float> y_ref(N * ld);
+  rmsnorm_forward(bf16_view(x.bits, N, C, ld), w.data(), 1e-5, bf16_view(y, N, C, ld));
+  rmsnorm_forward_reference(view2(x.widened, N, C, ld), w.data(), 1e-5, view2(y_ref, N, C, ld));
+  std::vector<float> got = widened(y);
+  for (int64_t r = 0; r < N; ++r)  // padding columns are untouched: compare the [N, C] part
+    for (int64_t c = C; c < ld; ++c) got[r * ld + c] = y_ref[r * ld + c] = 0.0f;
+  EXPECT_EQ(outside_bf16_bound(got, y_ref), 0);
+
+  // Backward from a bf16 x: dx, dw are fp32 and only see fp32 rounding.
+  auto dy = random_vec(N * ld, 13), dx = random_vec(N * ld, 14), dw = random_vec(C, 15);
+  auto dx_ref = dx, dw_ref = dw;
+  rmsnorm_backward(bf16_view(x.bits, N, C, ld), w.data(), 1e-5, view2(dy, N, C, ld), view2(dx, N, C, ld), dw.data());
+  rmsnorm_backward_reference(view2(x.widened, N, C, ld), w.data(), 1e-5, view2(dy, N, C, ld),
+                             view2(dx_ref, N, C, ld), dw_ref.data());
+  EXPECT_LT(rel_err(dx, dx_ref), 1e-5);
+  EXPECT_LT(rel_err(dw, dw_ref), 1e-5);
+}
+
+TEST(OpsBf16, SwigluBf16InPlaceMatchesReferenceWithinOneRounding) {
+  const int64_t N = 29, F = 45, ld = 2 * F;  // gate | up halves of one bf16 buffer, as in the model
+  Bf16Data gu = random_bf16(N * ld, 21, 2.0f);
+  TensorView g = bf16_view(gu.bits, N, F, ld), u = TensorView::strided(gu.bits.data() + F, DType::bf16, {N, F}, {ld, 1});
+  std::vector<bf16> a(N * F);
+  std::vector<float> a_ref(N * F);
+  swiglu_forward(g, u, bf16_view(a, N, F, F));
+  swiglu_forward_reference(view2(gu.widened, N, F, ld), view2(gu.widened, N, F, ld, F), view2(a_ref, N, F, F));
+  EXPECT_EQ(outside_bf16_bound(widened(a), a_ref), 0);
+
+  // da fp32 (a GEMM output); dg, du written over g, u in bf16.
+  auto da = random_vec(N * F, 22);
+  std::vector<float> dgu_ref(N * ld);
+  swiglu_backward_reference(view2(gu.widened, N, F, ld), view2(gu.widened, N, F, ld, F), view2(da, N, F, F),
+                            view2(dgu_ref, N, F, ld, 0), view2(dgu_ref, N, F, ld, F));
+  swiglu_backward(g, u, view2(da, N, F, F), g, u);
+  EXPECT_EQ(outside_bf16_bound(widened(gu.bits), dgu_ref), 0);
+}
+
+TEST(OpsBf16, ConvertResidualAddAndEmbeddingRoundOnce) {
+  const int64_t N = 23, C = 37, ld = 41;
+  auto src = random_vec(N * ld, 31, 5.0f);
+  std::vector<bf16> dst(N * ld);
+  convert(view2(src, N, C, ld), bf16_view(dst, N, C, ld));
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      const float x = src[r * ld + c], y = static_cast<float>(dst[r * ld + c]);
+      ASSERT_LE(std::abs(y - x), kBf16Unit * std::abs(x)) << r << "," << c;
+      // Nearest: neither bf16 neighbour of y (the adjacent bit patterns) is closer to x.
+      bf16 up = dst[r * ld + c], down = up;
+      ++up.bits;
+      --down.bits;
+      ASSERT_LE(std::abs(y - x), std::abs(static_cast<float>(up) - x));
+      ASSERT_LE(std::abs(y - x), std::abs(static_cast<float>(down) - x));
+    }
+  std::vector<float> back(N * ld, 0.0f);
+  convert(bf16_view(dst, N, C, ld), view2(back, N, C, ld));  // widening is exact
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t c = 0; c < C; ++c) ASSERT_EQ(back[r * ld + c], static_cast<float>(dst[r * ld + c]));
+
+  // x2 = x (bf16) + o (fp32), stored bf16: one rounding of the exact fp32 sum.
+  Bf16Data x = random_bf16(N * C, 32);
+  auto o = random_vec(N * C, 33, 0.1f);
+  std::vector<bf16> x2(N * C);
+  std::vector<float> sum(N * C);
+  for (int64_t i = 0; i < N * C; ++i) sum[i] = x.widened[i] + o[i];
+  residual_add(bf16_view(x.bits, N, C, C), view2(o, N, C, C), bf16_view(x2, N, C, C));
+  EXPECT_EQ(outside_bf16_bound(widened(x2), sum), 0);
+  for (int64_t i = 0; i < N * C; ++i) ASSERT_EQ(x2[i].bits, bf16(sum[i]).bits);
+
+  const int64_t V = 11;
+  auto table = random_vec(V * C, 34);
+  std::vector<int32_t> tok(N);
+  for (int64_t t = 0; t < N; ++t) tok[t] = static_cast<int32_t>((t * 7) % V);
+  std::vector<bf16> emb(N * C);
+  embedding_forward(tok.data(), N, table.data(), V, bf16_view(emb, N, C, C));
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t c = 0; c < C; ++c) ASSERT_EQ(emb[t * C + c].bits, bf16(table[tok[t] * C + c]).bits);
+}
+
+TEST(OpsBf16, Fp32OnlyOperandsRejectBf16) {
+  std::vector<bf16> x(6);
   std::vector<float> w(3, 1.0f), y(6);
-  EXPECT_THROW(rmsnorm_forward(TensorView(x.data(), DType::bf16, {2, 3}), w.data(), 1e-5,
-                               TensorView(y.data(), DType::f32, {2, 3})),
+  // rmsnorm's dy/dx are gradients of the fp32 residual stream.
+  EXPECT_THROW(rmsnorm_backward(TensorView(y.data(), DType::f32, {2, 3}), w.data(), 1e-5,
+                                TensorView(x.data(), DType::bf16, {2, 3}), TensorView(y.data(), DType::f32, {2, 3}),
+                                w.data()),
+               ShapeError);
+  std::vector<int32_t> t = {0, 1};
+  EXPECT_THROW(cross_entropy(TensorView(x.data(), DType::bf16, {2, 3}), t.data(), nullptr, 1.0f, nullptr),
                ShapeError);
 }
 
