@@ -111,7 +111,8 @@ const std::vector<ConfigKey>& config_keys() {
       {"rope_original_max_position", I(8192), "Llama 3.1 original context", F(model.rope_original_max_position)},
       {"normalization_layer_epsilon", 1e-5, "RMSNorm epsilon", F(model.norm_eps)},
       {"logits_via_embedding", false, "tie the LM head to the embedding", F(model.tie_embeddings)},
-      {"dtype", S("float32"), "activation dtype (float32 only today)", ENUM(dtype)},
+      {"dtype", S("float32"), "activations and matmul inputs: float32 | bfloat16 (fp32 accumulation)", ENUM(dtype)},
+      {"weight_dtype", S("float32"), "master weights and AdamW moments: float32 (always)", ENUM(weight_dtype)},
       {"remat_policy", S("full"), "none|minimal|save_context|full|custom", ENUM(remat_policy)},
       {"decoder_layer_input", S("device"), "custom remat: device (save) | remat", SAVE(decoder_layer_input)},
       {"qkv_proj", S("remat"), "custom remat: device (save) | remat", SAVE(qkv_proj)},
@@ -652,8 +653,9 @@ void validate_config(RunConfig& c, int64_t world) {
                                           ") divisible by the ulysses degree (" + str(u) +
                                           ") or dividing it (KV heads replicated)");
   }
-  require(c.dtype == DType::f32,
-          "dtype must be float32 (bf16 compute is not implemented yet), got '" + std::string(name_of(c.dtype)) + "'");
+  require(c.weight_dtype == DType::f32,
+          "weight_dtype must be float32: master weights, gradients and AdamW moments stay fp32 (dtype: bfloat16 "
+          "sets the compute precision), got '" + std::string(name_of(c.weight_dtype)) + "'");
   c.save_set();  // ConfigError when a custom policy does not keep the layer input
 
   // ---- attention

@@ -70,7 +70,8 @@ struct RunConfig {
   // ---- model
   std::string model_name;             // model_name (configs/model/<name>.yml; "" = keys below)
   LlamaConfig model;                  // base_emb_dim, base_num_query_heads, ...
-  DType dtype = DType::f32;            // dtype (float32 only today)
+  DType dtype = DType::f32;            // dtype: activations and matmul inputs
+  DType weight_dtype = DType::f32;     // weight_dtype: master weights (float32 only)
   RematPolicy remat_policy = RematPolicy::full;  // remat_policy
   // custom remat: true = save ("device"), false = recompute ("remat"), in
   // SavePoint order: decoder_layer_input, qkv_proj, context, out_proj, mlpwi, mlpwo.

@@ -60,10 +60,21 @@ struct Workspace {
   size_t bytes = 0;
   int64_t loss_rows = 0;  // rows of one loss chunk
   std::array<std::vector<Buffer>, kNumActivations> bufs;
+  std::array<DType, kNumActivations> dtype{};
 
-  float* at(Activation a, int64_t layer = 0) const {
+  void* at(Activation a, int64_t layer = 0) const {
     const std::vector<Buffer>& v = bufs[static_cast<int>(a)];
-    return v[v.size() > 1 ? layer : 0].as<float>();
+    return v[v.size() > 1 ? layer : 0].data();
+  }
+  float* f32(Activation a, int64_t layer = 0) const {
+    check_shape(dtype[static_cast<int>(a)] == DType::f32, "model: an fp32 buffer was expected");
+    return static_cast<float*>(at(a, layer));
+  }
+  // Rows [r0, r0 + rows) of the buffer seen as [*, cols], in its dtype.
+  TensorView rows(Activation a, int64_t layer, int64_t cols, int64_t r0, int64_t rows) const {
+    const DType t = dtype[static_cast<int>(a)];
+    char* base = static_cast<char*>(at(a, layer)) + r0 * cols * static_cast<int64_t>(dtype_size(t));
+    return TensorView(base, t, {rows, cols});
   }
   size_t size(Activation a) const { return bufs[static_cast<int>(a)][0].size(); }
 };
@@ -78,8 +89,10 @@ struct LlamaModel::Impl {
   KernelImpl impl;
   MaskSpec mask;
   int64_t loss_chunk_rows;
+  DType dtype;  // activations and GEMM operands
 
   Buffer param_buf, grad_buf;  // flat, [total]
+  Buffer compute_weights;      // bf16 copy of param_buf (dtype bf16 only), same offsets
   int64_t total = 0;
   struct LayerIdx { int attn_norm, q, o, mlp_norm, gate, down; };
   std::vector<LayerIdx> layer;  // indices into params_/grads_ (k, v follow q; up follows gate)
@@ -104,18 +117,18 @@ struct LlamaModel::Impl {
   }
 
   // ---- layer pieces (forward; backward reuses them to recompute) ----
-  void attention_args(const float* qkv, AttentionArgs& a) const;
+  // q, k, v views of a fused [N, qkv_cols] buffer of dtype t.
+  void attention_args(void* qkv, DType t, AttentionArgs& a) const;
 };
 
-void LlamaModel::Impl::attention_args(const float* qkv, AttentionArgs& a) const {
+void LlamaModel::Impl::attention_args(void* qkv, DType t, AttentionArgs& a) const {
   const int64_t B = batch->batch, S = batch->seq_local;
-  float* base = const_cast<float*>(qkv);
+  char* base = static_cast<char*>(qkv);
+  const int64_t e = static_cast<int64_t>(dtype_size(t));
   // Strided views straight out of the fused projection: no transposes.
-  a.q = TensorView::strided(base, DType::f32, {B, S, Hl, D}, {S * qkv_cols, qkv_cols, D, 1});
-  a.k = TensorView::strided(base + Hl * D, DType::f32, {B, S, Gl, D},
-                            {S * qkv_cols, qkv_cols, D, 1});
-  a.v = TensorView::strided(base + (Hl + Gl) * D, DType::f32, {B, S, Gl, D},
-                            {S * qkv_cols, qkv_cols, D, 1});
+  a.q = TensorView::strided(base, t, {B, S, Hl, D}, {S * qkv_cols, qkv_cols, D, 1});
+  a.k = TensorView::strided(base + Hl * D * e, t, {B, S, Gl, D}, {S * qkv_cols, qkv_cols, D, 1});
+  a.v = TensorView::strided(base + (Hl + Gl) * D * e, t, {B, S, Gl, D}, {S * qkv_cols, qkv_cols, D, 1});
   a.q_pos = a.kv_pos = batch->positions;
   a.q_seg = a.kv_seg = batch->segments;
   a.mask = mask;
@@ -170,6 +183,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
   m.impl = options.impl;
   m.mask = options.mask;
   m.loss_chunk_rows = options.loss_chunk_rows;
+  m.dtype = options.dtype;
   // Local tokens in, local tokens out: the strategy hides the cp group
   // (with cp == 1 it is the kernel itself).
   m.attention = make_cp_attention(options.cp_strategy, *m.mesh, options.cp_options);
@@ -194,6 +208,8 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
   m.total = parameters_per_tp_rank(c, tp);
   m.param_buf = Buffer(MemCategory::parameters, "model parameters", m.total * 4);
   m.grad_buf = Buffer(MemCategory::gradients, "model gradients", m.total * 4);
+  if (const int64_t bytes = compute_weight_copy_bytes(m.total, m.dtype))
+    m.compute_weights = Buffer(MemCategory::parameters, "bf16 compute copy of the parameters", bytes);
   int64_t offset = 0;
   for (const ParameterSpec& s : specs) {
     const auto [r, k] = s.local_shape(tp);
@@ -276,92 +292,122 @@ struct Step {
   const Batch& b;
   int64_t N;
 
-  float* param(int i) const { return P[i].local.f32(); }
+  bool bf16_compute() const { return m.dtype == DType::bf16; }
+  float* param(int i) const { return P[i].local.f32(); }  // fp32 master (norms, embedding lookup)
   float* grad(int i) const { return Gr[i].local.f32(); }
-  float* x(int64_t l) const { return w.at(Activation::x, l); }
+  // Weight i as a GEMM operand: its bf16 copy (same offset) or the master.
+  const void* weight(int i) const {
+    if (!bf16_compute()) return param(i);
+    const int64_t offset = param(i) - m.param_buf.as<float>();
+    return m.compute_weights.as<bf16>() + offset;
+  }
+  // Activation a of layer l as [N, cols] (or rows [r0, r0 + rows)), in its dtype.
+  TensorView act(Activation a, int64_t l, int64_t cols) const { return w.rows(a, l, cols, 0, N); }
+  const void* ptr(Activation a, int64_t l = 0) const { return w.at(a, l); }
+  TensorView x(int64_t l) const { return act(Activation::x, l, m.d); }
+  // Where an fp32 GEMM output goes before its consumer: the activation
+  // itself (fp32 compute) or the fp32 staging buffer (bf16 compute: it is
+  // then rotated, reduced over tp and/or rounded into the activation).
+  float* gemm_out(Activation a, int64_t l) const {
+    return bf16_compute() ? w.f32(Activation::matmul_out) : w.f32(a, l);
+  }
+  // An fp32 gradient [N, cols] as a GEMM operand: itself, or its bf16 copy.
+  const void* grad_operand(float* g, int64_t cols) const {
+    if (!bf16_compute()) return g;
+    convert(mat(g, N, cols), act(Activation::grad_operand, 0, cols));
+    return ptr(Activation::grad_operand);
+  }
 
   template <typename F>
   void elementwise(F&& f) {
     ProfileScope p(m.profile.elementwise);
     f();
   }
-  void matmul(bool ta, bool tb, int64_t M, int64_t Nc, int64_t K, float alpha, const float* A,
-              int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  // C (fp32) = alpha op(A) op(B) + beta C; A and B in the compute dtype.
+  void matmul(bool ta, bool tb, int64_t M, int64_t Nc, int64_t K, float alpha, const void* A,
+              int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     ProfileScope p(m.profile.matmul);
-    gemm_f32(ta, tb, M, Nc, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (bf16_compute())
+      gemm_bf16(ta, tb, M, Nc, K, alpha, static_cast<const bf16*>(A), lda, static_cast<const bf16*>(B), ldb,
+                beta, C, ldc);
+    else
+      gemm_f32(ta, tb, M, Nc, K, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B), ldb,
+               beta, C, ldc);
   }
 
   void norm1(int64_t l) {
     ProfileScope p(m.profile.elementwise);
-    rmsnorm_forward(mat(x(l), N, m.d), param(m.layer[l].attn_norm), m.eps,
-                    mat(w.at(Activation::normed), N, m.d));
+    rmsnorm_forward(x(l), param(m.layer[l].attn_norm), m.eps, act(Activation::normed, 0, m.d));
   }
   void norm2(int64_t l) {
     ProfileScope p(m.profile.elementwise);
-    rmsnorm_forward(mat(w.at(Activation::out_proj, l), N, m.d), param(m.layer[l].mlp_norm), m.eps,
-                    mat(w.at(Activation::normed), N, m.d));
+    rmsnorm_forward(act(Activation::out_proj, l, m.d), param(m.layer[l].mlp_norm), m.eps,
+                    act(Activation::normed, 0, m.d));
   }
-  TensorView heads(float* qkv, int64_t first_col, int64_t n_heads) const {  // [N, n_heads, D]
+  TensorView heads(float* qkv, int64_t first_col, int64_t n_heads) const {  // [N, n_heads, D] fp32
     return TensorView::strided(qkv + first_col, DType::f32, {N, n_heads, m.D},
                                {m.qkv_cols, m.D, 1});
   }
-  // qkv = h1 Wqkv^T, then RoPE on q and k. Needs normed = h1.
+  // qkv = h1 Wqkv^T, then RoPE on q and k (in fp32, before any rounding). Needs normed = h1.
   void project_qkv(int64_t l) {
-    float* qkv = w.at(Activation::qkv, l);
-    matmul(false, true, N, m.qkv_cols, m.d, 1.0f, w.at(Activation::normed), m.d,
-             param(m.layer[l].q), m.d, 0.0f, qkv, m.qkv_cols);
+    float* out = gemm_out(Activation::qkv, l);
+    matmul(false, true, N, m.qkv_cols, m.d, 1.0f, ptr(Activation::normed), m.d, weight(m.layer[l].q), m.d,
+           0.0f, out, m.qkv_cols);
     ProfileScope p(m.profile.elementwise);
-    rope_forward(heads(qkv, 0, m.Hl + m.Gl), w.at(Activation::rope_cos),
-                 w.at(Activation::rope_sin));  // q and k heads are adjacent
+    rope_forward(heads(out, 0, m.Hl + m.Gl), w.f32(Activation::rope_cos),
+                 w.f32(Activation::rope_sin));  // q and k heads are adjacent
+    if (bf16_compute()) convert(mat(out, N, m.qkv_cols), act(Activation::qkv, l, m.qkv_cols));
   }
   AttentionArgs attention_args(int64_t l) const {
     AttentionArgs a;
-    m.attention_args(w.at(Activation::qkv, l), a);
+    m.attention_args(w.at(Activation::qkv, l), w.dtype[static_cast<int>(Activation::qkv)], a);
     return a;
   }
-  TensorView context_view(float* ctx) const {  // [B, S, Hl, D]
-    return TensorView(ctx, DType::f32, {b.batch, b.seq_local, m.Hl, m.D});
+  // [B, S, Hl, D] view of a context-shaped buffer.
+  TensorView context_view(void* ctx, DType t) const {
+    return TensorView(ctx, t, {b.batch, b.seq_local, m.Hl, m.D});
+  }
+  TensorView context(int64_t l) const {
+    return context_view(w.at(Activation::context, l), w.dtype[static_cast<int>(Activation::context)]);
   }
   void attend(int64_t l) {
     ProfileScope p(m.profile.attention);
-    m.attention->forward(attention_args(l), context_view(w.at(Activation::context, l)), w.at(Activation::context_lse, l));
+    m.attention->forward(attention_args(l), context(l), w.f32(Activation::context_lse, l));
   }
-  // x2 = x + ctx Wo^T (row-parallel: partial sums all-reduced over tp).
+  // x2 = x + ctx Wo^T (row-parallel: partial sums all-reduced over tp, in fp32).
   void out_proj(int64_t l) {
-    float* x2 = w.at(Activation::out_proj, l);
-    matmul(false, true, N, m.d, m.Hl * m.D, 1.0f, w.at(Activation::context, l), m.Hl * m.D,
-             param(m.layer[l].o), m.Hl * m.D, 0.0f, x2, m.d);
-    m.tp_all_reduce(x2, N * m.d);
-    add_into(x2, x(l));
+    float* o = gemm_out(Activation::out_proj, l);
+    matmul(false, true, N, m.d, m.Hl * m.D, 1.0f, ptr(Activation::context, l), m.Hl * m.D,
+           weight(m.layer[l].o), m.Hl * m.D, 0.0f, o, m.d);
+    m.tp_all_reduce(o, N * m.d);
+    elementwise([&] { residual_add(x(l), mat(o, N, m.d), act(Activation::out_proj, l, m.d)); });
   }
   // gu = h2 Wgu^T. Needs normed = h2.
   void mlp_in(int64_t l) {
-    matmul(false, true, N, 2 * m.Fl, m.d, 1.0f, w.at(Activation::normed), m.d,
-             param(m.layer[l].gate), m.d, 0.0f, w.at(Activation::mlpwi, l), 2 * m.Fl);
+    float* out = gemm_out(Activation::mlpwi, l);
+    matmul(false, true, N, 2 * m.Fl, m.d, 1.0f, ptr(Activation::normed), m.d, weight(m.layer[l].gate), m.d,
+           0.0f, out, 2 * m.Fl);
+    if (bf16_compute())
+      elementwise([&] { convert(mat(out, N, 2 * m.Fl), act(Activation::mlpwi, l, 2 * m.Fl)); });
   }
-  TensorView gate(int64_t l) const {
-    return TensorView::strided(w.at(Activation::mlpwi, l), DType::f32, {N, m.Fl}, {2 * m.Fl, 1});
+  TensorView mlpwi_half(int64_t l, int64_t first_col) const {  // gate (0) or up (Fl) [N, Fl]
+    const DType t = w.dtype[static_cast<int>(Activation::mlpwi)];
+    char* base = static_cast<char*>(w.at(Activation::mlpwi, l)) + first_col * static_cast<int64_t>(dtype_size(t));
+    return TensorView::strided(base, t, {N, m.Fl}, {2 * m.Fl, 1});
   }
-  TensorView up(int64_t l) const {
-    return TensorView::strided(w.at(Activation::mlpwi, l) + m.Fl, DType::f32, {N, m.Fl}, {2 * m.Fl, 1});
-  }
+  TensorView gate(int64_t l) const { return mlpwi_half(l, 0); }
+  TensorView up(int64_t l) const { return mlpwi_half(l, m.Fl); }
   void swiglu(int64_t l) {
     ProfileScope p(m.profile.elementwise);
-    swiglu_forward(gate(l), up(l), mat(w.at(Activation::mlp_act), N, m.Fl));
+    swiglu_forward(gate(l), up(l), act(Activation::mlp_act, 0, m.Fl));
   }
   // x[l+1] = x2 + act Wdown^T (row-parallel).
   void mlp_out(int64_t l) {
-    float* y = x(l + 1);
-    matmul(false, true, N, m.d, m.Fl, 1.0f, w.at(Activation::mlp_act), m.Fl, param(m.layer[l].down),
-             m.Fl, 0.0f, y, m.d);
-    m.tp_all_reduce(y, N * m.d);
-    add_into(y, w.at(Activation::out_proj, l));
-  }
-  void add_into(float* dst, const float* src) const {
-    ProfileScope p(m.profile.elementwise);
-    const int64_t n = N * m.d;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+    float* o = gemm_out(Activation::x, l + 1);
+    matmul(false, true, N, m.d, m.Fl, 1.0f, ptr(Activation::mlp_act), m.Fl, weight(m.layer[l].down), m.Fl,
+           0.0f, o, m.d);
+    m.tp_all_reduce(o, N * m.d);
+    elementwise([&] { residual_add(act(Activation::out_proj, l, m.d), mat(o, N, m.d), x(l + 1)); });
   }
 
   void forward_layer(int64_t l) {
@@ -377,35 +423,41 @@ struct Step {
 
   // Final norm, LM head and cross-entropy, a chunk of rows at a time; with
   // training, the LM head and final norm gradients and dresid = dL/dx[L].
+  // Logits, the loss and dlogits are fp32; dlogits is rounded to the compute
+  // dtype only as an operand of the two backward GEMMs.
   double loss_head(bool training, float grad_scale) {
     ProfileScope p(m.profile.loss);
     const int64_t R = w.loss_rows;
-    float* W = param(m.lm_head);
-    float* x_last = x(m.L);
-    float* hin = w.at(Activation::loss_hidden);
-    float* z = w.at(Activation::loss_logits);
+    float* z = w.f32(Activation::loss_logits);
     double total = 0.0;
     for (int64_t r0 = 0; r0 < N; r0 += R) {
       const int64_t rows = std::min(R, N - r0);
-      rmsnorm_forward(mat(x_last + r0 * m.d, rows, m.d), param(m.final_norm), m.eps,
-                      mat(hin, rows, m.d));
-      gemm_f32(false, true, rows, m.V, m.d, 1.0f, hin, m.d, W, m.d, 0.0f, z, m.V);
+      const TensorView x_rows = w.rows(Activation::x, m.L, m.d, r0, rows);
+      const TensorView hin = w.rows(Activation::loss_hidden, 0, m.d, 0, rows);
+      rmsnorm_forward(x_rows, param(m.final_norm), m.eps, hin);
+      matmul(false, true, rows, m.V, m.d, 1.0f, hin.data, m.d, weight(m.lm_head), m.d, 0.0f, z, m.V);
       TensorView zv = mat(z, rows, m.V);
       total += cross_entropy(zv, b.targets + r0, b.loss_weights ? b.loss_weights + r0 : nullptr,
                              grad_scale, training ? &zv : nullptr);
       if (!training) continue;
-      float* dhin = w.at(Activation::loss_d_hidden);
-      gemm_f32(true, false, m.V, m.d, rows, 1.0f, z, m.V, hin, m.d, 1.0f, grad(m.lm_head), m.d);
-      gemm_f32(false, false, rows, m.d, m.V, 1.0f, z, m.V, W, m.d, 0.0f, dhin, m.d);
-      rmsnorm_backward(mat(x_last + r0 * m.d, rows, m.d), param(m.final_norm), m.eps,
-                       mat(dhin, rows, m.d), mat(w.at(Activation::d_resid) + r0 * m.d, rows, m.d),
-                       grad(m.final_norm));
+      const void* dz = z;
+      if (bf16_compute()) {
+        const TensorView dz16 = w.rows(Activation::loss_d_logits, 0, m.V, 0, rows);
+        convert(zv, dz16);
+        dz = dz16.data;
+      }
+      float* dhin = w.f32(Activation::loss_d_hidden);
+      matmul(true, false, m.V, m.d, rows, 1.0f, dz, m.V, hin.data, m.d, 1.0f, grad(m.lm_head), m.d);
+      matmul(false, false, rows, m.d, m.V, 1.0f, dz, m.V, weight(m.lm_head), m.d, 0.0f, dhin, m.d);
+      rmsnorm_backward(x_rows, param(m.final_norm), m.eps, mat(dhin, rows, m.d),
+                       w.rows(Activation::d_resid, 0, m.d, r0, rows), grad(m.final_norm));
     }
     return total;
   }
 
   // Recomputes what layer l did not save, then backpropagates dresid
-  // (dL/dx[l+1] on entry, dL/dx[l] on exit).
+  // (dL/dx[l+1] on entry, dL/dx[l] on exit). Gradients of activations are
+  // fp32 GEMM outputs; the ones that feed GEMMs pass through grad_operand().
   void backward_layer(int64_t l) {
     const LlamaModel::Impl::LayerIdx& li = m.layer[l];
     if (!m.save.qkv) { norm1(l); project_qkv(l); }
@@ -415,51 +467,52 @@ struct Step {
     if (!m.save.mlpwi) mlp_in(l);
     swiglu(l);
 
-    float* dy = w.at(Activation::d_resid);  // [N, d]
-    float* act = w.at(Activation::mlp_act);    // [N, Fl]
-    float* dnorm = w.at(Activation::d_normed);
+    float* dy = w.f32(Activation::d_resid);  // [N, d]
+    float* dnorm = w.f32(Activation::d_normed);
     // MLP: down projection, SwiGLU (in place over gu), gate/up projection.
-    matmul(true, false, m.d, m.Fl, N, 1.0f, dy, m.d, act, m.Fl, 1.0f, grad(li.down), m.Fl);
-    matmul(false, false, N, m.Fl, m.d, 1.0f, dy, m.d, param(li.down), m.Fl, 0.0f, act, m.Fl);
-    elementwise([&] { swiglu_backward(gate(l), up(l), mat(act, N, m.Fl), gate(l), up(l)); });
-    float* dgu = w.at(Activation::mlpwi, l);
-    matmul(true, false, 2 * m.Fl, m.d, N, 1.0f, dgu, 2 * m.Fl, w.at(Activation::normed), m.d, 1.0f,
-             grad(li.gate), m.d);
-    matmul(false, false, N, m.d, 2 * m.Fl, 1.0f, dgu, 2 * m.Fl, param(li.gate), m.d, 0.0f,
-             dnorm, m.d);
+    const void* dy_op = grad_operand(dy, m.d);
+    matmul(true, false, m.d, m.Fl, N, 1.0f, dy_op, m.d, ptr(Activation::mlp_act), m.Fl, 1.0f, grad(li.down),
+           m.Fl);
+    float* dact = gemm_out(Activation::mlp_act, 0);  // over the activation once its gradient GEMM has read it
+    matmul(false, false, N, m.Fl, m.d, 1.0f, dy_op, m.d, weight(li.down), m.Fl, 0.0f, dact, m.Fl);
+    elementwise([&] { swiglu_backward(gate(l), up(l), mat(dact, N, m.Fl), gate(l), up(l)); });
+    const void* dgu = ptr(Activation::mlpwi, l);
+    matmul(true, false, 2 * m.Fl, m.d, N, 1.0f, dgu, 2 * m.Fl, ptr(Activation::normed), m.d, 1.0f,
+           grad(li.gate), m.d);
+    matmul(false, false, N, m.d, 2 * m.Fl, 1.0f, dgu, 2 * m.Fl, weight(li.gate), m.d, 0.0f, dnorm, m.d);
     m.tp_all_reduce(dnorm, N * m.d);
     elementwise([&] {
-      rmsnorm_backward(mat(w.at(Activation::out_proj, l), N, m.d), param(li.mlp_norm), m.eps, mat(dnorm, N, m.d),
+      rmsnorm_backward(act(Activation::out_proj, l, m.d), param(li.mlp_norm), m.eps, mat(dnorm, N, m.d),
                        mat(dy, N, m.d), grad(li.mlp_norm));  // dy is now dL/dx2
     });
 
     // Attention: output projection, attention, RoPE, q/k/v projection.
     const int64_t hd = m.Hl * m.D;
-    float* ctx = w.at(Activation::context, l);
-    float* dctx = w.at(Activation::d_context);
-    matmul(true, false, m.d, hd, N, 1.0f, dy, m.d, ctx, hd, 1.0f, grad(li.o), hd);
-    matmul(false, false, N, hd, m.d, 1.0f, dy, m.d, param(li.o), hd, 0.0f, dctx, hd);
-    float* dqkv = w.at(Activation::d_qkv);
+    dy_op = grad_operand(dy, m.d);
+    matmul(true, false, m.d, hd, N, 1.0f, dy_op, m.d, ptr(Activation::context, l), hd, 1.0f, grad(li.o), hd);
+    float* dctx = gemm_out(Activation::d_context, 0);
+    matmul(false, false, N, hd, m.d, 1.0f, dy_op, m.d, weight(li.o), hd, 0.0f, dctx, hd);
+    float* dqkv = w.f32(Activation::d_qkv);
     AttentionArgs a = attention_args(l);
     AttentionArgs da;
-    m.attention_args(dqkv, da);
+    m.attention_args(dqkv, DType::f32, da);
     {
       ProfileScope p(m.profile.attention);
-      m.attention->backward(a, context_view(ctx), w.at(Activation::context_lse, l), context_view(dctx), da.q, da.k,
-                            da.v);
+      m.attention->backward(a, context(l), w.f32(Activation::context_lse, l), context_view(dctx, DType::f32),
+                            da.q, da.k, da.v);
     }
     elementwise([&] {
-      rope_backward(heads(dqkv, 0, m.Hl + m.Gl), w.at(Activation::rope_cos), w.at(Activation::rope_sin));
+      rope_backward(heads(dqkv, 0, m.Hl + m.Gl), w.f32(Activation::rope_cos), w.f32(Activation::rope_sin));
     });
     norm1(l);  // normed = h1 again
-    matmul(true, false, m.qkv_cols, m.d, N, 1.0f, dqkv, m.qkv_cols, w.at(Activation::normed), m.d,
-             1.0f, grad(li.q), m.d);
-    matmul(false, false, N, m.d, m.qkv_cols, 1.0f, dqkv, m.qkv_cols, param(li.q), m.d, 0.0f,
-             dnorm, m.d);
+    const void* dqkv_op = grad_operand(dqkv, m.qkv_cols);
+    matmul(true, false, m.qkv_cols, m.d, N, 1.0f, dqkv_op, m.qkv_cols, ptr(Activation::normed), m.d, 1.0f,
+           grad(li.q), m.d);
+    matmul(false, false, N, m.d, m.qkv_cols, 1.0f, dqkv_op, m.qkv_cols, weight(li.q), m.d, 0.0f, dnorm, m.d);
     m.tp_all_reduce(dnorm, N * m.d);
     elementwise([&] {
-      rmsnorm_backward(mat(x(l), N, m.d), param(li.attn_norm), m.eps, mat(dnorm, N, m.d),
-                       mat(dy, N, m.d), grad(li.attn_norm));  // dy is now dL/dx[l]
+      rmsnorm_backward(x(l), param(li.attn_norm), m.eps, mat(dnorm, N, m.d), mat(dy, N, m.d),
+                       grad(li.attn_norm));  // dy is now dL/dx[l]
     });
   }
 };
@@ -474,37 +527,51 @@ void check_batch(const Batch& b) {
 
 std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig& c, int64_t tp,
                                                                const SaveSet& save, int64_t N, bool training,
-                                                               int64_t loss_chunk_rows) {
+                                                               int64_t loss_chunk_rows, DType dtype) {
   const int64_t d = c.d_model, D = c.head_dim, L = c.num_layers, Hl = c.num_heads / tp;
   const int64_t qkv = (Hl + 2 * c.num_kv_heads / tp) * D, Fl = c.mlp_dim / tp;
   const SaveSet kept = training ? save : SaveSet{};  // evaluation recomputes nothing
   auto per_layer = [&](bool saved) { return saved ? L : 1; };
   const int64_t t = training ? 1 : 0;  // backward buffers only when training
-  // Loss chunk: rows x vocab logits under 64 MiB unless asked otherwise.
+  const bool low = dtype == DType::bf16;
+  const int64_t staged = low ? 1 : 0;  // the bf16-only buffers
+  // Loss chunk: rows x vocab fp32 logits under 64 MiB unless asked otherwise.
   int64_t R = loss_chunk_rows > 0 ? loss_chunk_rows : std::max<int64_t>(1, (int64_t{64} << 20) / (4 * c.vocab_size));
   R = std::min(R, N);
   std::array<ActivationBuffer, kNumActivations> table;
-  auto set = [&](Activation a, const char* name, int64_t elements, int64_t copies = 1) {
-    table[static_cast<int>(a)] = {name, elements, copies};
+  // `act`: an activation or GEMM operand, stored in the compute dtype.
+  // fp32 always: the gradients of the residual stream and of the attention
+  // (accumulated over layers and kv shards), GEMM outputs before their
+  // consumers, the LSE, RoPE tables and the loss chunk's logits.
+  const DType act = dtype, f32 = DType::f32;
+  auto set = [&](Activation a, const char* name, int64_t elements, DType type, int64_t copies = 1) {
+    table[static_cast<int>(a)] = {name, elements, copies, type};
   };
-  set(Activation::x, "x (layer input)", N * d, L + 1);
-  set(Activation::qkv, "qkv_proj", N * qkv, per_layer(kept.qkv));
-  set(Activation::context, "context", N * Hl * D, per_layer(kept.context));
-  set(Activation::context_lse, "context lse", N * Hl, per_layer(kept.context));
-  set(Activation::out_proj, "out_proj residual", N * d, per_layer(kept.out_proj));
-  set(Activation::mlpwi, "mlpwi", N * 2 * Fl, per_layer(kept.mlpwi));
-  set(Activation::normed, "normed", N * d);
-  set(Activation::mlp_act, "mlp activation", N * Fl);
-  set(Activation::rope_cos, "rope cos", N * D / 2);
-  set(Activation::rope_sin, "rope sin", N * D / 2);
-  set(Activation::d_resid, "d residual", t * N * d);
-  set(Activation::d_normed, "d normed", t * N * d);
-  set(Activation::d_context, "d context", t * N * Hl * D);
-  set(Activation::d_qkv, "d qkv", t * N * qkv);
-  set(Activation::loss_hidden, "loss chunk hidden", R * d);
-  set(Activation::loss_d_hidden, "loss chunk d hidden", t * R * d);
-  set(Activation::loss_logits, "loss chunk logits", R * c.vocab_size);
+  set(Activation::x, "x (layer input)", N * d, act, L + 1);
+  set(Activation::qkv, "qkv_proj", N * qkv, act, per_layer(kept.qkv));
+  set(Activation::context, "context", N * Hl * D, act, per_layer(kept.context));
+  set(Activation::context_lse, "context lse", N * Hl, f32, per_layer(kept.context));
+  set(Activation::out_proj, "out_proj residual", N * d, act, per_layer(kept.out_proj));
+  set(Activation::mlpwi, "mlpwi", N * 2 * Fl, act, per_layer(kept.mlpwi));
+  set(Activation::normed, "normed", N * d, act);
+  set(Activation::mlp_act, "mlp activation", N * Fl, act);
+  set(Activation::rope_cos, "rope cos", N * D / 2, f32);
+  set(Activation::rope_sin, "rope sin", N * D / 2, f32);
+  set(Activation::d_resid, "d residual", t * N * d, f32);
+  set(Activation::d_normed, "d normed", t * N * d, f32);
+  set(Activation::d_context, "d context", (1 - staged) * t * N * Hl * D, f32);  // bf16: in matmul_out
+  set(Activation::d_qkv, "d qkv", t * N * qkv, f32);
+  set(Activation::loss_hidden, "loss chunk hidden", R * d, act);
+  set(Activation::loss_d_hidden, "loss chunk d hidden", t * R * d, f32);
+  set(Activation::loss_logits, "loss chunk logits", R * c.vocab_size, f32);
+  set(Activation::matmul_out, "fp32 GEMM output", staged * N * std::max({qkv, 2 * Fl, d}), f32);
+  set(Activation::grad_operand, "bf16 gradient operand", staged * t * N * std::max(qkv, d), act);
+  set(Activation::loss_d_logits, "loss chunk d logits (bf16)", staged * t * R * c.vocab_size, act);
   return table;
+}
+
+int64_t compute_weight_copy_bytes(int64_t parameters, DType dtype) {
+  return dtype == DType::bf16 ? parameters * static_cast<int64_t>(sizeof(bf16)) : 0;
 }
 
 // Allocates (or reuses) the activation workspace for this batch size.
@@ -516,13 +583,14 @@ static Workspace& workspace_for(LlamaModel::Impl& m, const LlamaConfig& c, int64
   w->tokens = N;
   w->training = training;
   w->save = training ? m.save : SaveSet{};
-  const auto table = activation_table(c, m.tp, m.save, N, training, m.loss_chunk_rows);
+  const auto table = activation_table(c, m.tp, m.save, N, training, m.loss_chunk_rows, m.dtype);
   for (int a = 0; a < kNumActivations; ++a) {
     const ActivationBuffer& t = table[a];
+    w->dtype[a] = t.dtype;
     if (t.elements == 0) continue;
     for (int64_t i = 0; i < t.copies; ++i) {
-      w->bufs[a].emplace_back(MemCategory::activations, t.name, static_cast<size_t>(t.elements) * 4);
-      w->bytes += static_cast<size_t>(t.elements) * 4;
+      w->bufs[a].emplace_back(MemCategory::activations, t.name, static_cast<size_t>(t.bytes()));
+      w->bytes += static_cast<size_t>(t.bytes());
     }
   }
   w->loss_rows = table[static_cast<int>(Activation::loss_hidden)].elements / c.d_model;
@@ -542,13 +610,22 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
   m.profile = StepProfile{};
 
   s.elementwise([&] {
-    rope_table(m.rope, m.D, b.positions, N, w.at(Activation::rope_cos), w.at(Activation::rope_sin));
-    embedding_forward(b.tokens, N, s.param(m.embed), m.V, mat(s.x(0), N, m.d));
+    // The bf16 weights of this call: rounded from the masters, which the
+    // optimizer may have changed since the last one.
+    if (m.dtype == DType::bf16) {
+      const float* master = m.param_buf.as<float>();
+      bf16* copy = m.compute_weights.as<bf16>();
+      constexpr int64_t kBlock = 1 << 16;
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < m.total; i += kBlock) round_to_bf16(master + i, copy + i, std::min(kBlock, m.total - i));
+    }
+    rope_table(m.rope, m.D, b.positions, N, w.f32(Activation::rope_cos), w.f32(Activation::rope_sin));
+    embedding_forward(b.tokens, N, s.param(m.embed), m.V, s.x(0));
   });
   for (int64_t l = 0; l < m.L; ++l) s.forward_layer(l);
 
   LossStats out;
-  if (training) std::memset(w.at(Activation::d_resid), 0, w.size(Activation::d_resid));
+  if (training) std::memset(w.f32(Activation::d_resid), 0, w.size(Activation::d_resid));
   out.loss_sum = s.loss_head(training, grad_scale);
   if (b.loss_weights) {
     for (int64_t i = 0; i < N; ++i) out.weight_sum += b.loss_weights[i];
@@ -559,7 +636,7 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
 
   for (int64_t l = m.L - 1; l >= 0; --l) s.backward_layer(l);
   s.elementwise([&] {
-    embedding_backward(b.tokens, N, mat(w.at(Activation::d_resid), N, m.d), s.grad(m.embed), m.V);
+    embedding_backward(b.tokens, N, mat(w.f32(Activation::d_resid), N, m.d), s.grad(m.embed), m.V);
   });
   m.batch = nullptr;
   return out;

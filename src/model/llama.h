@@ -44,6 +44,11 @@ struct ModelOptions {
   // Must outlive the model; nullptr: the model uses Mesh::single() (one rank).
   const Mesh* mesh = nullptr;
   KernelImpl impl = KernelImpl::fast;  // attention kernel: fast or float64 reference
+  // Activations and matmul inputs (config `dtype`). bf16: every GEMM reads
+  // bf16 operands (a bf16 copy of the weights, made at each forward from the
+  // fp32 masters) and accumulates in fp32; which tensors stay fp32 and why is
+  // in activation_table() and the README's "Precision". f32: all fp32.
+  DType dtype = DType::f32;
   // Rows of logits computed at once by the loss; 0 = automatic (a chunk of
   // rows x vocab stays under 64 MiB). Full-sequence logits never exist.
   int64_t loss_chunk_rows = 0;
@@ -104,17 +109,29 @@ enum class Activation {
   rope_cos, rope_sin,                                     // [N, D / 2]
   d_resid, d_normed, d_context, d_qkv,                    // backward only
   loss_hidden, loss_d_hidden, loss_logits,                // one chunk of rows
+  // bf16 only: fp32 GEMM outputs before they are rounded (or reduced over
+  // tp), and bf16 copies of fp32 gradients that feed GEMMs.
+  matmul_out,      // [N, max(qkv, 2 F / tp, d)] fp32
+  grad_operand,    // [N, max(qkv, d)] bf16: dL/dx, then dL/dqkv
+  loss_d_logits,   // one chunk of rows x vocab, bf16
 };
-constexpr int kNumActivations = 17;
+constexpr int kNumActivations = 20;
 struct ActivationBuffer {
   const char* name;
-  int64_t elements = 0;  // fp32 elements of one copy (0: not allocated)
+  int64_t elements = 0;  // elements of one copy (0: not allocated)
   int64_t copies = 1;
+  DType dtype = DType::f32;
+  int64_t bytes() const { return elements * static_cast<int64_t>(dtype_size(dtype)); }
 };
 // loss_chunk_rows: ModelOptions::loss_chunk_rows (0 = automatic).
+// dtype: ModelOptions::dtype.
 std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig& config, int64_t tp,
                                                                const SaveSet& save, int64_t tokens,
-                                                               bool training, int64_t loss_chunk_rows = 0);
+                                                               bool training, int64_t loss_chunk_rows = 0,
+                                                               DType dtype = DType::f32);
+// Bytes of the compute copy of `parameters` fp32 master weights: a bf16 copy
+// for dtype bf16 (refreshed at each forward), none for fp32.
+int64_t compute_weight_copy_bytes(int64_t parameters, DType dtype);
 
 class LlamaModel {
  public:

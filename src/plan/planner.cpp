@@ -36,6 +36,7 @@ struct Shape {
   int64_t d, V, D, L, Hl, Gl, Fl, qkv_cols;
   int64_t N;      // tokens per device: B * S / cp
   int64_t act;    // bytes per activation element
+  DType dtype;    // the compute dtype (activations, GEMM operands)
   MaskSpec mask;
   LayoutKind layout;
   SaveSet save;
@@ -98,6 +99,7 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.qkv_cols = (s.Hl + 2 * s.Gl) * s.D;
   s.N = s.B * s.S / s.cp;
   s.act = static_cast<int64_t>(dtype_size(c.dtype));
+  s.dtype = c.dtype;
   s.mask = c.mask();
   s.layout = c.layout();
   s.save = c.save_set();
@@ -142,8 +144,9 @@ void add_memory(StrategyPlan& p, const char* category, const std::string& name, 
 }
 
 void plan_memory(const Shape& s, StrategyPlan& p) {
-  const int64_t P = s.params_local, e = s.act;
+  const int64_t P = s.params_local;
   add_memory(p, "parameters", "model parameters (fp32)", P * 4);
+  add_memory(p, "parameters", "bf16 compute copy of the parameters", compute_weight_copy_bytes(P, s.dtype));
   add_memory(p, "gradients", "model gradients (fp32)", P * 4);
   add_memory(p, "optimizer",
              s.zero1 ? "AdamW moments (fp32), ZeRO-1 piece 1/" + str(s.dp * s.cp)
@@ -151,11 +154,11 @@ void plan_memory(const Shape& s, StrategyPlan& p) {
              kAdamWMoments * int64_t(s.piece.size) * 4);
 
   // The model's own activation table: per layer when the policy saves a
-  // tensor, else one buffer every layer reuses; in the activation dtype.
-  for (const ActivationBuffer& a : activation_table(s.model, s.tp, s.save, s.N, true))
+  // tensor, else one buffer every layer reuses; each in its own dtype.
+  for (const ActivationBuffer& a : activation_table(s.model, s.tp, s.save, s.N, true, 0, s.dtype))
     if (a.elements > 0)
       add_memory(p, "activations", std::string(a.name) + (a.copies > 1 ? " x" + str(a.copies) : ""),
-                 a.copies * a.elements * e);
+                 a.copies * a.bytes());
 
   // Transient communication buffers, never alive together: each attention
   // call's workspace, then (ZeRO-1) the trainer's gradient/parameter piece.

@@ -80,6 +80,7 @@ ModelOptions model_options_from_config(const RunConfig& c, const Mesh& mesh) {
   o.cp_strategy = c.strategy();
   o.mesh = &mesh;
   o.impl = c.attention_kernel;
+  o.dtype = c.dtype;
   return o;
 }
 

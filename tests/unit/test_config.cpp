@@ -159,7 +159,7 @@ TEST(Config, ValidationRulesNameTheRule) {
                 .find("all_gather|ulysses|ring|usp|auto"), S::npos);
   EXPECT_NE(rule({{"attention_type", S("local")}}, 1).find("sliding_window_size > 0"), S::npos);
   EXPECT_NE(rule({{"attention_type", S("chunked")}}, 1).find("chunk_attn_window_size > 0"), S::npos);
-  EXPECT_NE(rule({{"dtype", S("bfloat16")}}, 1).find("float32"), S::npos);
+  EXPECT_NE(rule({{"weight_dtype", S("bfloat16")}}, 1).find("weight_dtype must be float32"), S::npos);
   EXPECT_NE(rule({{"remat_policy", S("custom")}, {"decoder_layer_input", S("remat")}}, 1).find("recompute boundary"),
             S::npos);
   EXPECT_NE(rule({{"steps", I(0)}}, 1).find("steps must be >= 1"), S::npos);
