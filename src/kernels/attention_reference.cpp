@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/convert.h"
 
 namespace longctx {
 
@@ -38,6 +39,31 @@ bool pair_allowed(const AttentionArgs& a, int64_t b, int64_t i, int64_t j, const
   return a.mask.allows(qp, kp);
 }
 
+// A contiguous fp32 copy of a [B, S, heads, D] view of either dtype (bf16
+// widened exactly): the reference reads every input through one, so it sees
+// exactly the values the fast kernel is given.
+struct Widened {
+  std::vector<float> data;
+  TensorView view;
+  explicit Widened(const TensorView& t) : data(t.numel()) {
+    check_shape(t.rank == 4, "attention: inputs must be rank 4");
+    view = TensorView(data.data(), DType::f32, {t.dim(0), t.dim(1), t.dim(2), t.dim(3)});
+    for (int64_t b = 0; b < t.dim(0); ++b)
+      for (int64_t s = 0; s < t.dim(1); ++s)
+        for (int64_t h = 0; h < t.dim(2); ++h)
+          load_f32(element_ptr(t, {b, s, h}), t.dtype, view.at<float>({b, s, h}), t.dim(3));
+  }
+};
+
+// The same args reading the widened q, k, v.
+AttentionArgs widened_args(const AttentionArgs& a, const Widened& q, const Widened& k, const Widened& v) {
+  AttentionArgs w = a;
+  w.q = q.view;
+  w.k = k.view;
+  w.v = v.view;
+  return w;
+}
+
 }  // namespace
 
 int64_t attention_unmasked_pairs(const AttentionArgs& a) {
@@ -49,9 +75,12 @@ int64_t attention_unmasked_pairs(const AttentionArgs& a) {
   return pairs * d.H;
 }
 
-void attention_forward_reference(const AttentionArgs& a, const TensorView& o, float* lse) {
-  Dims d = check_args(a);
+void attention_forward_reference(const AttentionArgs& args, const TensorView& o, float* lse) {
+  Dims d = check_args(args);
+  const Widened wq(args.q), wk(args.k), wv(args.v);
+  const AttentionArgs a = widened_args(args, wq, wk, wv);
   std::vector<double> s(d.Skv), acc(d.D);
+  std::vector<float> out(d.D);  // one output row, stored in o's dtype
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.H; ++h)
       for (int64_t i = 0; i < d.Sq; ++i) {
@@ -68,10 +97,11 @@ void attention_forward_reference(const AttentionArgs& a, const TensorView& o, fl
           s[j] = dot * d.scale;
           mx = std::max(mx, s[j]);
         }
-        float* oi = o.at<float>({b, i, h});
+        char* oi = element_ptr(o, {b, i, h});
         float* l = lse + (b * d.Sq + i) * d.H + h;
         if (mx == -INFINITY) {
-          for (int64_t x = 0; x < d.D; ++x) oi[x] = 0.0f;
+          std::fill(out.begin(), out.end(), 0.0f);
+          store_f32(out.data(), oi, o.dtype, d.D);
           *l = kNegInf;
           continue;
         }
@@ -84,15 +114,21 @@ void attention_forward_reference(const AttentionArgs& a, const TensorView& o, fl
           const float* vj = a.v.at<float>({b, j, h / d.group});
           for (int64_t x = 0; x < d.D; ++x) acc[x] += p * vj[x];
         }
-        for (int64_t x = 0; x < d.D; ++x) oi[x] = static_cast<float>(acc[x] / sum);
+        for (int64_t x = 0; x < d.D; ++x) out[x] = static_cast<float>(acc[x] / sum);
+        store_f32(out.data(), oi, o.dtype, d.D);
         *l = static_cast<float>(mx + std::log(sum));
       }
 }
 
-void attention_backward_reference(const AttentionArgs& a, const TensorView& dout,
+void attention_backward_reference(const AttentionArgs& args, const TensorView& dout_in,
                                   const float* lse, const float* delta, const TensorView& dq,
                                   const TensorView& dk, const TensorView& dv) {
-  Dims d = check_args(a);
+  Dims d = check_args(args);
+  const Widened wq(args.q), wk(args.k), wv(args.v), wdout(dout_in);
+  const AttentionArgs a = widened_args(args, wq, wk, wv);
+  const TensorView& dout = wdout.view;
+  check_shape(dq.dtype == DType::f32 && dk.dtype == DType::f32 && dv.dtype == DType::f32,
+              "attention: dq, dk and dv must be fp32");
   std::vector<double> dqi(d.D);
   // dK, dV sum over every q row (and every head of the group): in float64
   // too, added to the caller's fp32 buffers once at the end.
