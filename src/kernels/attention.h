@@ -107,6 +107,16 @@ void attention_backward_reference(const AttentionArgs& args, const TensorView& d
                                   const float* lse, const float* delta, const TensorView& dq,
                                   const TensorView& dk, const TensorView& dv);
 
+// Float64 sums of absolute values that bound how far a rounding inside the
+// kernel (P or dS rounded to bf16, a partial dK, dV rounded on the wire) can
+// move each output, for test bounds; with P = exp(S - lse) and
+// dS = P (dO V^T - delta), written (not accumulated) into fp32 views:
+//   o_abs  [B,Sq,H,D]  sum_j P_ij |V_j|          dq_abs [B,Sq,H,D]  scale sum_j |dS_ij| |K_j|
+//   dk_abs [B,Skv,G,D] scale sum_i |dS_ij| |Q_i|  dv_abs [B,Skv,G,D] sum_i P_ij |dO_i|
+void attention_abs_terms_reference(const AttentionArgs& args, const TensorView& dout, const float* lse,
+                                   const float* delta, const TensorView& o_abs, const TensorView& dq_abs,
+                                   const TensorView& dk_abs, const TensorView& dv_abs);
+
 // Number of (q, kv) pairs the mask allows over all batches and q heads: the
 // FLOP count basis (forward 4*D per pair, backward 10*D per pair).
 int64_t attention_unmasked_pairs(const AttentionArgs& args);

@@ -179,4 +179,58 @@ void attention_backward_reference(const AttentionArgs& args, const TensorView& d
       }
 }
 
+void attention_abs_terms_reference(const AttentionArgs& args, const TensorView& dout_in, const float* lse,
+                                   const float* delta, const TensorView& o_abs, const TensorView& dq_abs,
+                                   const TensorView& dk_abs, const TensorView& dv_abs) {
+  Dims d = check_args(args);
+  const Widened wq(args.q), wk(args.k), wv(args.v), wdout(dout_in);
+  const AttentionArgs a = widened_args(args, wq, wk, wv);
+  const TensorView& dout = wdout.view;
+  std::vector<double> o(d.B * d.Sq * d.H * d.D, 0.0), dq(o.size(), 0.0);
+  std::vector<double> dk(d.B * d.Skv * d.G * d.D, 0.0), dv(dk.size(), 0.0);
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.H; ++h)
+      for (int64_t i = 0; i < d.Sq; ++i) {
+        const double l = lse[(b * d.Sq + i) * d.H + h], dl = delta[(b * d.Sq + i) * d.H + h];
+        if (std::isinf(l)) continue;
+        const float* qi = a.q.at<float>({b, i, h});
+        const float* doi = dout.at<float>({b, i, h});
+        double* oi = o.data() + ((b * d.Sq + i) * d.H + h) * d.D;
+        double* dqi = dq.data() + ((b * d.Sq + i) * d.H + h) * d.D;
+        for (int64_t j = 0; j < d.Skv; ++j) {
+          if (!pair_allowed(a, b, i, j, d)) continue;
+          const int64_t g = h / d.group;
+          const float* kj = a.k.at<float>({b, j, g});
+          const float* vj = a.v.at<float>({b, j, g});
+          double dot = 0, dp = 0;
+          for (int64_t x = 0; x < d.D; ++x) {
+            dot += static_cast<double>(qi[x]) * kj[x];
+            dp += static_cast<double>(doi[x]) * vj[x];
+          }
+          const double p = std::exp(dot * d.scale - l), ds = std::abs(p * (dp - dl)) * d.scale;
+          double* dkj = dk.data() + ((b * d.Skv + j) * d.G + g) * d.D;
+          double* dvj = dv.data() + ((b * d.Skv + j) * d.G + g) * d.D;
+          for (int64_t x = 0; x < d.D; ++x) {
+            oi[x] += p * std::abs(vj[x]);
+            dqi[x] += ds * std::abs(kj[x]);
+            dkj[x] += ds * std::abs(qi[x]);
+            dvj[x] += p * std::abs(doi[x]);
+          }
+        }
+      }
+  auto write = [&](const std::vector<double>& src, const TensorView& dst) {
+    check_shape(dst.dtype == DType::f32 && dst.numel() == int64_t(src.size()),
+                "attention_abs_terms_reference: outputs must be fp32 views of the shapes of q and k");
+    for (int64_t b = 0; b < dst.dim(0); ++b)
+      for (int64_t s = 0; s < dst.dim(1); ++s)
+        for (int64_t h = 0; h < dst.dim(2); ++h)
+          for (int64_t x = 0; x < dst.dim(3); ++x)
+            dst.at<float>({b, s, h})[x] = static_cast<float>(src[((b * dst.dim(1) + s) * dst.dim(2) + h) * dst.dim(3) + x]);
+  };
+  write(o, o_abs);
+  write(dq, dq_abs);
+  write(dk, dk_abs);
+  write(dv, dv_abs);
+}
+
 }  // namespace longctx

@@ -510,7 +510,7 @@ TEST(Attention, RejectsShapesItCannotRun) {
 //     u scale sum_j |dS_ij| |K_j| and dK gains u scale sum_i |dS_ij| |Q_i|.
 //     LSE does not see either rounding (within f).
 // The sums are computed in float64 from the reference's P and dS
-// (AbsTerms); BoundsCatchADroppedTileAndAWrongHead shows the bounds are tight
+// (attention_abs_terms_reference); BoundsCatchADroppedTileAndAWrongHead shows the bounds are tight
 // enough to fail on real bugs.
 namespace {
 
@@ -530,42 +530,16 @@ Bf16Inputs round_to_bf16(Problem& p) {
   return in;
 }
 
-// Per element, float64: sum_j P_ij |V_j| / l_i (O), and the sums the native
-// path's rounding of P and dS multiplies by u (dQ, dK, dV; see above).
+// Per element: the float64 sums the roundings are bounded by (attention_abs_terms_reference).
 struct AbsTerms {
-  std::vector<double> o, dq, dk, dv;
+  std::vector<float> o, dq, dk, dv;
 };
 AbsTerms abs_terms(Problem& p, const std::vector<float>& lse, const std::vector<float>& delta) {
   AbsTerms t;
-  t.o.assign(p.B * p.Sq * p.q_row(), 0.0), t.dq.assign(t.o.size(), 0.0);
-  t.dk.assign(p.B * p.Skv * p.kv_row(), 0.0), t.dv.assign(t.dk.size(), 0.0);
-  const double scale = 1.0 / std::sqrt(double(p.D));
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.H; ++h)
-      for (int64_t i = 0; i < p.Sq; ++i) {
-        const double l = lse[(b * p.Sq + i) * p.H + h], dl = delta[(b * p.Sq + i) * p.H + h];
-        if (std::isinf(l)) continue;
-        const int64_t qi = (b * p.Sq + i) * p.q_row() + h * p.D;
-        for (int64_t j = 0; j < p.Skv; ++j) {
-          const int64_t qg = b * p.Sq + i, kg = b * p.Skv + j;
-          if (!(p.mask.same_segment ? p.mask.allows(p.q_pos_b[qg], p.kv_pos_b[kg], p.q_seg_b[qg], p.kv_seg_b[kg])
-                                    : p.mask.allows(p.q_pos_b[qg], p.kv_pos_b[kg])))
-            continue;
-          const int64_t kj = (b * p.Skv + j) * p.kv_row() + h / (p.H / p.G) * p.D;
-          double dot = 0, dp = 0;
-          for (int64_t x = 0; x < p.D; ++x) {
-            dot += double(p.q[qi + x]) * p.k[kj + x];
-            dp += double(p.dout[qi + x]) * p.v[kj + x];
-          }
-          const double P = std::exp(dot * scale - l), dS = std::abs(P * (dp - dl));
-          for (int64_t x = 0; x < p.D; ++x) {
-            t.o[qi + x] += P * std::abs(p.v[kj + x]);
-            t.dv[kj + x] += P * std::abs(p.dout[qi + x]);
-            t.dq[qi + x] += scale * dS * std::abs(p.k[kj + x]);
-            t.dk[kj + x] += scale * dS * std::abs(p.q[qi + x]);
-          }
-        }
-      }
+  t.o.assign(p.B * p.Sq * p.q_row(), 0.0f), t.dq.assign(t.o.size(), 0.0f);
+  t.dk.assign(p.B * p.Skv * p.kv_row(), 0.0f), t.dv.assign(t.dk.size(), 0.0f);
+  attention_abs_terms_reference(p.args(), p.qview(p.dout), lse.data(), delta.data(), p.qview(t.o),
+                                p.qview(t.dq), p.kvview(t.dk), p.kvview(t.dv));
   return t;
 }
 
