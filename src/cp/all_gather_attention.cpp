@@ -1,6 +1,7 @@
 // all_gather: every rank gathers the whole sequence's K, V (with positions
 // and segments) and attends with its own queries; backward reduce-scatters
-// the full-sequence dK, dV back to their owners.
+// the full-sequence dK, dV back to their owners. K, V travel in their own
+// dtype (bf16: half the bytes); dK, dV are reduce-scattered in fp32.
 #include <cstring>
 
 #include "core/error.h"
@@ -12,22 +13,19 @@ namespace {
 
 // K and V of the whole sequence, with positions and segments.
 struct GatheredKv {
-  Buffer kv;   // [B, S, 2, G, D]: k then v per token
+  Buffer kv;   // [B, S, 2, G, D] in the dtype of k, v: k then v per token
   Buffer pos;  // [B, S] int64
   Buffer seg;  // [B, S] int32 (empty without segment masking)
 };
 
 GatheredKv gather_kv(const Communicator& comm, const AttentionArgs& a, const LocalDims& d) {
-  const size_t row = 2 * d.G * d.D * sizeof(float);
+  const size_t row = 2 * d.G * d.D * d.e;
   Buffer local(MemCategory::communication, "all_gather kv local", d.B * d.L * row);  // [B, L, 2, G, D]
-  float* p = local.as<float>();
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t s = 0; s < d.L; ++s) {
-      float* dst = p + (b * d.L + s) * 2 * d.G * d.D;
-      for (int64_t g = 0; g < d.G; ++g) {
-        std::memcpy(dst + g * d.D, a.k.at<float>({b, s, g}), d.D * sizeof(float));
-        std::memcpy(dst + (d.G + g) * d.D, a.v.at<float>({b, s, g}), d.D * sizeof(float));
-      }
+      char* dst = local.as<char>() + (b * d.L + s) * row;
+      copy_heads(a.k, b, s, 0, d.G, dst);
+      copy_heads(a.v, b, s, 0, d.G, dst + row / 2);
     }
   GatheredKv out;
   out.kv = gather_tokens(comm, local.data(), d.B, d.L, row, "all_gather kv");
@@ -40,10 +38,10 @@ GatheredKv gather_kv(const Communicator& comm, const AttentionArgs& a, const Loc
 AttentionArgs full_kv_args(const AttentionArgs& a, const LocalDims& d, const GatheredKv& g,
                            int64_t S) {
   AttentionArgs full = a;
-  float* kv = g.kv.as<float>();
-  const int64_t row = 2 * d.G * d.D;
-  full.k = TensorView::strided(kv, DType::f32, {d.B, S, d.G, d.D}, {S * row, row, d.D, 1});
-  full.v = TensorView::strided(kv + d.G * d.D, DType::f32, {d.B, S, d.G, d.D}, {S * row, row, d.D, 1});
+  char* kv = g.kv.as<char>();
+  const int64_t row = 2 * d.G * d.D * d.e;
+  full.k = record_view(kv, d.dtype, d.B, S, d.G, d.D, row);
+  full.v = record_view(kv + row / 2, d.dtype, d.B, S, d.G, d.D, row);
   full.kv_pos = g.pos.as<int64_t>();
   full.kv_seg = a.mask.same_segment ? g.seg.as<int32_t>() : nullptr;
   return full;

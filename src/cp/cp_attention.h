@@ -22,6 +22,17 @@ namespace longctx {
 class Mesh;  // src/comm/mesh.h
 
 
+// Dtypes, as for the kernel (kernels/attention.h): q, k, v all fp32 or all
+// bf16; o and dout each fp32 or bf16; lse fp32; dq, dk, dv always fp32.
+// What travels in which dtype (bf16 activations: half the bytes):
+//   all_gather  K, V in their dtype; dK, dV reduce-scattered in fp32.
+//   ulysses     Q, K, V in theirs, O back in o's, dO in its own; LSE, delta
+//               and the returning dQ, dK, dV in fp32.
+//   ring        K, V chunks and the partial dK, dV returned to their owner in
+//               the dtype of k, v (a bf16 piece is rounded once, then added
+//               in fp32); the partial outputs it merges stay fp32 (a bf16 O is
+//               rounded once, at the end).
+//   usp         ulysses around ring, each as above.
 class CpAttention {
  public:
   virtual ~CpAttention() = default;
@@ -58,24 +69,27 @@ int64_t cp_ring_auto_chunk_tokens(int64_t local_tokens);
 // rules (e.g. ulysses degree vs heads) are checked at each call, with the
 // shapes: ConfigError naming the rule.
 //
-// Communication per rank per call (bytes, fp32 = 4; P = group size; B batch;
-// L = S/cp local tokens; H, G = local q and kv heads; D head dim;
-// seg = 4 if the mask uses segments else 0; all counted as in
-// src/comm/communicator.h):
-//   all_gather  forward  all_gather: (P-1)*B*L*(8*G*D + 8 + seg)
-//               backward the same, plus reduce_scatter (P-1)*B*L*8*G*D
+// Communication per rank per call (bytes; e = bytes per element of the
+// activations q, k, v, o, dout: 4 for fp32, 2 for bf16; fp32 values (LSE,
+// delta, dQ, dK, dV) count 4; P = group size; B batch; L = S/cp local
+// tokens; H, G = local q and kv heads; D head dim; seg = 4 if the mask uses
+// segments else 0; all counted as in src/comm/communicator.h):
+//   all_gather  forward  all_gather: (P-1)*B*L*(2*e*G*D + 8 + seg)
+//               backward the same, plus reduce_scatter (P-1)*B*L*8*G*D  (fp32)
 //   ulysses     (Hu = H/P; Gu = G/P if P divides G, else 1: KV heads replicated)
-//               forward  all_to_all (P-1)*B*L*4*(Hu + 2*Gu)*D   (q, k, v)
-//                        all_to_all (P-1)*B*L*4*Hu*(D + 1)      (o, lse back)
-//                        all_gather (P-1)*B*L*(8 + seg)         (positions, segments)
-//               backward all_to_all (P-1)*B*L*4*((2*Hu + 2*Gu)*D + 2*Hu)  (q, k, v, dout, lse, delta)
-//                        all_to_all (P-1)*B*L*4*(Hu + 2*Gu)*D   (dq, dk, dv back)
+//               forward  all_to_all (P-1)*B*L*e*(Hu + 2*Gu)*D     (q, k, v)
+//                        all_to_all (P-1)*B*L*(e*Hu*D + 4*Hu)     (o, lse back)
+//                        all_gather (P-1)*B*L*(8 + seg)           (positions, segments)
+//               backward all_to_all (P-1)*B*L*(e*(2*Hu + 2*Gu)*D + 8*Hu)  (q, k, v, dout, lse, delta)
+//                        all_to_all (P-1)*B*L*4*(Hu + 2*Gu)*D     (dq, dk, dv back, fp32)
 //                        all_gather (P-1)*B*L*(8 + seg)
+//               (ulysses_records in strategies.h; o and dout in another dtype
+//               than q count their own e)
 //   ring        every call all_gathers the shard summaries: (P-1)*B*n*32 bytes,
 //               n = chunks per shard (cp_ring_chunks(L, ring_chunk_tokens)). Then for every (kv
 //               owner o != q rank r, chunk c) whose mask is not empty:
-//               forward  send/recv B*len_c*(8*G*D + 8 + seg) (K, V, positions)
-//               backward the same, plus B*len_c*8*G*D back to the owner (dK, dV)
+//               forward  send/recv B*len_c*(2*e*G*D + 8 + seg) (K, V, positions)
+//               backward the same, plus B*len_c*2*e*G*D back to the owner (dK, dV)
 //               Fully masked (rank, chunk) pairs move nothing.
 //   usp         ulysses over mesh.ulysses() with H, G, and ring over
 //               mesh.ring() with Hu, Gu heads and U*L tokens.
@@ -112,9 +126,10 @@ struct RingChunks {
   bool needs(const MaskSpec& mask, int64_t q_rank, int64_t kv_rank, int64_t c) const;
 };
 
-// Bytes of one ring K,V chunk of `len` tokens on the wire: K, V (fp32),
-// positions (int64) and, with segment masking, segment ids (int32).
-int64_t ring_chunk_bytes(int64_t B, int64_t len, int64_t G, int64_t D, bool segments);
+// Bytes of one ring K,V chunk of `len` tokens on the wire: positions
+// (int64), with segment masking segment ids (int32), and K, V in their dtype
+// (element_bytes: 4 fp32, 2 bf16).
+int64_t ring_chunk_bytes(int64_t B, int64_t len, int64_t G, int64_t D, bool segments, int64_t element_bytes);
 
 // One attention call of a strategy on one rank: B sequences of L local
 // tokens, H, G local q and kv heads of dim D (after tp).
@@ -125,7 +140,7 @@ struct CpCallShape {
   bool segments = false;        // packed documents: segment ids travel with K,V
   int64_t threads = 1;          // kernel threads (per-thread attention scratch)
   int64_t ring_chunk_tokens = 0;  // CpOptions::ring_chunk_tokens
-  int64_t element_bytes = 4;    // Q, K, V as sent (the activation dtype)
+  int64_t element_bytes = 4;    // Q, K, V, O, dO (the activation dtype): 4 fp32, 2 bf16
   // For the ring's traffic: the mask, and positions 0..S-1 in this layout
   // (with packed documents, which pieces the ring skips depends on the data).
   MaskSpec mask = MaskSpec::causal();

@@ -5,6 +5,7 @@
 #include "comm/mesh.h"
 #include "core/error.h"
 #include "cp/strategies.h"
+#include "kernels/convert.h"
 
 namespace longctx {
 
@@ -69,9 +70,11 @@ void LocalAttention::backward_with_delta(const AttentionArgs& local, const Tenso
 LocalDims check_local_args(const AttentionArgs& a) {
   check_shape(a.q.rank == 4 && a.k.rank == 4 && a.v.rank == 4,
               "cp attention: q, k, v must be [B, S_local, heads, D]");
-  check_shape(a.q.dtype == DType::f32 && a.k.dtype == DType::f32 && a.v.dtype == DType::f32,
-              "cp attention: fp32 only");
-  LocalDims d{a.q.dim(0), a.q.dim(1), a.q.dim(2), a.k.dim(2), a.q.dim(3)};
+  check_shape((a.q.dtype == DType::f32 || a.q.dtype == DType::bf16) && a.k.dtype == a.q.dtype &&
+                  a.v.dtype == a.q.dtype,
+              "cp attention: q, k and v must have one dtype (all fp32 or all bf16)");
+  LocalDims d{a.q.dim(0), a.q.dim(1), a.q.dim(2), a.k.dim(2), a.q.dim(3), a.q.dtype,
+              int64_t(dtype_size(a.q.dtype))};
   check_shape(a.k.dim(0) == d.B && a.k.dim(1) == d.L && a.v.dim(1) == d.L && a.v.dim(2) == d.G &&
                   a.k.dim(3) == d.D && a.v.dim(3) == d.D,
               "cp attention is self-attention: q " + a.q.shape_string() + ", k " +
@@ -99,6 +102,17 @@ void zero_view(const TensorView& v) {
     for (int64_t s = 0; s < v.dim(1); ++s)
       for (int64_t h = 0; h < v.dim(2); ++h)
         std::memset(v.at<float>({b, s, h}), 0, v.dim(3) * sizeof(float));
+}
+
+void copy_heads(const TensorView& t, int64_t b, int64_t s, int64_t h0, int64_t n, char* dst) {
+  const size_t bytes = t.dim(3) * dtype_size(t.dtype);
+  for (int64_t h = 0; h < n; ++h) std::memcpy(dst + h * bytes, element_ptr(t, {b, s, h0 + h}), bytes);
+}
+
+TensorView record_view(char* base, DType dtype, int64_t B, int64_t S, int64_t n, int64_t D, int64_t row_bytes) {
+  const int64_t e = int64_t(dtype_size(dtype)), row = row_bytes / e;
+  check_shape(row * e == row_bytes, "cp attention: a record is not a whole number of elements");
+  return TensorView::strided(base, dtype, {B, S, n, D}, {S * row, row, D, 1});
 }
 
 namespace {

@@ -11,6 +11,7 @@
 
 #include "cp/cp_attention.h"
 #include "cp/layout.h"
+#include "cp/strategies.h"
 
 namespace longctx {
 
@@ -21,27 +22,37 @@ namespace {
 // holds a second copy while it runs.
 int64_t reorder_copies(const CpCallShape& s) { return s.B > 1 ? 2 : 1; }
 
+// The activation dtype of a call (element_bytes 4 or 2).
+DType activation_dtype(const CpCallShape& s) {
+  if (s.element_bytes != 4 && s.element_bytes != 2)
+    throw ConfigError("cp sizes: element_bytes must be 4 (fp32) or 2 (bf16), got " + std::to_string(s.element_bytes));
+  return s.element_bytes == 2 ? DType::bf16 : DType::f32;
+}
+
 // RingAttention (ring_attention.cpp) over `tokens` local tokens of H, G
 // heads: one chunk to send and two receiving; forward adds the partial O and
-// LSE of one chunk (scratch) and the kernel's scratch, backward the returning
-// dK, dV (one sending, two receiving) and the kernel's scratch.
+// LSE of one chunk (scratch), with a bf16 O its fp32 copy, and the kernel's
+// scratch; backward the partial dK, dV going back (fp32, and its bf16 copy
+// when e = 2), the one coming back (in e), and the kernel's scratch.
 int64_t ring_call_peak(const CpCallShape& s, int64_t H, int64_t G, int64_t tokens, bool backward) {
   const RingChunks chunks(1, s.B, tokens, s.ring_chunk_tokens);
-  const int64_t max_len = chunks.max_len();
-  const int64_t cap = ring_chunk_bytes(s.B, max_len, G, s.D, s.segments);
-  const int64_t grad_cap = s.B * max_len * 2 * G * s.D * 4;
+  const int64_t max_len = chunks.max_len(), e = s.element_bytes;
+  const int64_t cap = ring_chunk_bytes(s.B, max_len, G, s.D, s.segments, e);
+  const int64_t grad_elements = s.B * max_len * 2 * G * s.D;
   if (!backward)
-    return 3 * cap + s.B * tokens * H * (s.D + 1) * 4 + attention_forward_scratch_bytes(s.D, s.threads);
-  return 3 * cap + 3 * grad_cap + attention_backward_scratch_bytes(s.D, s.threads);
+    return 3 * cap + max_len * H * (s.D + 1) * 4 + (e != 4 ? s.B * tokens * H * s.D * 4 : 0) +
+           attention_forward_scratch_bytes(s.D, s.threads, activation_dtype(s));
+  return 3 * cap + grad_elements * (4 + (e != 4 ? e : 0) + e) +
+         attention_backward_scratch_bytes(s.D, s.threads, activation_dtype(s));
 }
 
 }  // namespace
 
 CpWorkspace cp_attention_workspace(const CpCallShape& s) {
   CpWorkspace w;
-  const int64_t B = s.B, D = s.D, L = s.L, S = s.L * s.cp, seg_row = s.segments ? 4 : 0;
-  const int64_t kernel_f = attention_forward_scratch_bytes(D, s.threads);
-  const int64_t kernel_b = attention_backward_scratch_bytes(D, s.threads);
+  const int64_t B = s.B, D = s.D, L = s.L, S = s.L * s.cp, seg_row = s.segments ? 4 : 0, e = s.element_bytes;
+  const int64_t kernel_f = attention_forward_scratch_bytes(D, s.threads, activation_dtype(s));
+  const int64_t kernel_b = attention_backward_scratch_bytes(D, s.threads, activation_dtype(s));
   const int64_t t = reorder_copies(s);
   const int64_t delta = B * L * s.H * 4;  // CpAttentionImpl::backward's "cp delta"
   if (s.cp == 1) {  // LocalAttention: the kernel alone
@@ -51,8 +62,8 @@ CpWorkspace cp_attention_workspace(const CpCallShape& s) {
   }
   if (s.strategy == CpStrategy::all_gather) {
     // gather_kv: the local K,V copy lives while K,V, positions, segments are gathered.
-    const int64_t local = B * L * 2 * s.G * D * 4;
-    const int64_t kv = B * S * 2 * s.G * D * 4, pos = B * S * 8, seg = B * S * seg_row;
+    const int64_t local = B * L * 2 * s.G * D * e;
+    const int64_t kv = B * S * 2 * s.G * D * e, pos = B * S * 8, seg = B * S * seg_row;
     const int64_t gather = std::max({local + t * kv, local + kv + t * pos, local + kv + pos + t * seg});
     const int64_t gathered = kv + pos + seg;
     const int64_t fwd = std::max(gather, gathered + kernel_f);
@@ -79,11 +90,12 @@ CpWorkspace cp_attention_workspace(const CpCallShape& s) {
   const int64_t inner_b = R > 1 ? ring_call_peak(s, Hu, Gu, Sg, true) : kernel_b;
   // Forward: send + recv, reorder, gather positions/segments, O|LSE records
   // and LSE scratch around the inner call, reorder O back, receive it.
-  const int64_t q = B * Sg * (Hu + 2 * Gu) * D * 4, o = B * Sg * Hu * (D + 1) * 4, lse = B * Sg * Hu * 4;
+  const UlyssesRecords rec = ulysses_records(Hu, Gu, D, e, e, e);
+  const int64_t q = B * Sg * rec.qkv, o = B * Sg * rec.o, lse = B * Sg * Hu * 4;
   const int64_t fwd = std::max({2 * q, t * q, q + t * pos, q + pos + t * seg, q + pos + seg + o + lse + inner_f,
                                 pos + seg + t * o + lse, pos + seg + 2 * o + lse});
   // Backward: Q,K,V,dO,LSE,delta records, LSE and delta scratch, dQ,dK,dV records.
-  const int64_t qb = B * Sg * ((2 * Hu + 2 * Gu) * D + 2 * Hu) * 4, g = B * Sg * (Hu + 2 * Gu) * D * 4;
+  const int64_t qb = B * Sg * rec.bwd, g = B * Sg * rec.grads;
   const int64_t bwd = delta + std::max({2 * qb, t * qb, qb + t * pos, qb + pos + t * seg,
                                         qb + pos + seg + 2 * lse + g + inner_b, pos + seg + 2 * lse + t * g,
                                         pos + seg + 2 * lse + 2 * g});
@@ -139,6 +151,7 @@ std::vector<CpTransfer> CpCallTraffic::transfers(bool backward, int64_t cp_rank)
   };
   if (s.cp == 1) return out;
   const int64_t B = s.B, D = s.D, L = s.L, e = s.element_bytes, seg = s.segments ? 4 : 0;
+  activation_dtype(s);  // checks e
   if (s.strategy == CpStrategy::all_gather) {
     const int64_t P = s.cp, G = s.G;
     add("all_gather", "cp", "K,V", 1, (P - 1) * B * L * 2 * G * D * e, (P - 1) * B * L * 2 * G * D * e);
@@ -152,13 +165,14 @@ std::vector<CpTransfer> CpCallTraffic::transfers(bool backward, int64_t cp_rank)
   const int64_t U = s.ulysses, R = s.cp / U;
   if (U > 1) {
     const int64_t P = U;
+    const UlyssesRecords rec = ulysses_records(Hu, Gu, D, e, e, e);
     if (!backward) {
-      int64_t qkv = (P - 1) * B * L * e * (Hu + 2 * Gu) * D, o = (P - 1) * B * L * 4 * Hu * (D + 1);
+      int64_t qkv = (P - 1) * B * L * rec.qkv, o = (P - 1) * B * L * rec.o;
       add("all_to_all", "ulysses", "Q,K,V", 1, qkv, qkv);
       add("all_to_all", "ulysses", "O,LSE back", 1, o, o);
     } else {
-      int64_t in = (P - 1) * B * L * 4 * ((2 * Hu + 2 * Gu) * D + 2 * Hu);
-      int64_t back = (P - 1) * B * L * 4 * (Hu + 2 * Gu) * D;
+      int64_t in = (P - 1) * B * L * rec.bwd;
+      int64_t back = (P - 1) * B * L * rec.grads;
       add("all_to_all", "ulysses", "Q,K,V,dO,LSE,delta", 1, in, in);
       add("all_to_all", "ulysses", "dQ,dK,dV back (fp32)", 1, back, back);
     }
@@ -174,13 +188,13 @@ std::vector<CpTransfer> CpCallTraffic::transfers(bool backward, int64_t cp_rank)
       sends += chunks_needed_[other * P + r], sent_tokens += tokens_needed_[other * P + r];
       recvs += chunks_needed_[r * P + other], recv_tokens += tokens_needed_[r * P + other];
     }
-    const int64_t kv_row = 2 * Gu * D * e + 8 + seg, grad_row = 2 * Gu * D * 4;
+    const int64_t kv_row = 2 * Gu * D * e + 8 + seg, grad_row = 2 * Gu * D * e;
     add("send", "ring", "K,V chunks", sends, B * sent_tokens * kv_row, 0);
     add("recv", "ring", "K,V chunks", recvs, 0, B * recv_tokens * kv_row);
     if (backward) {
       // Partial dK,dV of every received chunk go back to its owner.
-      add("send", "ring", "dK,dV back to owners (fp32)", recvs, B * recv_tokens * grad_row, 0);
-      add("recv", "ring", "dK,dV back to owners (fp32)", sends, 0, B * sent_tokens * grad_row);
+      add("send", "ring", "dK,dV back to owners", recvs, B * recv_tokens * grad_row, 0);
+      add("recv", "ring", "dK,dV back to owners", sends, 0, B * sent_tokens * grad_row);
     }
   }
   return out;

@@ -22,8 +22,13 @@
 //
 // Forward computes each received chunk against only the local q chunks it
 // can reach, one q chunk at a time, and merges that into O, LSE in fp32
-// (attention_merge). Backward accumulates dQ locally and the chunk's partial
-// dK, dV (fp32) that go back to the owner, which adds them to its own.
+// (attention_merge; with a bf16 O, into an fp32 copy rounded to bf16 once at
+// the end). Backward accumulates dQ locally and the chunk's partial dK, dV
+// (fp32) that go back to the owner, which adds them to its own.
+//
+// Dtypes on the wire: K, V chunks and the returning partial dK, dV in the
+// dtype of k, v (bf16: half the bytes; a bf16 piece is rounded once before
+// the owner adds it in fp32); positions int64, segments int32.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -31,6 +36,7 @@
 
 #include "core/error.h"
 #include "cp/strategies.h"
+#include "kernels/convert.h"
 
 namespace longctx {
 
@@ -72,8 +78,8 @@ bool RingChunks::needs(const MaskSpec& m, int64_t q_rank, int64_t kv_rank, int64
   return false;
 }
 
-int64_t ring_chunk_bytes(int64_t B, int64_t len, int64_t G, int64_t D, bool segments) {
-  return B * len * (2 * G * D * 4 + 8 + (segments ? 4 : 0));
+int64_t ring_chunk_bytes(int64_t B, int64_t len, int64_t G, int64_t D, bool segments, int64_t element_bytes) {
+  return B * len * (2 * G * D * element_bytes + 8 + (segments ? 4 : 0));
 }
 
 namespace {
@@ -119,36 +125,35 @@ RingPlan make_plan(const Communicator& comm, const AttentionArgs& a, const Local
   return p;
 }
 
-// One chunk on the wire: K, V [B, len, 2, G, D] fp32, positions [B, len]
-// int64, segments [B, len] int32 (only with segment masking).
+// One chunk on the wire: positions [B, len] int64, segments [B, len] int32
+// (only with segment masking), then K, V [B, len, 2, G, D] in their dtype
+// (after the 8- and 4-byte fields, so every field stays aligned).
 struct ChunkFormat {
   LocalDims d;
   bool segments;
-  size_t bytes(int64_t len) const { return ring_chunk_bytes(d.B, len, d.G, d.D, segments); }
+  size_t bytes(int64_t len) const { return ring_chunk_bytes(d.B, len, d.G, d.D, segments, d.e); }
+  int64_t kv_row() const { return 2 * d.G * d.D * d.e; }  // bytes of one token's K, V
+  char* kv_at(char* chunk, int64_t len) const { return chunk + d.B * len * (8 + (segments ? 4 : 0)); }
   void pack(const AttentionArgs& a, int64_t begin, int64_t len, char* dst) const {
-    const int64_t row = 2 * d.G * d.D;
-    float* kv = reinterpret_cast<float*>(dst);
-    int64_t* pos = reinterpret_cast<int64_t*>(kv + d.B * len * row);
+    int64_t* pos = reinterpret_cast<int64_t*>(dst);
     int32_t* seg = reinterpret_cast<int32_t*>(pos + d.B * len);
+    char* kv = kv_at(dst, len);
     for (int64_t b = 0; b < d.B; ++b)
       for (int64_t s = 0; s < len; ++s) {
-        float* t = kv + (b * len + s) * row;
-        for (int64_t g = 0; g < d.G; ++g) {
-          std::memcpy(t + g * d.D, a.k.at<float>({b, begin + s, g}), d.D * 4);
-          std::memcpy(t + (d.G + g) * d.D, a.v.at<float>({b, begin + s, g}), d.D * 4);
-        }
+        char* t = kv + (b * len + s) * kv_row();
+        copy_heads(a.k, b, begin + s, 0, d.G, t);
+        copy_heads(a.v, b, begin + s, 0, d.G, t + kv_row() / 2);
         pos[b * len + s] = a.kv_pos[b * d.L + begin + s];
         if (segments) seg[b * len + s] = a.kv_seg[b * d.L + begin + s];
       }
   }
   // The local args with K, V, positions and segments replaced by a received chunk.
   AttentionArgs with_chunk(const AttentionArgs& a, int64_t len, char* src) const {
-    const int64_t row = 2 * d.G * d.D;
-    float* kv = reinterpret_cast<float*>(src);
-    int64_t* pos = reinterpret_cast<int64_t*>(kv + d.B * len * row);
+    int64_t* pos = reinterpret_cast<int64_t*>(src);
+    char* kv = kv_at(src, len);
     AttentionArgs c = a;
-    c.k = TensorView::strided(kv, DType::f32, {d.B, len, d.G, d.D}, {len * row, row, d.D, 1});
-    c.v = TensorView::strided(kv + d.G * d.D, DType::f32, {d.B, len, d.G, d.D}, {len * row, row, d.D, 1});
+    c.k = record_view(kv, d.dtype, d.B, len, d.G, d.D, kv_row());
+    c.v = record_view(kv + kv_row() / 2, d.dtype, d.B, len, d.G, d.D, kv_row());
     c.kv_pos = pos;
     c.kv_seg = segments ? reinterpret_cast<int32_t*>(pos + d.B * len) : nullptr;
     return c;
@@ -196,7 +201,7 @@ struct ReturnStream {
   const TensorView& dk;
   const TensorView& dv;
   const std::atomic<bool>& own_done;
-  float* buf;  // [B, len, 2, G, D]
+  char* buf;  // [B, len, 2, G, D] in the dtype of k, v
   size_t next = 0;
   int chunk = -1;
   Request req;
@@ -210,25 +215,27 @@ struct ReturnStream {
     while (next < p.units.size() && !p.units[next].send) ++next;
     if (next == p.units.size()) return true;
     const Unit& u = p.units[next++];
-    const int64_t row = 2 * d.G * d.D;
     chunk = u.chunk;
-    req = comm.irecv(buf, d.B * p.len(u.chunk) * row * 4, (p.r + u.step) % p.P, grad_tag(p, u));
+    req = comm.irecv(buf, d.B * p.len(u.chunk) * 2 * d.G * d.D * d.e, (p.r + u.step) % p.P, grad_tag(p, u));
     return false;
   }
   void add(int c) const {
-    const int64_t len = p.len(c), row = 2 * d.G * d.D;
+    const int64_t len = p.len(c), row = 2 * d.G * d.D * d.e;
+    std::vector<float> g(2 * d.G * d.D);  // one token's dK, dV, widened
     for (int64_t b = 0; b < d.B; ++b)
-      for (int64_t t = 0; t < len; ++t)
+      for (int64_t t = 0; t < len; ++t) {
+        load_f32(buf + (b * len + t) * row, d.dtype, g.data(), 2 * d.G * d.D);
         for (int64_t h = 0; h < d.G; ++h) {
           float* k = dk.at<float>({b, p.begin[c] + t, h});
           float* v = dv.at<float>({b, p.begin[c] + t, h});
-          const float* gk = buf + (b * len + t) * row + h * d.D;
+          const float* gk = g.data() + h * d.D;
           const float* gv = gk + d.G * d.D;
           for (int64_t x = 0; x < d.D; ++x) {
             k[x] += gk[x];
             v[x] += gv[x];
           }
         }
+      }
   }
 };
 
@@ -282,17 +289,21 @@ struct PieceReceiver {
   }
 };
 
+// Tokens [t0, t0 + len) of batch row b of a [B, S, heads, D] view, as a
+// [1, len, heads, D] view.
+TensorView token_slice(const TensorView& t, int64_t b, int64_t t0, int64_t len) {
+  return TensorView::strided(element_ptr(t, {b, t0}), t.dtype, {1, len, t.dim(2), t.dim(3)},
+                             {t.stride[0], t.stride[1], t.stride[2], 1});
+}
+
 // Batch row b, local q tokens [q0, q0 + q_len) of `a` against batch row b of
 // kv chunk `c` (B = 1 views).
 AttentionArgs slice(const AttentionArgs& c, const LocalDims& d, int64_t b, int64_t q0, int64_t q_len,
                     int64_t kv_len) {
   AttentionArgs s = c;
-  s.q = TensorView::strided(c.q.at<float>({b, q0}), DType::f32, {1, q_len, d.H, d.D},
-                            {c.q.stride[0], c.q.stride[1], c.q.stride[2], 1});
-  s.k = TensorView::strided(c.k.at<float>({b}), DType::f32, {1, kv_len, d.G, d.D},
-                            {c.k.stride[0], c.k.stride[1], c.k.stride[2], 1});
-  s.v = TensorView::strided(c.v.at<float>({b}), DType::f32, {1, kv_len, d.G, d.D},
-                            {c.v.stride[0], c.v.stride[1], c.v.stride[2], 1});
+  s.q = token_slice(c.q, b, q0, q_len);
+  s.k = token_slice(c.k, b, 0, kv_len);
+  s.v = token_slice(c.v, b, 0, kv_len);
   s.q_pos = c.q_pos + b * d.L + q0;
   s.kv_pos = c.kv_pos + b * kv_len;
   if (c.mask.same_segment) {
@@ -311,14 +322,21 @@ CommWorker& RingAttention::worker() {
 
 RingAttention::~RingAttention() = default;
 
-void RingAttention::forward(const AttentionArgs& local, const TensorView& o, float* lse) {
+void RingAttention::forward(const AttentionArgs& local, const TensorView& o_out, float* lse) {
   LocalDims d = check_local_args(local);
   RingPlan p = make_plan(comm_, local, d, chunk_tokens_);
   ChunkFormat f{d, local.mask.same_segment};
   const size_t cap = f.bytes(p.max_len());
   Buffer send_buf(MemCategory::communication, "ring kv send", cap);
   PieceReceiver in{comm_, p, f, cap};
-  if (p.units.empty()) return attention_forward(local, o, lse);
+  if (p.units.empty()) return attention_forward(local, o_out, lse);
+  // O is merged in fp32: in the caller's O, or in an fp32 copy when O is bf16.
+  Buffer o_f32;
+  TensorView o = o_out;
+  if (o_out.dtype != DType::f32) {
+    o_f32 = Buffer(MemCategory::scratch, "ring o fp32", d.B * d.L * d.H * d.D * 4);
+    o = TensorView(o_f32.data(), DType::f32, {d.B, d.L, d.H, d.D});
+  }
   // The partial result of one local q chunk against one received kv chunk:
   // [1, len, H, D] and [1, len, H]. Only q chunks the kv chunk can reach are
   // computed and merged, a chunk at a time, so this stays one chunk big.
@@ -343,14 +361,15 @@ void RingAttention::forward(const AttentionArgs& local, const TensorView& o, flo
         const int64_t q0 = p.begin[qc], q_len = p.len(qc);
         const TensorView part(o_part.data(), DType::f32, {1, q_len, d.H, d.D});
         attention_forward(slice(piece, d, b, q0, q_len, len), part, lse_part.as<float>());
-        const TensorView mine = TensorView::strided(o.at<float>({b, q0}), DType::f32,
-                                                    {1, q_len, d.H, d.D},
-                                                    {o.stride[0], o.stride[1], o.stride[2], 1});
-        attention_merge(mine, lse + (b * d.L + q0) * d.H, part, lse_part.as<float>());
+        attention_merge(token_slice(o, b, q0, q_len), lse + (b * d.L + q0) * d.H, part, lse_part.as<float>());
       }
     i = next;
   }
   w.finish(comm_, CommOp::send);
+  if (o_out.dtype == DType::f32) return;
+  for (int64_t b = 0; b < d.B; ++b)  // rounded to O's dtype once
+    for (int64_t t = 0; t < d.L; ++t)
+      for (int64_t h = 0; h < d.H; ++h) store_f32(o.at<float>({b, t, h}), element_ptr(o_out, {b, t, h}), o_out.dtype, d.D);
 }
 
 void RingAttention::backward_with_delta(const AttentionArgs& local, const TensorView& dout,
@@ -360,15 +379,19 @@ void RingAttention::backward_with_delta(const AttentionArgs& local, const Tensor
   LocalDims d = check_local_args(local);
   RingPlan p = make_plan(comm_, local, d, chunk_tokens_);
   ChunkFormat f{d, local.mask.same_segment};
-  const int64_t row = 2 * d.G * d.D;  // dk, dv of one token
+  const int64_t row = 2 * d.G * d.D;  // dk, dv of one token (elements)
   const size_t cap = f.bytes(p.max_len());
-  const size_t grad_cap = d.B * p.max_len() * row * 4;
+  const size_t grad_cap = d.B * p.max_len() * row * 4, wire_cap = d.B * p.max_len() * row * d.e;
   Buffer send_buf(MemCategory::communication, "ring kv send", cap);
   PieceReceiver in{comm_, p, f, cap};
-  // Partial dK, dV of a received chunk, going back to its owner: [B, len, 2, G, D].
+  // Partial dK, dV (fp32) of a received chunk, going back to its owner:
+  // [B, len, 2, G, D]; sent as they are, or rounded into `part_wire` when
+  // K, V are bf16.
   Buffer part(MemCategory::communication, "ring dkv send", grad_cap);
-  // Partial dK, dV of one of my chunks, coming back: [B, len, 2, G, D].
-  Buffer ret_buf(MemCategory::communication, "ring dkv recv", grad_cap);
+  Buffer part_wire;
+  if (d.e != 4) part_wire = Buffer(MemCategory::communication, "ring dkv send bf16", wire_cap);
+  // Partial dK, dV of one of my chunks, coming back: [B, len, 2, G, D] in the dtype of k, v.
+  Buffer ret_buf(MemCategory::communication, "ring dkv recv", wire_cap);
   zero_view(dq);
   zero_view(dk);
   zero_view(dv);
@@ -377,7 +400,7 @@ void RingAttention::backward_with_delta(const AttentionArgs& local, const Tensor
   CancelGuard cancel{comm_, {&part_req}};
   std::atomic<bool> own_done{false};
   SendStream out{comm_, p, f, local, send_buf.as<char>(), 0, {}};
-  ReturnStream back{comm_, p, d, dk, dv, own_done, ret_buf.as<float>(), 0, -1, {}};
+  ReturnStream back{comm_, p, d, dk, dv, own_done, ret_buf.as<char>(), 0, -1, {}};
   CommWorker& w = worker();
   WorkerGuard guard{w};
   w.start([&out, &back] {
@@ -399,7 +422,9 @@ void RingAttention::backward_with_delta(const AttentionArgs& local, const Tensor
         f.with_chunk(local, len, piece), dout, lse, delta, dq,
         TensorView::strided(g, DType::f32, {d.B, len, d.G, d.D}, {len * row, row, d.D, 1}),
         TensorView::strided(g + d.G * d.D, DType::f32, {d.B, len, d.G, d.D}, {len * row, row, d.D, 1}));
-    part_req = comm_.isend(g, d.B * len * row * 4, (p.r - u.step + p.P) % p.P, grad_tag(p, u));
+    void* wire = g;
+    if (d.e != 4) store_f32(g, wire = part_wire.data(), d.dtype, d.B * len * row);
+    part_req = comm_.isend(wire, d.B * len * row * d.e, (p.r - u.step + p.P) % p.P, grad_tag(p, u));
     i = next;
   }
   comm_.wait(part_req);

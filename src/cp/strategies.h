@@ -82,13 +82,38 @@ class RingAttention : public CpAttentionImpl {
 
 struct LocalDims {
   int64_t B, L, H, G, D;  // batch, local tokens, q heads, kv heads, head dim
+  DType dtype;            // of q, k, v
+  int64_t e;              // its bytes per element: K, V (and Q) travel in it
 };
 // Checks the local args of a self-attention call: q and kv are the same L
-// tokens (equal positions and segments), fp32, head dim contiguous.
+// tokens (equal positions and segments), q, k, v all fp32 or all bf16, head
+// dim contiguous.
 LocalDims check_local_args(const AttentionArgs& a);
 
 // Zeroes a (possibly strided) fp32 view.
 void zero_view(const TensorView& v);
+
+// n heads from h0 of token (b, s) of a [B, S, heads, D] view of any dtype:
+// [n, D] contiguous at dst, in the view's dtype.
+void copy_heads(const TensorView& t, int64_t b, int64_t s, int64_t h0, int64_t n, char* dst);
+
+// [B, S, n, D] of `dtype` over records of `row_bytes` bytes per token
+// starting at `base` (row_bytes a multiple of the element size).
+TensorView record_view(char* base, DType dtype, int64_t B, int64_t S, int64_t n, int64_t D, int64_t row_bytes);
+
+// What ulysses sends per token to one rank holding Hu q heads and Gu kv
+// heads (bytes; the one layout of UlyssesAttention and of cp_sizes.cpp):
+//   qkv    forward in:    q, k, v in their dtype (e)
+//   o      forward back:  o in its dtype (e_o), then lse (fp32)
+//   bwd    backward in:   lse, delta (fp32), q, k, v (e), dout (e_dout) at
+//                         bwd_dout (aligned to e_dout), the record padded to
+//                         4 bytes (padding only when e and e_dout differ and
+//                         a section holds an odd number of elements)
+//   grads  backward back: dq, dk, dv (fp32)
+struct UlyssesRecords {
+  int64_t qkv, o, bwd, bwd_q, bwd_dout, grads;
+};
+UlyssesRecords ulysses_records(int64_t Hu, int64_t Gu, int64_t D, int64_t e, int64_t e_o, int64_t e_dout);
 
 // Gathers every rank's [B, L, row_bytes] block into [B, P*L, row_bytes],
 // token order rank-major within each batch row.

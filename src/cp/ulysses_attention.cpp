@@ -4,6 +4,10 @@
 // back. The gathered token order is rank-major; positions travel with the
 // tokens, so any layout works.
 //
+// Dtypes: q, k, v travel in theirs, O back in o's, dO in its own (bf16: half
+// the bytes); LSE, delta and the returning dQ, dK, dV are fp32
+// (ulysses_records).
+//
 // GQA: rank j receives q heads [j*Hu, (j+1)*Hu). Its kv heads are
 // [j*G/P, (j+1)*G/P) when P divides G (split), or the single kv head j/(P/G)
 // when G divides P (replicated on P/G ranks; their gradients are summed).
@@ -11,6 +15,7 @@
 
 #include "core/error.h"
 #include "cp/strategies.h"
+#include "kernels/convert.h"
 
 namespace longctx {
 
@@ -34,68 +39,72 @@ HeadSplit split_heads(int P, int64_t H, int64_t G) {
                     "replicates them)");
 }
 
-// n heads from h0 of token (b, s): [n, D] contiguous at dst.
-void copy_heads(const TensorView& t, int64_t b, int64_t s, int64_t h0, int64_t n, float* dst) {
-  for (int64_t h = 0; h < n; ++h)
-    std::memcpy(dst + h * t.dim(3), t.at<float>({b, s, h0 + h}), t.dim(3) * sizeof(float));
-}
-
-TensorView heads_view(float* base, int64_t B, int64_t S, int64_t n, int64_t D, int64_t row) {
-  return TensorView::strided(base, DType::f32, {B, S, n, D}, {S * row, row, D, 1});
-}
+int64_t align_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 }  // namespace
+
+UlyssesRecords ulysses_records(int64_t Hu, int64_t Gu, int64_t D, int64_t e, int64_t e_o, int64_t e_dout) {
+  UlyssesRecords r;
+  r.qkv = (Hu + 2 * Gu) * D * e;
+  r.o = Hu * D * e_o + Hu * 4;
+  r.bwd_q = 2 * Hu * 4;
+  r.bwd_dout = align_up(r.bwd_q + r.qkv, e_dout);
+  r.bwd = align_up(r.bwd_dout + Hu * D * e_dout, 4);
+  r.grads = (Hu + 2 * Gu) * D * 4;
+  return r;
+}
 
 void UlyssesAttention::forward(const AttentionArgs& local, const TensorView& o, float* lse) {
   LocalDims d = check_local_args(local);
   const int P = comm_.size();
   HeadSplit hs = split_heads(P, d.H, d.G);
-  const int64_t S = P * d.L, D = d.D;
-  const int64_t rec = (hs.Hu + 2 * hs.Gu) * D;  // q, k, v of one token for one rank
+  const int64_t S = P * d.L, D = d.D, Hu = hs.Hu, Gu = hs.Gu, e = d.e;
+  const UlyssesRecords rec = ulysses_records(Hu, Gu, D, e, dtype_size(o.dtype), 4);
 
-  Buffer send(MemCategory::communication, "ulysses qkv send", P * d.B * d.L * rec * 4);  // [P, B, L, rec]
+  Buffer send(MemCategory::communication, "ulysses qkv send", P * d.B * d.L * rec.qkv);  // [P, B, L, qkv]
   for (int j = 0; j < P; ++j)
     for (int64_t b = 0; b < d.B; ++b)
       for (int64_t s = 0; s < d.L; ++s) {
-        float* dst = send.as<float>() + ((j * d.B + b) * d.L + s) * rec;
-        copy_heads(local.q, b, s, j * hs.Hu, hs.Hu, dst);
-        copy_heads(local.k, b, s, hs.kv_head(j), hs.Gu, dst + hs.Hu * D);
-        copy_heads(local.v, b, s, hs.kv_head(j), hs.Gu, dst + (hs.Hu + hs.Gu) * D);
+        char* dst = send.as<char>() + ((j * d.B + b) * d.L + s) * rec.qkv;
+        copy_heads(local.q, b, s, j * Hu, Hu, dst);
+        copy_heads(local.k, b, s, hs.kv_head(j), Gu, dst + Hu * D * e);
+        copy_heads(local.v, b, s, hs.kv_head(j), Gu, dst + (Hu + Gu) * D * e);
       }
   Buffer recv(MemCategory::communication, "ulysses qkv", send.size());
-  comm_.all_to_all(send.data(), recv.data(), d.B * d.L * rec * 4);
+  comm_.all_to_all(send.data(), recv.data(), d.B * d.L * rec.qkv);
   send = Buffer();
-  Buffer qkv = rank_major_to_batch_major(std::move(recv), P, d.B, d.L, rec * 4);  // [B, S, rec]
+  Buffer qkv = rank_major_to_batch_major(std::move(recv), P, d.B, d.L, rec.qkv);  // [B, S, qkv]
   Buffer pos = gather_tokens(comm_, local.q_pos, d.B, d.L, 8, "ulysses positions");
   Buffer seg;
   if (local.mask.same_segment) seg = gather_tokens(comm_, local.q_seg, d.B, d.L, 4, "ulysses segments");
 
   AttentionArgs heads = local;
-  float* base = qkv.as<float>();
-  heads.q = heads_view(base, d.B, S, hs.Hu, D, rec);
-  heads.k = heads_view(base + hs.Hu * D, d.B, S, hs.Gu, D, rec);
-  heads.v = heads_view(base + (hs.Hu + hs.Gu) * D, d.B, S, hs.Gu, D, rec);
+  char* base = qkv.as<char>();
+  heads.q = record_view(base, d.dtype, d.B, S, Hu, D, rec.qkv);
+  heads.k = record_view(base + Hu * D * e, d.dtype, d.B, S, Gu, D, rec.qkv);
+  heads.v = record_view(base + (Hu + Gu) * D * e, d.dtype, d.B, S, Gu, D, rec.qkv);
   heads.q_pos = heads.kv_pos = pos.as<int64_t>();
   heads.q_seg = heads.kv_seg = local.mask.same_segment ? seg.as<int32_t>() : nullptr;
 
-  // O and LSE of every token for Hu heads, one record per token: [B, S, Hu*(D+1)].
-  const int64_t orec = hs.Hu * (D + 1);
-  Buffer out(MemCategory::communication, "ulysses o", d.B * S * orec * 4);
-  Buffer lse_h(MemCategory::scratch, "ulysses lse", d.B * S * hs.Hu * 4);  // [B, S, Hu]
-  inner_->forward(heads, heads_view(out.as<float>(), d.B, S, hs.Hu, D, orec), lse_h.as<float>());
+  // O (o's dtype) and LSE of every token for Hu heads, one record per token: [B, S, o].
+  const int64_t o_bytes = Hu * D * int64_t(dtype_size(o.dtype));  // where the LSE starts
+  Buffer out(MemCategory::communication, "ulysses o", d.B * S * rec.o);
+  Buffer lse_h(MemCategory::scratch, "ulysses lse", d.B * S * Hu * 4);  // [B, S, Hu]
+  inner_->forward(heads, record_view(out.as<char>(), o.dtype, d.B, S, Hu, D, rec.o), lse_h.as<float>());
   qkv = Buffer();
   for (int64_t t = 0; t < d.B * S; ++t)
-    std::memcpy(out.as<float>() + t * orec + hs.Hu * D, lse_h.as<float>() + t * hs.Hu, hs.Hu * 4);
-  Buffer back = batch_major_to_rank_major(std::move(out), P, d.B, d.L, orec * 4);  // [P, B, L, orec]
+    std::memcpy(out.as<char>() + t * rec.o + o_bytes, lse_h.as<float>() + t * Hu, Hu * 4);
+  Buffer back = batch_major_to_rank_major(std::move(out), P, d.B, d.L, rec.o);  // [P, B, L, o]
   Buffer mine(MemCategory::communication, "ulysses o back", back.size());
-  comm_.all_to_all(back.data(), mine.data(), d.B * d.L * orec * 4);
+  comm_.all_to_all(back.data(), mine.data(), d.B * d.L * rec.o);
+  const size_t o_row = D * dtype_size(o.dtype);
   for (int j = 0; j < P; ++j)
     for (int64_t b = 0; b < d.B; ++b)
       for (int64_t s = 0; s < d.L; ++s) {
-        const float* src = mine.as<float>() + ((j * d.B + b) * d.L + s) * orec;
-        for (int64_t h = 0; h < hs.Hu; ++h) {
-          std::memcpy(o.at<float>({b, s, j * hs.Hu + h}), src + h * D, D * 4);
-          lse[(b * d.L + s) * d.H + j * hs.Hu + h] = src[hs.Hu * D + h];
+        const char* src = mine.as<char>() + ((j * d.B + b) * d.L + s) * rec.o;
+        for (int64_t h = 0; h < Hu; ++h) {
+          std::memcpy(element_ptr(o, {b, s, j * Hu + h}), src + h * o_row, o_row);
+          std::memcpy(lse + (b * d.L + s) * d.H + j * Hu + h, src + o_bytes + h * 4, 4);
         }
       }
 }
@@ -107,58 +116,59 @@ void UlyssesAttention::backward_with_delta(const AttentionArgs& local, const Ten
   LocalDims d = check_local_args(local);
   const int P = comm_.size();
   HeadSplit hs = split_heads(P, d.H, d.G);
-  const int64_t S = P * d.L, D = d.D, Hu = hs.Hu, Gu = hs.Gu;
-  // q, k, v, dout, lse, delta of one token for one rank.
-  const int64_t rec = (2 * Hu + 2 * Gu) * D + 2 * Hu;
-  const int64_t o_dout = (Hu + 2 * Gu) * D, o_lse = o_dout + Hu * D, o_delta = o_lse + Hu;
+  const int64_t S = P * d.L, D = d.D, Hu = hs.Hu, Gu = hs.Gu, e = d.e;
+  // lse, delta, q, k, v, dout of one token for one rank.
+  const UlyssesRecords rec = ulysses_records(Hu, Gu, D, e, 4, dtype_size(dout.dtype));
 
-  Buffer send(MemCategory::communication, "ulysses bwd send", P * d.B * d.L * rec * 4);  // [P, B, L, rec]
+  Buffer send(MemCategory::communication, "ulysses bwd send", P * d.B * d.L * rec.bwd);  // [P, B, L, bwd]
+  std::memset(send.data(), 0, send.size());  // padding bytes, if any, are sent too
   for (int j = 0; j < P; ++j)
     for (int64_t b = 0; b < d.B; ++b)
       for (int64_t s = 0; s < d.L; ++s) {
-        float* dst = send.as<float>() + ((j * d.B + b) * d.L + s) * rec;
-        copy_heads(local.q, b, s, j * Hu, Hu, dst);
-        copy_heads(local.k, b, s, hs.kv_head(j), Gu, dst + Hu * D);
-        copy_heads(local.v, b, s, hs.kv_head(j), Gu, dst + (Hu + Gu) * D);
-        copy_heads(dout, b, s, j * Hu, Hu, dst + o_dout);
+        char* dst = send.as<char>() + ((j * d.B + b) * d.L + s) * rec.bwd;
         const int64_t row = (b * d.L + s) * d.H + j * Hu;
-        std::memcpy(dst + o_lse, lse + row, Hu * 4);
-        std::memcpy(dst + o_delta, delta + row, Hu * 4);
+        std::memcpy(dst, lse + row, Hu * 4);
+        std::memcpy(dst + Hu * 4, delta + row, Hu * 4);
+        copy_heads(local.q, b, s, j * Hu, Hu, dst + rec.bwd_q);
+        copy_heads(local.k, b, s, hs.kv_head(j), Gu, dst + rec.bwd_q + Hu * D * e);
+        copy_heads(local.v, b, s, hs.kv_head(j), Gu, dst + rec.bwd_q + (Hu + Gu) * D * e);
+        copy_heads(dout, b, s, j * Hu, Hu, dst + rec.bwd_dout);
       }
   Buffer recv(MemCategory::communication, "ulysses bwd", send.size());
-  comm_.all_to_all(send.data(), recv.data(), d.B * d.L * rec * 4);
+  comm_.all_to_all(send.data(), recv.data(), d.B * d.L * rec.bwd);
   send = Buffer();
-  Buffer all = rank_major_to_batch_major(std::move(recv), P, d.B, d.L, rec * 4);  // [B, S, rec]
+  Buffer all = rank_major_to_batch_major(std::move(recv), P, d.B, d.L, rec.bwd);  // [B, S, bwd]
   Buffer pos = gather_tokens(comm_, local.q_pos, d.B, d.L, 8, "ulysses positions");
   Buffer seg;
   if (local.mask.same_segment) seg = gather_tokens(comm_, local.q_seg, d.B, d.L, 4, "ulysses segments");
 
-  float* base = all.as<float>();
+  char* base = all.as<char>();
   AttentionArgs heads = local;
-  heads.q = heads_view(base, d.B, S, Hu, D, rec);
-  heads.k = heads_view(base + Hu * D, d.B, S, Gu, D, rec);
-  heads.v = heads_view(base + (Hu + Gu) * D, d.B, S, Gu, D, rec);
+  heads.q = record_view(base + rec.bwd_q, d.dtype, d.B, S, Hu, D, rec.bwd);
+  heads.k = record_view(base + rec.bwd_q + Hu * D * e, d.dtype, d.B, S, Gu, D, rec.bwd);
+  heads.v = record_view(base + rec.bwd_q + (Hu + Gu) * D * e, d.dtype, d.B, S, Gu, D, rec.bwd);
   heads.q_pos = heads.kv_pos = pos.as<int64_t>();
   heads.q_seg = heads.kv_seg = local.mask.same_segment ? seg.as<int32_t>() : nullptr;
   Buffer lse_h(MemCategory::scratch, "ulysses lse", d.B * S * Hu * 4);  // [B, S, Hu]
   Buffer delta_h(MemCategory::scratch, "ulysses delta", d.B * S * Hu * 4);
   for (int64_t t = 0; t < d.B * S; ++t) {
-    std::memcpy(lse_h.as<float>() + t * Hu, base + t * rec + o_lse, Hu * 4);
-    std::memcpy(delta_h.as<float>() + t * Hu, base + t * rec + o_delta, Hu * 4);
+    std::memcpy(lse_h.as<float>() + t * Hu, base + t * rec.bwd, Hu * 4);
+    std::memcpy(delta_h.as<float>() + t * Hu, base + t * rec.bwd + Hu * 4, Hu * 4);
   }
 
-  // dq, dk, dv of every token for this rank's heads: [B, S, (Hu + 2Gu) * D].
+  // dq, dk, dv (fp32) of every token for this rank's heads: [B, S, (Hu + 2Gu) * D].
   const int64_t grec = (Hu + 2 * Gu) * D;
-  Buffer grads(MemCategory::communication, "ulysses grads", d.B * S * grec * 4);
-  float* gb = grads.as<float>();
-  inner_->backward_with_delta(heads, heads_view(base + o_dout, d.B, S, Hu, D, rec), lse_h.as<float>(),
-                              delta_h.as<float>(), heads_view(gb, d.B, S, Hu, D, grec),
-                              heads_view(gb + Hu * D, d.B, S, Gu, D, grec),
-                              heads_view(gb + (Hu + Gu) * D, d.B, S, Gu, D, grec));
+  Buffer grads(MemCategory::communication, "ulysses grads", d.B * S * rec.grads);
+  inner_->backward_with_delta(heads, record_view(base + rec.bwd_dout, dout.dtype, d.B, S, Hu, D, rec.bwd),
+                              lse_h.as<float>(), delta_h.as<float>(),
+                              record_view(grads.as<char>(), DType::f32, d.B, S, Hu, D, rec.grads),
+                              record_view(grads.as<char>() + Hu * D * 4, DType::f32, d.B, S, Gu, D, rec.grads),
+                              record_view(grads.as<char>() + (Hu + Gu) * D * 4, DType::f32, d.B, S, Gu, D,
+                                          rec.grads));
   all = Buffer();
-  Buffer back = batch_major_to_rank_major(std::move(grads), P, d.B, d.L, grec * 4);  // [P, B, L, grec]
+  Buffer back = batch_major_to_rank_major(std::move(grads), P, d.B, d.L, rec.grads);  // [P, B, L, grads]
   Buffer mine(MemCategory::communication, "ulysses grads back", back.size());
-  comm_.all_to_all(back.data(), mine.data(), d.B * d.L * grec * 4);
+  comm_.all_to_all(back.data(), mine.data(), d.B * d.L * rec.grads);
   // Replicated kv heads come back from several ranks: sum them.
   zero_view(dk);
   zero_view(dv);

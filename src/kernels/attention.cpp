@@ -27,6 +27,7 @@
 #include "core/memory.h"
 #include "kernels/attention.h"
 #include "kernels/attention_tiles.h"
+#include "kernels/convert.h"
 #include "kernels/gemm.h"
 
 namespace longctx {
@@ -34,19 +35,54 @@ namespace longctx {
 using attn::BlockBounds;
 using attn::TileKind;
 
-// Per thread, forward: s [bq, bk] scores then probabilities, acc [bq, D],
-// m and l [bq], contiguous copies of the tile's Q [bq, D], K and V [bk, D].
-int64_t attention_forward_scratch_bytes(int64_t D, int64_t threads) {
+namespace {
+
+std::atomic<AttentionTilePath> g_forced_bf16_path{AttentionTilePath::f32};  // f32: automatic
+
+// One thread's scratch: `floats` fp32 values, then `copies` tile copies of
+// [kAttentionTile, D] in the tile dtype, then (bf16 tiles) one bf16
+// [kAttentionTile, kAttentionTile] for P or dS as a product's operand.
+int64_t per_thread_scratch_bytes(int64_t floats, int64_t copies, int64_t D, AttentionTilePath path) {
   const int64_t b = kAttentionTile;
-  return threads * (b * b + 2 * b * D + 2 * b + 2 * b * D) * static_cast<int64_t>(sizeof(float));
+  if (path != AttentionTilePath::bf16_native) return (floats + copies * b * D) * int64_t(sizeof(float));
+  return floats * int64_t(sizeof(float)) + (copies * b * D + b * b) * int64_t(sizeof(bf16));
 }
 
-// Per thread, backward: s [bq, bk] (P), dp [bq, bk] (dP then dS), dk_acc,
-// dv_acc [bk, D], dq_tile [bq, D], contiguous copies of K, V [bk, D] and
-// Q, dO [bq, D].
-int64_t attention_backward_scratch_bytes(int64_t D, int64_t threads) {
+}  // namespace
+
+AttentionTilePath attention_tile_path(DType dtype) {
+  if (dtype == DType::f32) return AttentionTilePath::f32;
+  const AttentionTilePath forced = g_forced_bf16_path.load();
+  if (forced != AttentionTilePath::f32) return forced;
+  static const AttentionTilePath automatic =
+      gemm_bf16_is_native() ? AttentionTilePath::bf16_native : AttentionTilePath::bf16_widened;
+  return automatic;
+}
+
+const char* attention_tile_path_name(AttentionTilePath path) {
+  switch (path) {
+    case AttentionTilePath::f32: return "fp32 tiles, gemm_f32";
+    case AttentionTilePath::bf16_widened: return "bf16 widened to fp32 tiles, gemm_f32";
+    case AttentionTilePath::bf16_native: return "bf16 tiles, gemm_bf16 (P, dS rounded to bf16)";
+  }
+  return "";
+}
+
+void set_attention_bf16_tile_path(AttentionTilePath path) { g_forced_bf16_path = path; }
+
+// Per thread, forward: fp32 s [bq, bk] scores then probabilities, acc [bq, D],
+// m and l [bq]; contiguous copies of the tile's Q [bq, D], K and V [bk, D].
+int64_t attention_forward_scratch_bytes(int64_t D, int64_t threads, DType dtype) {
   const int64_t b = kAttentionTile;
-  return threads * (2 * b * b + 4 * b * D + 3 * b * D) * static_cast<int64_t>(sizeof(float));
+  return threads * per_thread_scratch_bytes(b * b + b * D + 2 * b, 3, D, attention_tile_path(dtype));
+}
+
+// Per thread, backward: fp32 s [bq, bk] (P), dp [bq, bk] (dP then dS),
+// dk_acc, dv_acc [bk, D], dq_tile [bq, D]; contiguous copies of K, V [bk, D]
+// and Q, dO [bq, D].
+int64_t attention_backward_scratch_bytes(int64_t D, int64_t threads, DType dtype) {
+  const int64_t b = kAttentionTile;
+  return threads * per_thread_scratch_bytes(2 * b * b + 3 * b * D, 4, D, attention_tile_path(dtype));
 }
 
 namespace {
@@ -67,9 +103,12 @@ struct Geometry {
   float scale;             // softmax scale (natural units)
 };
 
-void check_view(const TensorView& t, const char* name) {
+// fp32_only: dq, dk, dv (accumulated in fp32); q, k, v, o, dout may be bf16.
+void check_view(const TensorView& t, const char* name, bool fp32_only = false) {
   check_shape(t.rank == 4, std::string("attention: ") + name + " must be rank 4");
-  check_shape(t.dtype == DType::f32, std::string("attention: ") + name + " must be fp32");
+  if (fp32_only) check_shape(t.dtype == DType::f32, std::string("attention: ") + name + " must be fp32");
+  else check_shape(t.dtype == DType::f32 || t.dtype == DType::bf16,
+                   std::string("attention: ") + name + " must be fp32 or bf16");
   check_shape(t.stride[3] == 1 || t.shape[3] <= 1,
               std::string("attention: the head dim of ") + name + " must be contiguous");
 }
@@ -83,6 +122,8 @@ Geometry geometry(const AttentionArgs& a) {
   check_view(a.q, "q");
   check_view(a.k, "k");
   check_view(a.v, "v");
+  check_shape(a.k.dtype == a.q.dtype && a.v.dtype == a.q.dtype,
+              "attention: q, k and v must have one dtype (all fp32 or all bf16)");
   Geometry g{};
   g.B = a.q.dim(0), g.Sq = a.q.dim(1), g.H = a.q.dim(2), g.D = a.q.dim(3);
   g.Skv = a.k.dim(1), g.G = a.k.dim(2);
@@ -146,14 +187,37 @@ void mask_partial(const AttentionArgs& a, const Geometry& g, int64_t b, int64_t 
                   seg ? a.kv_seg + b * g.Skv + j0 : nullptr);
 }
 
-// Copies `rows` rows of D floats from a strided view into a contiguous
-// buffer: token rows of [S, H, D] views are H * D floats apart, and at
-// H * D * 4 = 4 KiB the tile's rows alias onto the same cache sets (measured
-// at H = 8, S = 8192, 1 thread: 0.51 -> 0.73 of GEMM forward, 0.51 -> 0.68
+// Copies `rows` token rows of head h of a [B, S, heads, D] view, from token
+// s0, into a contiguous [rows, D] tile, converting to the tile dtype T. The
+// token rows of a view are heads * D elements apart, and at H * D * 4 = 4 KiB
+// the tile's rows alias onto the same cache sets (measured at H = 8,
+// S = 8192, 1 thread, fp32: 0.51 -> 0.73 of GEMM forward, 0.51 -> 0.68
 // backward with the copies).
-void copy_rows(float* dst, const float* src, int64_t rows, int64_t D, int64_t src_stride) {
-  for (int64_t r = 0; r < rows; ++r)
-    std::copy(src + r * src_stride, src + r * src_stride + D, dst + r * D);
+template <class T>
+void copy_rows(T* dst, const TensorView& t, int64_t b, int64_t s0, int64_t h, int64_t rows, int64_t D) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (t.dtype == DType::bf16) convert(t.at<bf16>({b, s0 + r, h}), dst + r * D, D);
+    else convert(t.at<float>({b, s0 + r, h}), dst + r * D, D);
+  }
+}
+
+// The tile products, on the tile dtype: C (fp32) = alpha op(A) op(B) + beta C.
+void tile_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  gemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void tile_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+               const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// An fp32 [rows, cols] tile (P or dS, row stride ld) as the operand of a
+// product on tiles of type T: itself for fp32 tiles, rounded to bf16 into
+// `buf` (same stride) for bf16 tiles.
+const float* as_operand(const float* x, int64_t, int64_t, int64_t, float*) { return x; }
+const bf16* as_operand(const float* x, int64_t rows, int64_t cols, int64_t ld, bf16* buf) {
+  for (int64_t r = 0; r < rows; ++r) convert(x + r * ld, buf + r * ld, cols);
+  return buf;
 }
 
 void add_stats(AttentionStats* stats, const Geometry& g, int64_t partial, int64_t full) {
@@ -163,6 +227,8 @@ void add_stats(AttentionStats* stats, const Geometry& g, int64_t partial, int64_
   stats->blocks_full += full;
 }
 
+// T: the tile dtype (float, or bf16 on the native bf16 path).
+template <class T>
 void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, AttentionStats* stats) {
   const Geometry g = geometry(a);
   check_view(o, "o");
@@ -179,30 +245,31 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
   sort_for_locality(units);
 
   // Per thread: s [bq, bk], acc [bq, D], m, l [bq], then Q, K, V copies
-  // (attention_forward_scratch_bytes).
+  // and (bf16 tiles) P (attention_forward_scratch_bytes).
   const int threads = omp_get_max_threads();
-  const int64_t per_thread = attention_forward_scratch_bytes(g.D, 1) / sizeof(float);
+  const int64_t per_thread = attention_forward_scratch_bytes(g.D, 1, a.q.dtype);
   Buffer scratch(MemCategory::scratch, "attention forward scratch",
-                 attention_forward_scratch_bytes(g.D, threads));
+                 attention_forward_scratch_bytes(g.D, threads, a.q.dtype));
   const float scale_log2 = g.scale * kLog2e;
   const int64_t n_units = static_cast<int64_t>(units.size());
   int64_t partial = 0, full = 0;
 
 #pragma omp parallel reduction(+ : partial, full)
   {
-    float* s = scratch.as<float>() + per_thread * omp_get_thread_num();  // [bq, bk]
-    float* acc = s + g.bq * g.bk;                                        // [bq, D]
+    float* s = reinterpret_cast<float*>(scratch.as<char>() + per_thread * omp_get_thread_num());  // [bq, bk]
+    float* acc = s + g.bq * g.bk;  // [bq, D]
     float* m = acc + g.bq * g.D;   // [bq] running max (base 2)
     float* l = m + g.bq;           // [bq] running sum
-    float* qc = l + g.bq;          // [bq, D]
-    float* kc = qc + g.bq * g.D;   // [bk, D]
-    float* vc = kc + g.bk * g.D;   // [bk, D]
+    T* qc = reinterpret_cast<T*>(l + g.bq);  // [bq, D]
+    T* kc = qc + g.bq * g.D;                 // [bk, D]
+    T* vc = kc + g.bk * g.D;                 // [bk, D]
+    T* p_tile = vc + g.bk * g.D;             // [bq, bk] P as an operand (bf16 tiles only)
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < n_units; ++u) {
       const Unit& unit = units[u];
       const int64_t b = unit.b, h = unit.head, i0 = unit.block * g.bq;
       const int64_t rows = std::min(g.bq, g.Sq - i0), kvh = h / g.group;
-      copy_rows(qc, a.q.at<float>({b, i0, h}), rows, g.D, a.q.stride[1]);
+      copy_rows(qc, a.q, b, i0, h, rows, g.D);
       std::fill(acc, acc + rows * g.D, 0.0f);
       std::fill(m, m + rows, kNegInf);
       std::fill(l, l + rows, 0.0f);
@@ -210,9 +277,9 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
         const TileKind kind = map.kind(b, unit.block, j);
         if (kind == TileKind::empty) continue;
         const int64_t j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
-        copy_rows(kc, a.k.at<float>({b, j0, kvh}), cols, g.D, a.k.stride[1]);
-        copy_rows(vc, a.v.at<float>({b, j0, kvh}), cols, g.D, a.v.stride[1]);
-        gemm_f32(false, true, rows, cols, g.D, scale_log2, qc, g.D, kc, g.D, 0.0f, s, g.bk);
+        copy_rows(kc, a.k, b, j0, kvh, cols, g.D);
+        copy_rows(vc, a.v, b, j0, kvh, cols, g.D);
+        tile_gemm(false, true, rows, cols, g.D, scale_log2, qc, g.D, kc, g.D, 0.0f, s, g.bk);
         if (kind == TileKind::partial) {
           mask_partial(a, g, b, i0, rows, j0, cols, s, g.bk);
           ++partial;
@@ -231,33 +298,36 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
           if (alpha != 1.0f) attn::scale_row(acc + r * g.D, g.D, alpha);
           m[r] = m_new;
         }
-        gemm_f32(false, false, rows, g.D, cols, 1.0f, s, g.bk, vc, g.D, 1.0f, acc, g.D);
+        tile_gemm(false, false, rows, g.D, cols, 1.0f, as_operand(s, rows, cols, g.bk, p_tile), g.bk, vc, g.D,
+                  1.0f, acc, g.D);
       }
       for (int64_t r = 0; r < rows; ++r) {
-        float* out = o.at<float>({b, i0 + r, h});
+        float* out = acc + r * g.D;  // normalised in place, then stored in o's dtype
         float* lse_r = lse + ((b * g.Sq + i0 + r) * g.H + h);
         if (l[r] > 0.0f) {
           const float inv = 1.0f / l[r];
-          for (int64_t x = 0; x < g.D; ++x) out[x] = acc[r * g.D + x] * inv;
+          for (int64_t x = 0; x < g.D; ++x) out[x] *= inv;
           *lse_r = (m[r] + std::log2(l[r])) * kLn2;
         } else {  // fully masked row
           std::fill(out, out + g.D, 0.0f);
           *lse_r = kNegInf;
         }
+        store_f32(out, element_ptr(o, {b, i0 + r, h}), o.dtype, g.D);
       }
     }
   }
   add_stats(stats, g, partial, full);
 }
 
+template <class T>
 void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* lse,
                    const float* delta, const TensorView& dq, const TensorView& dk,
                    const TensorView& dv, AttentionStats* stats) {
   const Geometry g = geometry(a);
   check_view(dout, "dout");
-  check_view(dq, "dq");
-  check_view(dk, "dk");
-  check_view(dv, "dv");
+  check_view(dq, "dq", true);
+  check_view(dk, "dk", true);
+  check_view(dv, "dv", true);
   check_same_shape(a.q, dout, "dout");
   check_same_shape(a.q, dq, "dq");
   check_same_shape(a.k, dk, "dk");
@@ -283,11 +353,12 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
   });
 
   // Per thread: s, dp [bq, bk], dk_acc, dv_acc [bk, D], dq_tile [bq, D],
-  // then K, V, Q, dO copies (attention_backward_scratch_bytes).
+  // then K, V, Q, dO copies and (bf16 tiles) P or dS
+  // (attention_backward_scratch_bytes).
   const int threads = omp_get_max_threads();
-  const int64_t per_thread = attention_backward_scratch_bytes(g.D, 1) / sizeof(float);
+  const int64_t per_thread = attention_backward_scratch_bytes(g.D, 1, a.q.dtype);
   Buffer scratch(MemCategory::scratch, "attention backward scratch",
-                 attention_backward_scratch_bytes(g.D, threads));
+                 attention_backward_scratch_bytes(g.D, threads, a.q.dtype));
   // dQ rows of one (batch, head, q block) receive tiles from many units:
   // dq_last holds the kv block whose tile was added last (-1: none yet), and
   // a tile is added only right after the previous non-empty kv block of its
@@ -304,21 +375,22 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
 
 #pragma omp parallel reduction(+ : partial, full)
   {
-    float* s = scratch.as<float>() + per_thread * omp_get_thread_num();  // [bq, bk]
-    float* dp = s + g.bq * g.bk;                                         // [bq, bk]
-    float* dk_acc = dp + g.bq * g.bk;                                    // [bk, D]
-    float* dv_acc = dk_acc + g.bk * g.D;                                 // [bk, D]
-    float* dq_tile = dv_acc + g.bk * g.D;                                // [bq, D]
-    float* kj = dq_tile + g.bq * g.D;                                    // [bk, D]
-    float* vj = kj + g.bk * g.D;                                         // [bk, D]
-    float* qi = vj + g.bk * g.D;                                         // [bq, D]
-    float* doi = qi + g.bq * g.D;                                        // [bq, D]
+    float* s = reinterpret_cast<float*>(scratch.as<char>() + per_thread * omp_get_thread_num());  // [bq, bk]
+    float* dp = s + g.bq * g.bk;           // [bq, bk]
+    float* dk_acc = dp + g.bq * g.bk;      // [bk, D]
+    float* dv_acc = dk_acc + g.bk * g.D;   // [bk, D]
+    float* dq_tile = dv_acc + g.bk * g.D;  // [bq, D]
+    T* kj = reinterpret_cast<T*>(dq_tile + g.bq * g.D);  // [bk, D]
+    T* vj = kj + g.bk * g.D;                             // [bk, D]
+    T* qi = vj + g.bk * g.D;                             // [bq, D]
+    T* doi = qi + g.bq * g.D;                            // [bq, D]
+    T* p_tile = doi + g.bq * g.D;  // [bq, bk] P, then dS, as an operand (bf16 tiles only)
     for (int64_t u; (u = next_unit.fetch_add(1, std::memory_order_relaxed)) < n_units;) {
       const Unit& unit = units[u];
       const int64_t b = unit.b, kvh = unit.head, j0 = unit.block * g.bk;
       const int64_t cols = std::min(g.bk, g.Skv - j0);
-      copy_rows(kj, a.k.at<float>({b, j0, kvh}), cols, g.D, a.k.stride[1]);
-      copy_rows(vj, a.v.at<float>({b, j0, kvh}), cols, g.D, a.v.stride[1]);
+      copy_rows(kj, a.k, b, j0, kvh, cols, g.D);
+      copy_rows(vj, a.v, b, j0, kvh, cols, g.D);
       std::fill(dk_acc, dk_acc + cols * g.D, 0.0f);
       std::fill(dv_acc, dv_acc + cols * g.D, 0.0f);
       for (int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h)
@@ -326,11 +398,11 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
           const TileKind kind = map.kind(b, i, unit.block);
           if (kind == TileKind::empty) continue;
           const int64_t i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
-          copy_rows(qi, a.q.at<float>({b, i0, h}), rows, g.D, a.q.stride[1]);
-          copy_rows(doi, dout.at<float>({b, i0, h}), rows, g.D, dout.stride[1]);
+          copy_rows(qi, a.q, b, i0, h, rows, g.D);
+          copy_rows(doi, dout, b, i0, h, rows, g.D);
           const int64_t row0 = (b * g.Sq + i0) * g.H + h;  // lse/delta index of row 0, stride H
           // P = exp(S - lse), in base 2.
-          gemm_f32(false, true, rows, cols, g.D, scale_log2, qi, g.D, kj, g.D, 0.0f, s, g.bk);
+          tile_gemm(false, true, rows, cols, g.D, scale_log2, qi, g.D, kj, g.D, 0.0f, s, g.bk);
           if (kind == TileKind::partial) {
             mask_partial(a, g, b, i0, rows, j0, cols, s, g.bk);
             ++partial;
@@ -343,15 +415,17 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
             else attn::exp2_shifted_inplace(s + r * g.bk, cols, l * kLog2e);
           }
           // dV += P^T dO
-          gemm_f32(true, false, cols, g.D, rows, 1.0f, s, g.bk, doi, g.D, 1.0f, dv_acc, g.D);
+          tile_gemm(true, false, cols, g.D, rows, 1.0f, as_operand(s, rows, cols, g.bk, p_tile), g.bk, doi, g.D,
+                    1.0f, dv_acc, g.D);
           // dS = P * (dO V^T - delta)
-          gemm_f32(false, true, rows, cols, g.D, 1.0f, doi, g.D, vj, g.D, 0.0f, dp, g.bk);
+          tile_gemm(false, true, rows, cols, g.D, 1.0f, doi, g.D, vj, g.D, 0.0f, dp, g.bk);
           for (int64_t r = 0; r < rows; ++r)
             attn::softmax_grad_row(s + r * g.bk, dp + r * g.bk, cols, delta[row0 + r * g.H]);
+          const auto* ds = as_operand(dp, rows, cols, g.bk, p_tile);
           // dK += scale dS^T Q
-          gemm_f32(true, false, cols, g.D, rows, g.scale, dp, g.bk, qi, g.D, 1.0f, dk_acc, g.D);
+          tile_gemm(true, false, cols, g.D, rows, g.scale, ds, g.bk, qi, g.D, 1.0f, dk_acc, g.D);
           // dQ += scale dS K
-          gemm_f32(false, false, rows, g.D, cols, g.scale, dp, g.bk, kj, g.D, 0.0f, dq_tile, g.D);
+          tile_gemm(false, false, rows, g.D, cols, g.scale, ds, g.bk, kj, g.D, 0.0f, dq_tile, g.D);
           // Wait for the previous non-empty kv block of row i (usually j - 1,
           // claimed earlier and one tile ahead), add, pass the turn on.
           int64_t prev = unit.block - 1;
@@ -386,7 +460,9 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
 void attention_forward(const AttentionArgs& args, const TensorView& o, float* lse,
                        AttentionStats* stats) {
   if (args.impl == KernelImpl::reference) return attention_forward_reference(args, o, lse);
-  forward_fast(args, o, lse, stats);
+  if (attention_tile_path(args.q.dtype) == AttentionTilePath::bf16_native)
+    return forward_fast<bf16>(args, o, lse, stats);
+  forward_fast<float>(args, o, lse, stats);
 }
 
 void attention_backward(const AttentionArgs& args, const TensorView& dout, const float* lse,
@@ -394,7 +470,9 @@ void attention_backward(const AttentionArgs& args, const TensorView& dout, const
                         const TensorView& dv, AttentionStats* stats) {
   if (args.impl == KernelImpl::reference)
     return attention_backward_reference(args, dout, lse, delta, dq, dk, dv);
-  backward_fast(args, dout, lse, delta, dq, dk, dv, stats);
+  if (attention_tile_path(args.q.dtype) == AttentionTilePath::bf16_native)
+    return backward_fast<bf16>(args, dout, lse, delta, dq, dk, dv, stats);
+  backward_fast<float>(args, dout, lse, delta, dq, dk, dv, stats);
 }
 
 int64_t attention_unmasked_pairs_blocked(const AttentionArgs& a) {
@@ -421,21 +499,27 @@ int64_t attention_unmasked_pairs_blocked(const AttentionArgs& a) {
 }
 
 void attention_delta(const TensorView& o, const TensorView& dout, float* delta) {
+  check_same_shape(o, dout, "dout");
   const int64_t B = o.dim(0), S = o.dim(1), H = o.dim(2), D = o.dim(3);
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t h = 0; h < H; ++h) {
-        const float* oi = o.at<float>({b, s, h});
-        const float* gi = dout.at<float>({b, s, h});
-        float acc = 0.0f;
-        for (int64_t x = 0; x < D; ++x) acc += oi[x] * gi[x];
-        delta[(b * S + s) * H + h] = acc;
-      }
+#pragma omp parallel
+  {
+    std::vector<float> oi(D), gi(D);  // one row of each, widened
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t h = 0; h < H; ++h) {
+          load_f32(element_ptr(o, {b, s, h}), o.dtype, oi.data(), D);
+          load_f32(element_ptr(dout, {b, s, h}), dout.dtype, gi.data(), D);
+          float acc = 0.0f;
+          for (int64_t x = 0; x < D; ++x) acc += oi[x] * gi[x];
+          delta[(b * S + s) * H + h] = acc;
+        }
+  }
 }
 
 void attention_merge(const TensorView& o_a, float* lse_a, const TensorView& o_b,
                      const float* lse_b) {
+  check_shape(o_a.dtype == DType::f32 && o_b.dtype == DType::f32, "attention_merge: o_a and o_b must be fp32");
   const int64_t B = o_a.dim(0), S = o_a.dim(1), H = o_a.dim(2), D = o_a.dim(3);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b)

@@ -6,6 +6,10 @@
 //   q, o, dq, dout   [B, Sq,  H, D]
 //   k, v, dk, dv     [B, Skv, G, D]    GQA: H % G == 0, q head h reads kv head h / (H/G)
 //   lse, delta       [B, Sq, H] fp32, contiguous (token-major, like O)
+// Dtypes: q, k, v all fp32 or all bf16; o and dout each fp32 or bf16, on
+// their own; lse, delta, dq, dk, dv always fp32. Scores, the softmax
+// statistics (max, sum, LSE), the running output and every accumulation are
+// fp32 (attention_tile_path says how bf16 tiles are multiplied).
 //   q_pos / kv_pos   [B, Sq] / [B, Skv] int64 global positions (any permutation)
 //   q_seg / kv_seg   [B, Sq] / [B, Skv] int32 segment (document) ids, or nullptr
 //
@@ -48,16 +52,38 @@ struct AttentionStats {
 // and the planner classifies tiles with it.
 constexpr int64_t kAttentionTile = 128;
 
-// Scratch bytes one fast forward / backward call allocates (per thread,
-// times `threads`): what the kernel allocates, and what the planner counts.
-int64_t attention_forward_scratch_bytes(int64_t head_dim, int64_t threads);
-int64_t attention_backward_scratch_bytes(int64_t head_dim, int64_t threads);
+// How the fast kernel multiplies the tiles of q, k, v in `dtype`:
+//   f32           fp32 inputs: fp32 tile copies, gemm_f32.
+//   bf16_widened  bf16 inputs where oneDNN has no native bf16 matmul (e.g.
+//                 AVX2 only): tiles widened (exactly) to fp32 while copied,
+//                 then the fp32 path; as fast as fp32.
+//   bf16_native   bf16 inputs where it has one (AVX512-BF16, AMX-BF16:
+//                 gemm_bf16_is_native): bf16 tile copies and gemm_bf16 (fp32
+//                 accumulation and C); the P and dS tiles are rounded to bf16
+//                 for the P V, P^T dO, dS K and dS^T Q products, as flash
+//                 attention implementations do.
+// Decided once per process (oneDNN is asked once).
+enum class AttentionTilePath { f32, bf16_widened, bf16_native };
+AttentionTilePath attention_tile_path(DType dtype);
+const char* attention_tile_path_name(AttentionTilePath path);
+// Tests only: run bf16 inputs on `path` (bf16_widened or bf16_native) instead
+// of the automatic choice; f32 restores the automatic choice. bf16_native
+// then also runs where gemm_bf16 widens internally, so its arithmetic (P and
+// dS rounded to bf16) is tested on any CPU.
+void set_attention_bf16_tile_path(AttentionTilePath path);
+
+// Scratch bytes one fast forward / backward call with q, k, v in `dtype`
+// allocates (per thread, times `threads`) on the tile path that runs here:
+// what the kernel allocates, and what the planner counts.
+int64_t attention_forward_scratch_bytes(int64_t head_dim, int64_t threads, DType dtype);
+int64_t attention_backward_scratch_bytes(int64_t head_dim, int64_t threads, DType dtype);
 
 // O (written) and LSE (written).
 void attention_forward(const AttentionArgs& args, const TensorView& o, float* lse,
                        AttentionStats* stats = nullptr);
 
-// delta[b,s,h] = sum_d dout * o  (written). Needed once per row for backward.
+// delta[b,s,h] = sum_d dout * o  (written, fp32 sums of the widened values).
+// Needed once per row for backward.
 void attention_delta(const TensorView& o, const TensorView& dout, float* delta);
 
 // Gradients given the FINAL lse and delta of each q row (after any merge), so
@@ -68,17 +94,28 @@ void attention_backward(const AttentionArgs& args, const TensorView& dout, const
                         const float* delta, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, AttentionStats* stats = nullptr);
 
-// Merges partial result b into a, exactly, in fp32:
+// Merges partial result b into a, exactly, in fp32 (o_a, o_b fp32):
 //   lse = logaddexp(lse_a, lse_b); o = exp(lse_a - lse) o_a + exp(lse_b - lse) o_b.
 // o_a, o_b [B, S, H, D]; lse_a, lse_b [B, S, H]. -inf on both sides stays o = 0, lse = -inf.
 void attention_merge(const TensorView& o_a, float* lse_a, const TensorView& o_b,
                      const float* lse_b);
 
-// Float64 naive reference of the same functions (same interface, ignores impl).
+// Float64 naive reference of the same functions (same interface and dtypes,
+// ignores impl): bf16 inputs are read as their exact values, widened.
 void attention_forward_reference(const AttentionArgs& args, const TensorView& o, float* lse);
 void attention_backward_reference(const AttentionArgs& args, const TensorView& dout,
                                   const float* lse, const float* delta, const TensorView& dq,
                                   const TensorView& dk, const TensorView& dv);
+
+// Float64 sums of absolute values that bound how far a rounding inside the
+// kernel (P or dS rounded to bf16, a partial dK, dV rounded on the wire) can
+// move each output, for test bounds; with P = exp(S - lse) and
+// dS = P (dO V^T - delta), written (not accumulated) into fp32 views:
+//   o_abs  [B,Sq,H,D]  sum_j P_ij |V_j|          dq_abs [B,Sq,H,D]  scale sum_j |dS_ij| |K_j|
+//   dk_abs [B,Skv,G,D] scale sum_i |dS_ij| |Q_i|  dv_abs [B,Skv,G,D] sum_i P_ij |dO_i|
+void attention_abs_terms_reference(const AttentionArgs& args, const TensorView& dout, const float* lse,
+                                   const float* delta, const TensorView& o_abs, const TensorView& dq_abs,
+                                   const TensorView& dk_abs, const TensorView& dv_abs);
 
 // Number of (q, kv) pairs the mask allows over all batches and q heads: the
 // FLOP count basis (forward 4*D per pair, backward 10*D per pair).

@@ -181,6 +181,15 @@ std::string gemm_bf16_implementation(int64_t n) {
   return bf16_gemm_for({false, false, n, n, n, n, n, n, 1.0f, 0.0f}).implementation;
 }
 
+bool gemm_bf16_is_native() {
+  static const bool native = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const unsigned bf16_isa = dnnl_cpu_isa_avx512_core_bf16;  // ISA values are nested bit sets
+    return (isa & bf16_isa) == bf16_isa && !bf16_gemm_for({false, false, 64, 64, 64, 64, 64, 64, 1.0f, 0.0f}).widen;
+  }();
+  return native;
+}
+
 double measure_gemm_gflops(DType dtype, int64_t n, double min_seconds) {
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
   std::vector<bf16> a16(n * n, bf16(0.5f)), b16(n * n, bf16(0.25f));

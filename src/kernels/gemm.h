@@ -32,6 +32,14 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 // "brg:avx512_core_amx_bf16" or "ref:any"): benchmarks print it.
 std::string gemm_bf16_implementation(int64_t n);
 
+// Whether gemm_bf16 runs on bf16 hardware: oneDNN has a bf16 matmul for this
+// CPU and its effective ISA has bf16 dot products (AVX512-BF16 or AMX-BF16;
+// oneDNN 2.6.3 requests the Linux AMX tile-data permission itself:
+// amx::init() in src/cpu/x64/cpu_isa_traits.cpp calls
+// arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) and mayiuse(amx_tile)
+// is false when it is refused). Asked once, then cached.
+bool gemm_bf16_is_native();
+
 // Measures the GEMM rate (GFLOP/s) of an n x n x n product in `dtype` with the
 // current OpenMP thread count: the reference that benchmarks and MFU divide by.
 double measure_gemm_gflops(DType dtype, int64_t n = 2048, double min_seconds = 0.5);

@@ -3,9 +3,11 @@
 // unsplit result, and the tile counters against a brute-force count.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -77,11 +79,15 @@ struct Problem {
 
   int64_t q_row() const { return H * D + pad; }
   int64_t kv_row() const { return G * D + pad; }
-  TensorView qview(std::vector<float>& d) const {
-    return TensorView::strided(d.data(), DType::f32, {B, Sq, H, D}, {Sq * q_row(), q_row(), D, 1});
+  template <class T>  // float or bf16 storage
+  static constexpr DType dtype_of() { return std::is_same_v<T, bf16> ? DType::bf16 : DType::f32; }
+  template <class T>
+  TensorView qview(std::vector<T>& d) const {
+    return TensorView::strided(d.data(), dtype_of<T>(), {B, Sq, H, D}, {Sq * q_row(), q_row(), D, 1});
   }
-  TensorView kvview(std::vector<float>& d) const {
-    return TensorView::strided(d.data(), DType::f32, {B, Skv, G, D},
+  template <class T>
+  TensorView kvview(std::vector<T>& d) const {
+    return TensorView::strided(d.data(), dtype_of<T>(), {B, Skv, G, D},
                                {Skv * kv_row(), kv_row(), D, 1});
   }
   void init() {
@@ -481,4 +487,269 @@ TEST(Attention, RejectsShapesItCannotRun) {
   AttentionArgs strided_head = s.args();  // head dim with stride 2
   strided_head.q.stride[3] = 2;
   EXPECT_THROW(attention_forward(strided_head, s.qview(o2), lse2.data()), ShapeError);
+}
+
+// ---- bf16 inputs ----------------------------------------------------------
+//
+// q, k, v, dO are rounded to bf16 once; the float64 reference reads the same
+// bf16 values (exact when widened), so every difference is the kernel's.
+// Error bounds, per element, from bf16's unit roundoff u = 2^-8 (8 significand
+// bits, round to nearest: |bf16(x) - x| <= u |x|) and the fp32 kernel's own
+// tolerance f = kTol * max|ref| (the fp32 accumulation term, held at these
+// shapes by the tests above):
+//   bf16_widened: the tiles are the exact fp32 values of the bf16 inputs and
+//     every operation is the fp32 path, so the only new error is O rounded to
+//     bf16 once: |O - O*| <= f + u (|O*| + f), with |O*| <= max|V| (O is a
+//     convex combination of V rows). LSE, dQ, dK, dV (fp32) within f.
+//   bf16_native: products of bf16 operands are exact in fp32, accumulation
+//     is fp32, so the products of the inputs add nothing beyond f. P is
+//     rounded to bf16 before P V and P^T dO: P~ = P (1 + d), |d| <= u, and the
+//     softmax sum l uses the fp32 P, so O gains at most u sum_j P_j |V_j| / l
+//     (<= u max|V|) before its own rounding, and dV gains u sum_i P_ij |dO_i|.
+//     dS is rounded to bf16 before dS K and dS^T Q: dQ gains
+//     u scale sum_j |dS_ij| |K_j| and dK gains u scale sum_i |dS_ij| |Q_i|.
+//     LSE does not see either rounding (within f).
+// The sums are computed in float64 from the reference's P and dS
+// (attention_abs_terms_reference); BoundsCatchADroppedTileAndAWrongHead shows the bounds are tight
+// enough to fail on real bugs.
+namespace {
+
+constexpr double kU = 1.0 / 256;  // bf16 unit roundoff, 2^-8
+
+// Rounds the problem's inputs to bf16 in place and returns their bf16 copies.
+struct Bf16Inputs {
+  std::vector<bf16> q, k, v, dout;
+};
+Bf16Inputs round_to_bf16(Problem& p) {
+  Bf16Inputs in;
+  for (auto [x, y] : {std::pair{&p.q, &in.q}, {&p.k, &in.k}, {&p.v, &in.v}, {&p.dout, &in.dout}})
+    for (float& e : *x) {
+      y->push_back(bf16(e));
+      e = float(y->back());
+    }
+  return in;
+}
+
+// Per element: the float64 sums the roundings are bounded by (attention_abs_terms_reference).
+struct AbsTerms {
+  std::vector<float> o, dq, dk, dv;
+};
+AbsTerms abs_terms(Problem& p, const std::vector<float>& lse, const std::vector<float>& delta) {
+  AbsTerms t;
+  t.o.assign(p.B * p.Sq * p.q_row(), 0.0f), t.dq.assign(t.o.size(), 0.0f);
+  t.dk.assign(p.B * p.Skv * p.kv_row(), 0.0f), t.dv.assign(t.dk.size(), 0.0f);
+  attention_abs_terms_reference(p.args(), p.qview(p.dout), lse.data(), delta.data(), p.qview(t.o),
+                                p.qview(t.dq), p.kvview(t.dk), p.kvview(t.dv));
+  return t;
+}
+
+double max_abs(const std::vector<float>& x) {
+  double m = 0;
+  for (float e : x)
+    if (std::isfinite(e)) m = std::max(m, std::abs(double(e)));
+  return m;
+}
+
+// Elements of x outside ref +- bound(i) (an infinity must match exactly).
+template <class Bound>
+int64_t violations(const std::vector<float>& x, const std::vector<float>& ref, Bound bound) {
+  int64_t n = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isinf(ref[i]) || !std::isfinite(x[i])) n += x[i] != ref[i];
+    else n += std::abs(double(x[i]) - ref[i]) > bound(i);
+  }
+  return n;
+}
+
+struct Bf16Check {
+  Problem p;          // initialised, inputs rounded to bf16
+  Outputs ref, fast;  // fast: O as stored (bf16) widened back
+  AbsTerms abs;
+  double f_o, f_lse, f_dq, f_dk, f_dv;  // fp32 terms
+  bool native;
+  // Violations of each bound by `out` (O, LSE, dQ, dK, dV).
+  std::array<int64_t, 5> violations_of(const Outputs& out) const {
+    const double u_p = native ? kU : 0.0;  // P and dS rounding, native path only
+    return {violations(out.o, ref.o,
+                       [&](size_t i) {
+                         const double before = f_o + u_p * abs.o[i];  // error before O is rounded
+                         return before + kU * (std::abs(ref.o[i]) + before);
+                       }),
+            violations(out.lse, ref.lse, [&](size_t) { return f_lse; }),
+            violations(out.dq, ref.dq, [&](size_t i) { return f_dq + u_p * abs.dq[i]; }),
+            violations(out.dk, ref.dk, [&](size_t i) { return f_dk + u_p * abs.dk[i]; }),
+            violations(out.dv, ref.dv, [&](size_t i) { return f_dv + u_p * abs.dv[i]; })};
+  }
+};
+
+// The fast kernel on bf16 q, k, v, dO (bf16 O) on `path`, against the
+// reference on the same values; backward with the reference LSE and delta.
+Bf16Check run_bf16(Problem problem, AttentionTilePath path) {
+  Bf16Check c;
+  c.p = problem;
+  Problem& p = c.p;
+  p.init();
+  Bf16Inputs in = round_to_bf16(p);
+  c.native = path == AttentionTilePath::bf16_native;
+  c.ref = run(p, KernelImpl::reference);
+  std::vector<float> delta = reference_delta(p, c.ref);
+  // The reference reads bf16 views as their exact values: bitwise the same.
+  {
+    AttentionArgs a = p.args(KernelImpl::reference);
+    a.q = p.qview(in.q), a.k = p.kvview(in.k), a.v = p.kvview(in.v);
+    std::vector<float> o(c.ref.o.size(), 0.0f), lse(c.ref.lse.size());
+    attention_forward_reference(a, p.qview(o), lse.data());
+    EXPECT_EQ(o, c.ref.o);
+    EXPECT_EQ(lse, c.ref.lse);
+  }
+  c.abs = abs_terms(p, c.ref.lse, delta);
+  c.f_o = kTol * max_abs(c.ref.o), c.f_lse = kTol * max_abs(c.ref.lse), c.f_dq = kTol * max_abs(c.ref.dq);
+  c.f_dk = kTol * max_abs(c.ref.dk), c.f_dv = kTol * max_abs(c.ref.dv);
+
+  set_attention_bf16_tile_path(path);
+  EXPECT_EQ(attention_tile_path(DType::bf16), path);
+  AttentionArgs a = p.args();
+  a.q = p.qview(in.q), a.k = p.kvview(in.k), a.v = p.kvview(in.v);
+  std::vector<bf16> o16(c.ref.o.size());
+  c.fast.lse.assign(c.ref.lse.size(), 0.0f);
+  attention_forward(a, p.qview(o16), c.fast.lse.data());
+  for (bf16 x : o16) c.fast.o.push_back(float(x));
+  c.fast.dq.assign(c.ref.dq.size(), 0.0f), c.fast.dk.assign(c.ref.dk.size(), 0.0f);
+  c.fast.dv.assign(c.ref.dv.size(), 0.0f);
+  attention_backward(a, p.qview(in.dout), c.ref.lse.data(), delta.data(), p.qview(c.fast.dq),
+                     p.kvview(c.fast.dk), p.kvview(c.fast.dv));
+  set_attention_bf16_tile_path(AttentionTilePath::f32);  // automatic again
+  return c;
+}
+
+const AttentionTilePath kBf16Paths[] = {AttentionTilePath::bf16_widened, AttentionTilePath::bf16_native};
+
+void expect_bf16_within_bounds(Problem p, const std::string& what) {
+  for (AttentionTilePath path : kBf16Paths) {
+    SCOPED_TRACE(what + " " + attention_tile_path_name(path));
+    Bf16Check c = run_bf16(p, path);
+    const auto v = c.violations_of(c.fast);
+    EXPECT_EQ(v[0], 0) << "O";
+    EXPECT_EQ(v[1], 0) << "LSE";
+    EXPECT_EQ(v[2], 0) << "dQ";
+    EXPECT_EQ(v[3], 0) << "dK";
+    EXPECT_EQ(v[4], 0) << "dV";
+  }
+}
+
+}  // namespace
+
+TEST(AttentionBf16, EveryMaskWithinTheDerivedBounds) {
+  for (const MaskSpec& m : all_masks()) {
+    Problem p = self_attention(267, 2, 1, 64, m);
+    p.pad = 5;
+    expect_bf16_within_bounds(p, m.to_string());
+  }
+}
+
+TEST(AttentionBf16, GroupedQueryAttentionWithinTheDerivedBounds) {
+  for (int64_t G : {4, 2, 1})  // 1, 2, 4 q heads per kv head
+    expect_bf16_within_bounds(self_attention(300, 4, G, 32, MaskSpec::parse("local:100")),
+                              "H=4 G=" + std::to_string(G));
+}
+
+TEST(AttentionBf16, QueryAndKvLengthsDifferWithinTheDerivedBounds) {
+  for (auto [Sq, Skv] : {std::pair<int64_t, int64_t>{200, 333}, {333, 200}, {1, 150}})
+    for (const char* m : {"causal", "chunked:96"}) {
+      Problem p;
+      p.Sq = Sq, p.Skv = Skv, p.H = 4, p.G = 2, p.D = 64, p.mask = MaskSpec::parse(m);
+      expect_bf16_within_bounds(p, std::to_string(Sq) + "x" + std::to_string(Skv) + " " + m);
+    }
+}
+
+TEST(AttentionBf16, FullyMaskedRowsGiveZeroOutputMinusInfinityAndZeroGradients) {
+  Problem seg = self_attention(200, 2, 1, 64, MaskSpec::parse("causal+segments"));
+  for (int64_t i = 0; i < 100; ++i) seg.q_seg[i] = 99;  // the first 100 q rows see nothing
+  for (AttentionTilePath path : kBf16Paths) {
+    SCOPED_TRACE(attention_tile_path_name(path));
+    Bf16Check c = run_bf16(seg, path);
+    const auto v = c.violations_of(c.fast);
+    EXPECT_EQ(v[0] + v[1] + v[2] + v[3] + v[4], 0);
+    for (int64_t r = 0; r < 100 * seg.H; ++r) {
+      ASSERT_EQ(c.fast.lse[r], kNegInf);
+      for (int64_t x = 0; x < seg.D; ++x) {
+        const int64_t e = (r / seg.H) * seg.q_row() + (r % seg.H) * seg.D + x;
+        ASSERT_EQ(c.fast.o[e], 0.0f);
+        ASSERT_EQ(c.fast.dq[e], 0.0f);
+      }
+    }
+  }
+}
+
+// The bounds are tight enough to fail on the bugs a kernel could have: the
+// reference itself with one kv tile dropped (its keys masked out), and the
+// right outputs with two q heads swapped.
+TEST(AttentionBf16, BoundsCatchADroppedTileAndAWrongHead) {
+  for (AttentionTilePath path : kBf16Paths) {
+    SCOPED_TRACE(attention_tile_path_name(path));
+    Bf16Check c = run_bf16(self_attention(300, 2, 1, 64, MaskSpec::causal()), path);
+    const Problem& p = c.p;
+    const auto ok = c.violations_of(c.fast);
+    EXPECT_EQ(ok[0] + ok[1] + ok[2] + ok[3] + ok[4], 0);
+
+    Problem dropped = p;  // kv tile 1 (keys 128..255) never attended
+    dropped.mask = MaskSpec::parse("causal+segments");
+    dropped.q_seg_b.assign(p.Sq, 0);
+    dropped.kv_seg_b.assign(p.Skv, 0);
+    for (int64_t j = kAttentionTile; j < 2 * kAttentionTile; ++j) dropped.kv_seg_b[j] = 1;
+    Outputs bug = run(dropped, KernelImpl::reference, &c.ref.lse, nullptr);
+    const auto v = c.violations_of(bug);
+    EXPECT_GT(v[0], p.D * p.H * 10) << "O with a dropped tile";
+    EXPECT_GT(v[1], 10) << "LSE with a dropped tile";
+    EXPECT_GT(v[3], p.D * 10) << "dK with a dropped tile";
+
+    Outputs swapped = c.fast;  // heads 0 and 1 of O and dQ exchanged
+    for (int64_t i = 0; i < p.Sq; ++i)
+      for (int64_t x = 0; x < p.D; ++x)
+        for (auto* t : {&swapped.o, &swapped.dq})
+          std::swap((*t)[i * p.q_row() + x], (*t)[i * p.q_row() + p.D + x]);
+    const auto w = c.violations_of(swapped);
+    EXPECT_GT(w[0], p.Sq * p.D) << "O of the wrong head";
+    EXPECT_GT(w[2], p.Sq * p.D) << "dQ of the wrong head";
+  }
+}
+
+TEST(AttentionBf16, DeltaReadsBf16AndFp32RowsAlike) {
+  Problem p = self_attention(50, 3, 1, 24, MaskSpec::causal());
+  p.init();
+  Bf16Inputs in = round_to_bf16(p);
+  std::vector<float> o32(p.q.size()), from32(p.Sq * p.H), mixed(p.Sq * p.H);
+  for (size_t i = 0; i < o32.size(); ++i) o32[i] = float(in.q[i]);  // any bf16 values will do
+  attention_delta(p.qview(o32), p.qview(p.dout), from32.data());
+  attention_delta(p.qview(in.q), p.qview(in.dout), mixed.data());
+  EXPECT_EQ(from32, mixed);  // the same fp32 sums of the same (exact) values
+}
+
+TEST(AttentionBf16, RejectsMixedInputDtypesAndBf16Gradients) {
+  Problem p = self_attention(20, 2, 1, 8, MaskSpec::causal());
+  p.init();
+  Bf16Inputs in = round_to_bf16(p);
+  std::vector<float> o(p.q.size()), lse(p.Sq * p.H);
+  AttentionArgs a = p.args();
+  a.k = p.kvview(in.k);  // q fp32, k bf16
+  EXPECT_THROW(attention_forward(a, p.qview(o), lse.data()), ShapeError);
+  a = p.args();
+  a.q = p.qview(in.q), a.k = p.kvview(in.k), a.v = p.kvview(in.v);
+  std::vector<bf16> dq(p.q.size());
+  std::vector<float> dk(p.k.size()), dv(p.v.size()), delta(p.Sq * p.H);
+  EXPECT_THROW(attention_backward(a, p.qview(in.dout), lse.data(), delta.data(), p.qview(dq), p.kvview(dk),
+                                  p.kvview(dv)),
+               ShapeError);
+}
+
+TEST(AttentionBf16, ScratchBytesFollowTheTilePath) {
+  const int64_t b = kAttentionTile, D = 64;
+  EXPECT_EQ(attention_forward_scratch_bytes(D, 1, DType::f32), (b * b + 4 * b * D + 2 * b) * 4);
+  set_attention_bf16_tile_path(AttentionTilePath::bf16_widened);
+  EXPECT_EQ(attention_forward_scratch_bytes(D, 2, DType::bf16), 2 * attention_forward_scratch_bytes(D, 1, DType::f32));
+  EXPECT_EQ(attention_backward_scratch_bytes(D, 1, DType::bf16), attention_backward_scratch_bytes(D, 1, DType::f32));
+  set_attention_bf16_tile_path(AttentionTilePath::bf16_native);  // bf16 tile copies plus one bf16 P/dS tile
+  EXPECT_EQ(attention_forward_scratch_bytes(D, 1, DType::bf16), (b * b + b * D + 2 * b) * 4 + (3 * b * D + b * b) * 2);
+  EXPECT_EQ(attention_backward_scratch_bytes(D, 1, DType::bf16), (2 * b * b + 3 * b * D) * 4 + (4 * b * D + b * b) * 2);
+  set_attention_bf16_tile_path(AttentionTilePath::f32);
 }
