@@ -81,7 +81,10 @@ using ValuesFor = std::function<std::map<std::string, ConfigValue>(int64_t dp, i
 // Every (dp, cp, tp) in {1,2} x {1,2,4} x {1,2} that fills the world, with
 // every strategy at cp > 1: loss and gradient norm at step 0 equal the
 // one-rank run within 1e-5, the loss after kSteps within 1e-4.
-void expect_every_mesh_matches_one_rank(const ValuesFor& values, const std::string& label) {
+// tolerance: relative, for the step-0 loss and gradient norm; the loss after
+// kSteps gets 10x.
+void expect_every_mesh_matches_one_rank(const ValuesFor& values, const std::string& label,
+                                        double tolerance = 1e-5) {
   int world = 1;
   world = comm_world_size();
   RunConfig single = config_from_values(values(1, 1, 1, "all_gather", 1));
@@ -107,9 +110,14 @@ void expect_every_mesh_matches_one_rank(const ValuesFor& values, const std::stri
           }
           Mesh mesh(mesh_shape_from_config(c));
           const RunResult got = train(c, mesh);
-          EXPECT_LT(rel(got.loss0, ref.loss0), 1e-5) << what << ": " << got.loss0 << " vs " << ref.loss0;
-          EXPECT_LT(rel(got.grad_norm0, ref.grad_norm0), 1e-5) << what << ": " << got.grad_norm0 << " vs " << ref.grad_norm0;
-          EXPECT_LT(rel(got.loss_last, ref.loss_last), 1e-4) << what << ": " << got.loss_last << " vs " << ref.loss_last;
+          EXPECT_LT(rel(got.loss0, ref.loss0), tolerance) << what << ": " << got.loss0 << " vs " << ref.loss0;
+          EXPECT_LT(rel(got.grad_norm0, ref.grad_norm0), tolerance)
+              << what << ": " << got.grad_norm0 << " vs " << ref.grad_norm0;
+          EXPECT_LT(rel(got.loss_last, ref.loss_last), 10 * tolerance)
+              << what << ": " << got.loss_last << " vs " << ref.loss_last;
+          if (tolerance > 1e-5)
+            std::printf("%s: loss0 %.1e, gnorm0 %.1e, loss%d %.1e\n", what.c_str(), rel(got.loss0, ref.loss0),
+                        rel(got.grad_norm0, ref.grad_norm0), kSteps, rel(got.loss_last, ref.loss_last));
           ++meshes;
         }
       }
@@ -120,6 +128,23 @@ void expect_every_mesh_matches_one_rank(const ValuesFor& values, const std::stri
 
 TEST(TrainParallel, EveryMeshAndStrategyMatchesOneRank) {
   expect_every_mesh_matches_one_rank(tiny_values, "");
+}
+
+// dtype: bfloat16 on every mesh against one bf16 rank. The meshes add
+// partial sums (tp reductions, attention merges over kv shards) in another
+// fp32 order, so a bf16 rounding that follows such a sum may land one unit
+// (u = 2^-8 relative) away from the one-rank run's; the loss and gradient
+// norm, averages over many such elements, move by a small fraction of u.
+// Tolerance u / 4 (~1e-3): a strategy that drops or duplicates a piece, or
+// sends K/V/dK/dV in a wrong precision, is off by far more.
+TEST(TrainParallel, EveryMeshAndStrategyMatchesOneRankInBf16) {
+  expect_every_mesh_matches_one_rank(
+      [](int64_t dp, int64_t cp, int64_t tp, const std::string& strategy, int64_t ulysses) {
+        auto v = tiny_values(dp, cp, tp, strategy, ulysses);
+        v["dtype"] = std::string("bfloat16");
+        return v;
+      },
+      "bf16 ", 1.0 / 256 / 4);
 }
 
 TEST(TrainParallel, ConfigErrorsAreRaisedOnEveryRankBeforeWork) {
