@@ -32,6 +32,7 @@ struct Case {
   bool packing;
   bool shard = false;
   int64_t d_model = 32;
+  std::string dtype = "float32";
 };
 
 std::string describe(const Case& k) {
@@ -42,6 +43,7 @@ std::string describe(const Case& k) {
                 k.packing ? " packed" : "");
   std::string out = buf;
   if (k.shard) out += " ZeRO-1 d=" + std::to_string(k.d_model);
+  if (k.dtype != "float32") out += " " + k.dtype;
   return out;
 }
 
@@ -58,7 +60,7 @@ RunConfig config_for(const Case& k) {
       {"remat_policy", k.remat},           {"steps", int64_t(kSteps)},
       {"peak_tflops_per_device", 1.0},     {"enable_checkpointing", false},
       {"metrics_file", std::string("/dev/null")}, {"num_threads", int64_t(1)},
-      {"shard_optimizer_over_data", k.shard}};
+      {"shard_optimizer_over_data", k.shard}, {"dtype", k.dtype}};
   return config_from_values(v);
 }
 
@@ -66,7 +68,7 @@ RunConfig config_for(const Case& k) {
 HardwareProfile any_profile() {
   HardwareProfile h;
   h.name = "test";
-  h.peak_flops_fp32 = 1e10;
+  h.peak_flops_fp32 = h.peak_flops_bf16 = 1e10;
   h.memory_bytes = int64_t{1} << 34;
   h.memory_bandwidth = h.p2p_bandwidth = h.collective_bandwidth = h.all_to_all_bandwidth = 1e9;
   h.devices_per_node = 64;
@@ -107,6 +109,11 @@ std::vector<Case> cases(int world) {
   if (world == 4) out.push_back({"ring", 2, 1, 1, 2, 512, 1, "full", false, true, 33});
   if (world == 8) out.push_back({"usp", 2, 2, 2, 2, 512, 1, "minimal", true, true, 33});
   if (world == 8) out.push_back({"ulysses", 2, 4, 1, 1, 256, 1, "save_context", false, true, 33});
+  // bf16: activations in two dtypes, the weight copy, K/V sent in bf16.
+  out.push_back({world == 1 ? "all_gather" : "ring", 1, world, 1, 1, 512, 1, "none", true, false, 32, "bfloat16"});
+  if (world >= 2)
+    out.push_back({"all_gather", 1, world / 2, 1, 2, 256, 2, "full", false, world >= 4, 32, "bfloat16"});
+  if (world >= 4) out.push_back({"usp", 1, world, 2, 1, 512, 1, "minimal", false, false, 32, "bfloat16"});
   return out;
 }
 
@@ -144,11 +151,12 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
     const size_t before = MemoryTracker::global().current_total();
     MemoryTracker::global().reset_peaks();
     int64_t replicas = 0, tp = 0, rs = 0, ag = 0;
-    int64_t optimizer_bytes = 0;
+    int64_t optimizer_bytes = 0, parameter_bytes = 0;
     bool last_replica = false;
     {
       Trainer trainer(c, mesh);
       optimizer_bytes = int64_t(MemoryTracker::global().current(MemCategory::optimizer));
+      parameter_bytes = int64_t(MemoryTracker::global().current(MemCategory::parameters));
       last_replica = mesh.replicas().rank() + 1 == mesh.replicas().size();
       mesh.reset_counters();
       for (int s = 0; s < kSteps; ++s) trainer.train_step();
@@ -172,6 +180,7 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
     if (k.shard && k.dp * k.cp > 1) {
       EXPECT_GT(rs, 0) << what;
     }
+    EXPECT_EQ(parameter_bytes, predicted_memory(plan, "parameters")) << what << " rank " << rank;
     // Moments: exact on the busiest replica (the tail's owner), less by the tail elsewhere.
     if (last_replica || !k.shard)
       EXPECT_EQ(optimizer_bytes, predicted_memory(plan, "optimizer")) << what << " rank " << rank;
