@@ -1,5 +1,6 @@
 // `longctx bench model`: one training step (forward + backward) of a model on
-// one rank, with its FLOP rate against an fp32 GEMM measured in the same run.
+// one rank, with its FLOP rate against a GEMM in the step's dtype (fp32 or
+// bf16) measured in the same run.
 //
 // FLOPs per step (the model FLOPs MFU counts, recomputation excluded):
 //   6 * parameters * tokens  +  12 * head_dim * unmasked (q, kv) pairs * q heads
@@ -27,7 +28,7 @@ namespace longctx {
 const char* const kBenchModelUsage =
     "usage: longctx bench model [--config configs/model/X.yml] [--seq S] [--batch B]\n"
     "         [--layers L] [--threads T] [--remat none|minimal|save_context|full]\n"
-    "         [--mask causal|full|local:W|...] [--steps N] [--json]\n"
+    "         [--mask causal|full|local:W|...] [--dtype fp32|bf16] [--steps N] [--json]\n"
     "         [--d-model N] [--heads N] [--kv-heads N] [--head-dim N] [--mlp N] [--vocab N]\n"
     "  defaults: configs/model/bench-512.yml's shape, S=16384, B=1, remat none, 2 timed steps\n";
 
@@ -39,6 +40,7 @@ struct BenchModelFlags {
   int64_t seq = 16384, batch = 1, steps = 2;
   int threads = 0;
   std::string remat = "none", mask = "causal";
+  DType dtype = DType::f32;
   bool json = false;
 };
 
@@ -96,6 +98,7 @@ BenchModelFlags parse_flags(const Args& args) {
     else if (a == "--threads") f.threads = static_cast<int>(integer());
     else if (a == "--remat") f.remat = v;
     else if (a == "--mask") f.mask = v;
+    else if (a == "--dtype") f.dtype = parse_enum<DType>(v);
     else if (a == "--layers" || a == "--d-model" || a == "--heads" || a == "--kv-heads" ||
              a == "--head-dim" || a == "--mlp" || a == "--vocab")
       shape.emplace_back(a, std::to_string(integer()));
@@ -137,10 +140,11 @@ int run_bench_model(const Args& args) {
   ModelOptions opt;
   opt.remat = parse_enum<RematPolicy>(f.remat);
   opt.mask = mask;
+  opt.dtype = f.dtype;
 
   // The GEMM rate is measured before and after the steps and the higher one
   // kept: on a shared machine this keeps MFU conservative.
-  double gemm_gflops = measure_gemm_gflops(DType::f32);
+  double gemm_gflops = measure_gemm_gflops(f.dtype);
 
   const int64_t B = f.batch, S = f.seq, N = B * S;
   std::mt19937 gen(1);
@@ -164,7 +168,7 @@ int run_bench_model(const Args& args) {
     step_seconds.push_back(t.seconds());
   }
   const double best = *std::min_element(step_seconds.begin(), step_seconds.end());
-  gemm_gflops = std::max(gemm_gflops, measure_gemm_gflops(DType::f32));
+  gemm_gflops = std::max(gemm_gflops, measure_gemm_gflops(f.dtype));
 
   const int64_t pairs = unmasked_pairs(c, mask, positions, B, S);
   // The profile of the last timed step (recomputation included).
@@ -198,6 +202,8 @@ int run_bench_model(const Args& args) {
                         {"batch", B},
                         {"threads", threads},
                         {"remat", f.remat},
+                        {"dtype", name_of(f.dtype)},
+                        {"gemm_implementation", f.dtype == DType::bf16 ? gemm_bf16_implementation(2048) : "dnnl_sgemm"},
                         {"mask", mask.to_string()},
                         {"step_seconds", step_seconds},
                         {"best_step_seconds", best},
@@ -221,10 +227,11 @@ int run_bench_model(const Args& args) {
               (long long)c.d_model, (long long)c.num_heads, (long long)c.num_kv_heads,
               (long long)c.head_dim, (long long)c.mlp_dim, (long long)c.num_layers,
               (long long)c.vocab_size, c.num_parameters() / 1e6);
-  std::printf("step: B=%lld S=%lld, mask %s, remat %s, %d threads, fp32\n", (long long)B,
-              (long long)S, mask.to_string().c_str(), f.remat.c_str(), threads);
-  std::printf("fp32 GEMM reference (2048^3, same threads, best of before/after): %.1f GFLOP/s\n",
-              gemm_gflops);
+  std::printf("step: B=%lld S=%lld, mask %s, remat %s, %d threads, %s\n", (long long)B,
+              (long long)S, mask.to_string().c_str(), f.remat.c_str(), threads, name_of(f.dtype));
+  std::printf("%s GEMM reference (2048^3, same threads, best of before/after): %.1f GFLOP/s (%s)\n",
+              name_of(f.dtype), gemm_gflops,
+              f.dtype == DType::bf16 ? gemm_bf16_implementation(2048).c_str() : "dnnl_sgemm");
   std::printf("step time: best %.3f s of %lld (first timed %.3f s); loss %.4f\n", best,
               (long long)f.steps, step_seconds[0], loss);
   std::printf("tokens/s: %.0f\n", N / best);

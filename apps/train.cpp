@@ -7,6 +7,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "kernels/gemm.h"
 #include "plan/hardware.h"
 #include "plan/measure.h"
 #include "plan/planner.h"
@@ -84,6 +85,10 @@ int run_train(const Args& args) {
   validate_config(config, comm_world_size());
   require_memory_fits(config, Communicator::world("memory check"));
   Mesh mesh(mesh_shape_from_config(config));
+  if (config.dtype == DType::bf16 && comm_world_rank() == 0 && !gemm_bf16_is_native())
+    std::fprintf(stderr, "note: dtype=bfloat16 on a CPU without a bf16 matmul (no AVX512-BF16 or AMX): "
+                         "bf16 halves activation memory and bytes sent, but each GEMM widens its operands "
+                         "to fp32 first, so steps are not faster than float32 here\n");
   Trainer trainer(config, mesh);
   trainer.run(stdout);
   // Stopped early by a signal: non-zero, as a killed process would exit.

@@ -160,10 +160,13 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
     // Each operand as stored ([rows, ld] row-major), widened; the fp32 GEMM
     // then reads it with the same transposes and leading dimensions.
     thread_local std::vector<float> wa, wb;
+    // (Model-sized operands are widened by all threads; inside a parallel
+    // region, e.g. an attention tile, by the calling one.)
     auto widen = [](const bf16* src, int64_t rows, int64_t cols, int64_t ld, std::vector<float>& dst) {
       dst.resize((rows - 1) * ld + cols);  // the last row ends at its last column
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t i = r * ld; i < r * ld + cols; ++i) dst[i] = float(src[i]);
+      float* out = dst.data();
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && rows * cols > (1 << 16))
+      for (int64_t r = 0; r < rows; ++r) widen_bf16(src + r * ld, out + r * ld, cols);
     };
     widen(A, ta ? K : M, ta ? M : K, lda, wa);
     widen(B, tb ? N : K, tb ? K : N, ldb, wb);
