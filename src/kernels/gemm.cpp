@@ -40,20 +40,24 @@ std::atomic<bool> g_thread_count_independent{false};
 
 void set_gemm_thread_count_independent(bool on) { g_thread_count_independent = on; }
 
+namespace {
+
 // oneDNN splits a product over its threads by their number, so its last bits
 // depend on the thread count. Outside a parallel region the product is
-// instead cut into pieces that depend only on the shape, each run by one
+// instead cut into pieces that depend only on its shape, each run by one
 // thread (nested calls are single-threaded): rows of C in blocks, or, for a
 // short C over a long K (the weight gradients: K = tokens), partial products
 // over K chunks added to C in chunk order. The result is then bit-identical
 // at any thread count, at 5-16% of a training step here, hence opt-in
 // (set_gemm_thread_count_independent). Inside a parallel region (the
 // attention kernel's tiles) a call is one piece already.
-void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-              int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
+// `product` computes one piece: product(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)
+// with operands of type T (float or bf16).
+template <typename T, typename Product>
+void gemm_in_pieces(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
+                    const T* B, int64_t ldb, float beta, float* C, int64_t ldc, Product product) {
   if (!g_thread_count_independent || omp_in_parallel())
-    return sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return product(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   // A's rows r0.. (stored transposed: its columns) and K offset k0.
   auto a_at = [&](int64_t r0, int64_t k0) { return ta ? A + k0 * lda + r0 : A + r0 * lda + k0; };
   auto b_at = [&](int64_t k0) { return tb ? B + k0 : B + k0 * ldb; };
@@ -63,7 +67,7 @@ void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t i = 0; i < blocks; ++i) {
       const int64_t r0 = i * row_block, rows = std::min(row_block, M - r0);
-      sgemm(ta, tb, rows, N, K, alpha, a_at(r0, 0), lda, B, ldb, beta, C + r0 * ldc, ldc);
+      product(ta, tb, rows, N, K, alpha, a_at(r0, 0), lda, B, ldb, beta, C + r0 * ldc, ldc);
     }
     return;
   }
@@ -81,13 +85,21 @@ void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t w = 0; w < count; ++w) {
       const int64_t k0 = (first + w) * depth_chunk, depth = std::min(depth_chunk, K - k0);
-      sgemm(ta, tb, M, N, depth, alpha, a_at(0, k0), lda, b_at(k0), ldb, 0.0f, partial.data() + w * M * N, N);
+      product(ta, tb, M, N, depth, alpha, a_at(0, k0), lda, b_at(k0), ldb, 0.0f, partial.data() + w * M * N, N);
     }
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < M; ++r)
       for (int64_t w = 0; w < count; ++w)
         for (int64_t j = 0; j < N; ++j) C[r * ldc + j] += partial[(w * M + r) * N + j];
   }
+}
+
+}  // namespace
+
+void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+              int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  gemm_in_pieces(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, sgemm);
 }
 
 namespace {
@@ -150,13 +162,27 @@ const CachedGemm& bf16_gemm_for(const GemmKey& key) {
 
 }  // namespace
 
+namespace {
+
+// One bf16 matmul, run by the calling thread's oneDNN stream.
+void bf16_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+                 const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const CachedGemm& g = bf16_gemm_for({ta, tb, M, N, K, lda, ldb, ldc, alpha, beta});
+  const dnnl::engine& engine = cpu_engine();
+  thread_local dnnl::stream stream(engine);
+  dnnl::memory a(g.a, engine, const_cast<bf16*>(A)), b(g.b, engine, const_cast<bf16*>(B)), c(g.c, engine, C);
+  g.primitive.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  stream.wait();
+}
+
+}  // namespace
+
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
                const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   check_shape(K > 0 && lda >= (ta ? M : K) && ldb >= (tb ? K : N) && ldc >= N,
               "gemm_bf16: leading dimensions smaller than the rows they hold");
-  const CachedGemm& g = bf16_gemm_for({ta, tb, M, N, K, lda, ldb, ldc, alpha, beta});
-  if (g.widen) {
+  if (bf16_gemm_for({ta, tb, M, N, K, lda, ldb, ldc, alpha, beta}).widen) {
     // Each operand as stored ([rows, ld] row-major), widened; the fp32 GEMM
     // then reads it with the same transposes and leading dimensions.
     thread_local std::vector<float> wa, wb;
@@ -173,11 +199,7 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
     gemm_f32(ta, tb, M, N, K, alpha, wa.data(), lda, wb.data(), ldb, beta, C, ldc);
     return;
   }
-  const dnnl::engine& engine = cpu_engine();
-  thread_local dnnl::stream stream(engine);
-  dnnl::memory a(g.a, engine, const_cast<bf16*>(A)), b(g.b, engine, const_cast<bf16*>(B)), c(g.c, engine, C);
-  g.primitive.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
-  stream.wait();
+  gemm_in_pieces(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16_matmul);
 }
 
 std::string gemm_bf16_implementation(int64_t n) {

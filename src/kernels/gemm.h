@@ -12,7 +12,8 @@ namespace longctx {
 // Off by default: oneDNN threads each product itself, and its last bits
 // depend on the thread count. On (deterministic_across_thread_counts), a
 // product outside a parallel region is cut into pieces that depend only on
-// its shape, so results are bit-identical at any thread count (src/kernels/gemm.cpp).
+// its shape, so results are bit-identical at any thread count (src/kernels/gemm.cpp);
+// for gemm_f32 and gemm_bf16 alike.
 void set_gemm_thread_count_independent(bool on);
 
 void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -125,9 +125,23 @@ TEST(GemmF32, BitIdenticalAtAnyThreadCountAndCorrect) {
       gemm_f32(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, s.beta, C.data(), s.N);
       out.push_back(C);
     }
+    // gemm_bf16 on the same values rounded to bf16 (native pieces, or
+    // widened then gemm_f32's pieces): bit-identical across threads too.
+    std::vector<bf16> A16(A.size()), B16(B.size());
+    round_to_bf16(A.data(), A16.data(), int64_t(A.size()));
+    round_to_bf16(B.data(), B16.data(), int64_t(B.size()));
+    std::vector<std::vector<float>> out16;
+    for (int t : {1, 2, 3}) {
+      omp_set_num_threads(t);
+      std::vector<float> C = C0;
+      gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A16.data(), lda, B16.data(), ldb, s.beta, C.data(), s.N);
+      out16.push_back(C);
+    }
     omp_set_num_threads(threads);
     EXPECT_TRUE(out[1] == out[0]) << "2 threads differ from 1";
     EXPECT_TRUE(out[2] == out[0]) << "3 threads differ from 1";
+    EXPECT_TRUE(out16[1] == out16[0]) << "bf16: 2 threads differ from 1";
+    EXPECT_TRUE(out16[2] == out16[0]) << "bf16: 3 threads differ from 1";
     double worst = 0;
     for (int64_t i = 0; i < s.M; ++i)
       for (int64_t j = 0; j < s.N; ++j) {
