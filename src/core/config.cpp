@@ -133,7 +133,7 @@ const std::vector<ConfigKey>& config_keys() {
       {"context_parallel_load_balance", true, "zigzag layout (true) or contiguous (false)", F(cp_load_balance)},
       // data
       {"dataset_type", S("text"), "text|binary|synthetic", ENUM(dataset_type)},
-      {"dataset_path", S("data/kjv"), "text file or directory, or .bin of uint32 ids", F(dataset_path)},
+      {"dataset_path", S("data/kjv"), "files, directories (text) or globs; a list or comma-separated", F(dataset_path)},
       {"document_separator", S(""), "text: split files at this string; empty = one document per file", F(document_separator)},
       {"packing", true, "pack documents with segment ids (document mask) or concatenate", F(packing)},
       {"max_target_length", I(1024), "tokens per sequence", F(max_target_length)},
@@ -251,6 +251,18 @@ ConfigValue convert(const ConfigKey& key, const YAML::Node& node, const std::str
   if (node.IsNull()) {
     if (std::holds_alternative<std::string>(key.default_value)) return std::string();
     throw fail("null");
+  }
+  // dataset_path may be a YAML list of paths and patterns: it is kept as one
+  // comma-separated string (the form a command line gives).
+  if (node.IsSequence() && std::string(key.name) == "dataset_path") {
+    std::string joined;
+    for (const YAML::Node& item : node) {
+      if (!item.IsScalar() || item.Scalar().empty() || item.Scalar().find(',') != std::string::npos)
+        throw ConfigError(where + ": key 'dataset_path': each list item must be one non-empty path without a comma");
+      joined += (joined.empty() ? "" : ",") + item.Scalar();
+    }
+    if (joined.empty()) throw ConfigError(where + ": key 'dataset_path' is an empty list");
+    return convert(key, YAML::Node(joined), where);
   }
   if (!node.IsScalar()) throw fail("a list or map");
   const std::string text = node.Scalar();

@@ -93,7 +93,7 @@ struct RunConfig {
 
   // ---- data
   DatasetType dataset_type = DatasetType::text;  // dataset_type
-  std::string dataset_path;           // dataset_path: file or directory
+  std::string dataset_path;           // dataset_path: comma-separated files, directories or globs
   std::string document_separator;     // document_separator ("" = one document per file)
   bool packing = true;                // packing
   int64_t max_target_length = 0;      // max_target_length (tokens per sequence)
