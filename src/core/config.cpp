@@ -94,6 +94,8 @@ const std::vector<ConfigKey>& config_keys() {
       {"max_num_checkpoints_to_keep", I(0), "newest complete checkpoints kept, older ones deleted; 0 = keep all", F(max_num_checkpoints_to_keep)},
       {"resume", true, "continue from the latest complete checkpoint in checkpoint_dir", F(resume)},
       {"log_period", I(1), "steps between printed step lines", F(log_period)},
+      {"progress_interval_seconds", 10.0, "during a step, rank 0's layer and pass on stderr this often; 0 = off",
+       F(progress_interval_seconds)},
       // model
       {"model_name", S(""), "configs/model/<model_name>.yml; empty = the shape keys below", F(model_name)},
       {"vocab_size", I(259), "vocabulary (byte-level: 256 bytes + BOS, EOS, PAD)", F(model.vocab_size)},
@@ -725,6 +727,8 @@ void validate_config(RunConfig& c, int64_t world) {
   require(c.checkpoint_period >= 0, "checkpoint_period must be >= 0 (0 = only at the end)");
   require(c.max_num_checkpoints_to_keep >= 0, "max_num_checkpoints_to_keep must be >= 0 (0 = keep all)");
   require(c.log_period >= 1, "log_period must be >= 1");
+  require(c.progress_interval_seconds >= 0,
+          "progress_interval_seconds must be >= 0 (0 = off; got " + std::to_string(c.progress_interval_seconds) + ")");
   require(c.device_memory_budget >= 0, "device_memory_budget must be >= 0 (0 = unlimited)");
   require(c.peak_tflops_per_device >= 0, "peak_tflops_per_device must be >= 0 (0 = measure)");
   require(c.collective_timeout_seconds >= 1, "collective_timeout_seconds must be >= 1");

@@ -66,6 +66,7 @@ struct RunConfig {
   int64_t max_num_checkpoints_to_keep = 0;  // max_num_checkpoints_to_keep (0 = keep all)
   bool resume = true;                 // resume: continue from the latest complete checkpoint
   int64_t log_period = 1;             // log_period
+  double progress_interval_seconds = 10;  // progress_interval_seconds (0 = off)
 
   // ---- model
   std::string model_name;             // model_name (configs/model/<name>.yml; "" = keys below)
