@@ -31,10 +31,18 @@ import os
 import sys
 
 # This file is named like the standard library's tokenize module, which
-# linecache (tracebacks) imports: drop the script's own directory from the
-# module path so that `import tokenize` finds the standard one.
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
+# linecache (tracebacks, warnings) imports. Any script run from scripts/ has
+# this directory first on its module path, so `import tokenize` there loads
+# this file: hand the importer the standard module instead.
+if __name__ == "tokenize":
+    import importlib.machinery
+    import importlib.util
+    _here = os.path.dirname(os.path.abspath(__file__))
+    _spec = importlib.machinery.PathFinder.find_spec(
+        "tokenize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
+    _real = importlib.util.module_from_spec(_spec)
+    sys.modules["tokenize"] = _real  # what the import statement returns
+    _spec.loader.exec_module(_real)  # the rest of this file then only defines functions nobody uses
 
 import argparse  # noqa: E402
 import json  # noqa: E402

@@ -155,6 +155,11 @@ def main(tmp):
                      expect_ok=False)
     check(r.returncode != 0 and "no token '<nope>' (--eos)" in r.stderr, "an unknown --eos: " + r.stderr.strip())
 
+    # A script run from scripts/ (plot.py) that imports the standard tokenize gets the standard one.
+    r = subprocess.run([sys.executable, "-c", "import tokenize; print(tokenize.open.__name__)"],
+                       cwd=os.path.join(root, "scripts"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    check(r.returncode == 0 and r.stdout.strip() == "open", "import tokenize beside scripts/tokenize.py: the standard one")
+
     # longctx learns from the file: the loss falls from ln(vocab).
     metrics = os.path.join(tmp, "metrics.jsonl")
     train = subprocess.run(
