@@ -94,6 +94,8 @@ const std::vector<ConfigKey>& config_keys() {
       {"max_num_checkpoints_to_keep", I(0), "newest complete checkpoints kept, older ones deleted; 0 = keep all", F(max_num_checkpoints_to_keep)},
       {"resume", true, "continue from the latest complete checkpoint in checkpoint_dir", F(resume)},
       {"log_period", I(1), "steps between printed step lines", F(log_period)},
+      {"progress_interval_seconds", 10.0, "during a step, rank 0's layer and pass on stderr this often; 0 = off",
+       F(progress_interval_seconds)},
       // model
       {"model_name", S(""), "configs/model/<model_name>.yml; empty = the shape keys below", F(model_name)},
       {"vocab_size", I(259), "vocabulary (byte-level: 256 bytes + BOS, EOS, PAD)", F(model.vocab_size)},
@@ -134,7 +136,7 @@ const std::vector<ConfigKey>& config_keys() {
       {"context_parallel_load_balance", true, "zigzag layout (true) or contiguous (false)", F(cp_load_balance)},
       // data
       {"dataset_type", S("text"), "text|binary|synthetic", ENUM(dataset_type)},
-      {"dataset_path", S("data/kjv"), "text file or directory, or .bin of uint32 ids", F(dataset_path)},
+      {"dataset_path", S("data/kjv"), "files, directories (text) or globs; a list or comma-separated", F(dataset_path)},
       {"document_separator", S(""), "text: split files at this string; empty = one document per file", F(document_separator)},
       {"packing", true, "pack documents with segment ids (document mask) or concatenate", F(packing)},
       {"max_target_length", I(1024), "tokens per sequence", F(max_target_length)},
@@ -252,6 +254,18 @@ ConfigValue convert(const ConfigKey& key, const YAML::Node& node, const std::str
   if (node.IsNull()) {
     if (std::holds_alternative<std::string>(key.default_value)) return std::string();
     throw fail("null");
+  }
+  // dataset_path may be a YAML list of paths and patterns: it is kept as one
+  // comma-separated string (the form a command line gives).
+  if (node.IsSequence() && std::string(key.name) == "dataset_path") {
+    std::string joined;
+    for (const YAML::Node& item : node) {
+      if (!item.IsScalar() || item.Scalar().empty() || item.Scalar().find(',') != std::string::npos)
+        throw ConfigError(where + ": key 'dataset_path': each list item must be one non-empty path without a comma");
+      joined += (joined.empty() ? "" : ",") + item.Scalar();
+    }
+    if (joined.empty()) throw ConfigError(where + ": key 'dataset_path' is an empty list");
+    return convert(key, YAML::Node(joined), where);
   }
   if (!node.IsScalar()) throw fail("a list or map");
   const std::string text = node.Scalar();
@@ -715,6 +729,8 @@ void validate_config(RunConfig& c, int64_t world) {
   require(c.checkpoint_period >= 0, "checkpoint_period must be >= 0 (0 = only at the end)");
   require(c.max_num_checkpoints_to_keep >= 0, "max_num_checkpoints_to_keep must be >= 0 (0 = keep all)");
   require(c.log_period >= 1, "log_period must be >= 1");
+  require(c.progress_interval_seconds >= 0,
+          "progress_interval_seconds must be >= 0 (0 = off; got " + std::to_string(c.progress_interval_seconds) + ")");
   require(c.device_memory_budget >= 0, "device_memory_budget must be >= 0 (0 = unlimited)");
   require(c.peak_tflops_per_device >= 0, "peak_tflops_per_device must be >= 0 (0 = measure)");
   require(c.collective_timeout_seconds >= 1, "collective_timeout_seconds must be >= 1");

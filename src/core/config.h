@@ -66,6 +66,7 @@ struct RunConfig {
   int64_t max_num_checkpoints_to_keep = 0;  // max_num_checkpoints_to_keep (0 = keep all)
   bool resume = true;                 // resume: continue from the latest complete checkpoint
   int64_t log_period = 1;             // log_period
+  double progress_interval_seconds = 10;  // progress_interval_seconds (0 = off)
 
   // ---- model
   std::string model_name;             // model_name (configs/model/<name>.yml; "" = keys below)
@@ -94,7 +95,7 @@ struct RunConfig {
 
   // ---- data
   DatasetType dataset_type = DatasetType::text;  // dataset_type
-  std::string dataset_path;           // dataset_path: file or directory
+  std::string dataset_path;           // dataset_path: comma-separated files, directories or globs
   std::string document_separator;     // document_separator ("" = one document per file)
   bool packing = true;                // packing
   int64_t max_target_length = 0;      // max_target_length (tokens per sequence)

@@ -12,6 +12,7 @@
 #include "core/timer.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
+#include "model/progress.h"
 
 namespace longctx {
 
@@ -622,10 +623,14 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
     rope_table(m.rope, m.D, b.positions, N, w.f32(Activation::rope_cos), w.f32(Activation::rope_sin));
     embedding_forward(b.tokens, N, s.param(m.embed), m.V, s.x(0));
   });
-  for (int64_t l = 0; l < m.L; ++l) s.forward_layer(l);
+  for (int64_t l = 0; l < m.L; ++l) {
+    publish_step_position(StepPass::forward, l);
+    s.forward_layer(l);
+  }
 
   LossStats out;
   if (training) std::memset(w.f32(Activation::d_resid), 0, w.size(Activation::d_resid));
+  publish_step_position(StepPass::loss);
   out.loss_sum = s.loss_head(training, grad_scale);
   if (b.loss_weights) {
     for (int64_t i = 0; i < N; ++i) out.weight_sum += b.loss_weights[i];
@@ -634,7 +639,10 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
   }
   if (!training) return out;
 
-  for (int64_t l = m.L - 1; l >= 0; --l) s.backward_layer(l);
+  for (int64_t l = m.L - 1; l >= 0; --l) {
+    publish_step_position(StepPass::backward, l);
+    s.backward_layer(l);
+  }
   s.elementwise([&] {
     embedding_backward(b.tokens, N, mat(w.f32(Activation::d_resid), N, m.d), s.grad(m.embed), m.V);
   });

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <glob.h>
 #include <sstream>
 
 #include "core/checked.h"
@@ -28,15 +29,20 @@ std::string detokenize_bytes(const std::vector<int32_t>& ids) {
 
 namespace {
 
-void add_document(Corpus& c, std::string_view text) {
-  if (text.empty()) return;
-  if (c.doc_offsets.empty()) c.doc_offsets.push_back(0);
-  c.tokens.push_back(kBosId);
-  std::vector<int32_t> ids = tokenize_bytes(text);
-  c.tokens.insert(c.tokens.end(), ids.begin(), ids.end());
-  c.tokens.push_back(kEosId);
-  c.doc_offsets.push_back(static_cast<int64_t>(c.tokens.size()));
-}
+// Documents being collected (BOS + bytes + EOS each), turned into a Corpus at the end.
+struct CorpusBuilder {
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> doc_offsets{0};
+  void add_document(std::string_view text) {
+    if (text.empty()) return;
+    tokens.push_back(kBosId);
+    std::vector<int32_t> ids = tokenize_bytes(text);
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+    tokens.push_back(kEosId);
+    doc_offsets.push_back(static_cast<int64_t>(tokens.size()));
+  }
+  Corpus corpus() && { return Corpus(std::move(tokens), std::move(doc_offsets)); }
+};
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -56,40 +62,69 @@ uint64_t mix(uint64_t x) {
 
 }  // namespace
 
-Corpus load_text_corpus(const std::string& path, const std::string& separator) {
-  if (!fs::exists(path))
-    throw DataError("dataset_path '" + path + "' does not exist (scripts/prepare_corpus.sh makes data/kjv)");
-  std::vector<fs::path> files;
-  if (fs::is_directory(path)) {
-    for (const auto& e : fs::directory_iterator(path))
-      if (e.is_regular_file() && e.path().filename().string()[0] != '.') files.push_back(e.path());
-    std::sort(files.begin(), files.end());
-  } else {
-    files.push_back(path);
+std::vector<std::string> expand_dataset_path(const std::string& dataset_path) {
+  std::vector<std::string> paths;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = dataset_path.find(',', start);
+    const std::string entry = dataset_path.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (entry.empty())
+      throw DataError("dataset_path '" + dataset_path + "' has an empty entry (a list is comma-separated paths)");
+    if (entry.find_first_of("*?[") == std::string::npos) {
+      paths.push_back(entry);
+    } else {
+      glob_t g{};
+      const int rc = ::glob(entry.c_str(), 0, nullptr, &g);
+      std::vector<std::string> matches(g.gl_pathv, g.gl_pathv + (rc == 0 ? g.gl_pathc : 0));
+      ::globfree(&g);
+      if (rc == GLOB_NOMATCH || (rc == 0 && matches.empty()))
+        throw DataError("dataset_path pattern '" + entry + "' matches no file");
+      if (rc != 0) throw DataError("dataset_path pattern '" + entry + "' cannot be expanded (a directory is unreadable)");
+      std::sort(matches.begin(), matches.end());  // byte order, whatever the locale
+      paths.insert(paths.end(), matches.begin(), matches.end());
+    }
+    if (comma == std::string::npos) return paths;
+    start = comma + 1;
   }
-  Corpus c;
+}
+
+Corpus load_text_corpus(const std::string& dataset_path, const std::string& separator) {
+  std::vector<fs::path> files;
+  for (const std::string& path : expand_dataset_path(dataset_path)) {
+    if (!fs::exists(path))
+      throw DataError("dataset_path '" + path + "' does not exist (scripts/prepare_corpus.sh makes data/kjv)");
+    if (!fs::is_directory(path)) {
+      files.push_back(path);
+      continue;
+    }
+    std::vector<fs::path> in_dir;
+    for (const auto& e : fs::directory_iterator(path))
+      if (e.is_regular_file() && e.path().filename().string()[0] != '.') in_dir.push_back(e.path());
+    std::sort(in_dir.begin(), in_dir.end());
+    files.insert(files.end(), in_dir.begin(), in_dir.end());
+  }
+  CorpusBuilder c;
   for (const auto& f : files) {
     std::string text = read_file(f);
     if (separator.empty()) {
-      add_document(c, text);
+      c.add_document(text);
       continue;
     }
     size_t start = 0;
     while (true) {
       size_t at = text.find(separator, start);
-      add_document(c, std::string_view(text).substr(start, at == std::string::npos ? std::string::npos : at - start));
+      c.add_document(std::string_view(text).substr(start, at == std::string::npos ? std::string::npos : at - start));
       if (at == std::string::npos) break;
       start = at + separator.size();
     }
   }
-  if (c.num_documents() < 1)
-    throw DataError("dataset_path '" + path + "' holds no text (every document is empty)");
-  return c;
+  if (c.doc_offsets.size() < 2)
+    throw DataError("dataset_path '" + dataset_path + "' holds no text (every document is empty)");
+  return std::move(c).corpus();
 }
 
 Corpus synthetic_corpus(uint64_t seed, int64_t max_target_length, int64_t num_documents) {
-  Corpus c;
-  c.doc_offsets.push_back(0);
+  CorpusBuilder c;
   const int64_t lo = std::max<int64_t>(1, max_target_length / 4),
                 hi = checked_mul(2, max_target_length, "2 * max_target_length (synthetic document length)");
   check_shape(hi >= lo, "synthetic_corpus: max_target_length must be >= 1");
@@ -101,13 +136,14 @@ Corpus synthetic_corpus(uint64_t seed, int64_t max_target_length, int64_t num_do
     c.tokens.push_back(kEosId);
     c.doc_offsets.push_back(static_cast<int64_t>(c.tokens.size()));
   }
-  return c;
+  return std::move(c).corpus();
 }
 
 Corpus load_corpus(const RunConfig& config) {
   switch (config.dataset_type) {
     case DatasetType::text: return load_text_corpus(config.dataset_path, config.document_separator);
-    case DatasetType::binary: return load_token_file(config.dataset_path, config.model.vocab_size);
+    case DatasetType::binary:
+      return load_token_files(expand_dataset_path(config.dataset_path), config.model.vocab_size);
     case DatasetType::synthetic:
       return synthetic_corpus(static_cast<uint64_t>(config.init_weights_seed), config.max_target_length);
   }
@@ -121,15 +157,15 @@ Dataset::Dataset(Corpus corpus, int64_t max_target_length, bool packing)
   check_shape(S >= 1, "Dataset: max_target_length must be >= 1");
   checked_add(S, 1, "max_target_length + 1");
   if (!packing_) {
-    if (static_cast<int64_t>(corpus_.tokens.size()) < S + 1)
-      throw DataError("the corpus has " + std::to_string(corpus_.tokens.size()) +
+    if (corpus_.size() < S + 1)
+      throw DataError("the corpus has " + std::to_string(corpus_.size()) +
                       " tokens; packing=false needs at least max_target_length + 1 = " + std::to_string(S + 1));
     return;
   }
   std::vector<Piece> current;
   int64_t free = S;
   for (int64_t d = 0; d < corpus_.num_documents(); ++d) {
-    int64_t pos = corpus_.doc_offsets[d], end = corpus_.doc_offsets[d + 1];
+    int64_t pos = corpus_.doc_offsets()[d], end = corpus_.doc_offsets()[d + 1];
     while (end - pos >= 2) {  // at least one (input, target) pair left
       int64_t len = std::min(end - pos - 1, free);
       current.push_back({pos, len});
@@ -148,22 +184,29 @@ Dataset::Dataset(Corpus corpus, int64_t max_target_length, bool packing)
 
 int64_t Dataset::num_sequences() const {
   if (packing_) return static_cast<int64_t>(packed_.size());
-  return (static_cast<int64_t>(corpus_.tokens.size()) - 1) / seq_len_;
+  return (corpus_.size() - 1) / seq_len_;
 }
 
 void Dataset::sequence(int64_t index, Sequence& out) const {
   const int64_t S = seq_len_;
   const int64_t k = index % num_sequences();
-  out.tokens.assign(S, corpus_.pad_id);
-  out.targets.assign(S, corpus_.pad_id);
+  out.tokens.assign(S, corpus_.pad_id());
+  out.targets.assign(S, corpus_.pad_id());
   out.positions.resize(S);
   out.weights.assign(S, 0.0f);
-  const int32_t* t = corpus_.tokens.data();
+  // The sequence's tokens are one contiguous range of the corpus (packed
+  // pieces follow each other, consecutive ones of a document sharing a
+  // token): one read, which also checks mapped files for changes.
+  const int64_t first = packing_ ? packed_[k].front().begin : k * S;
+  const int64_t end = packing_ ? packed_[k].back().begin + packed_[k].back().len + 1 : k * S + S + 1;
+  std::vector<int32_t> span(static_cast<size_t>(end - first));
+  corpus_.read(first, end - first, span.data());
+  auto t = [&](int64_t i) { return span[static_cast<size_t>(i - first)]; };  // corpus token i
   if (!packing_) {
     out.segments.clear();
     for (int64_t i = 0; i < S; ++i) {
-      out.tokens[i] = t[k * S + i];
-      out.targets[i] = t[k * S + i + 1];
+      out.tokens[i] = t(k * S + i);
+      out.targets[i] = t(k * S + i + 1);
       out.positions[i] = i;
       out.weights[i] = 1.0f;
     }
@@ -174,8 +217,8 @@ void Dataset::sequence(int64_t index, Sequence& out) const {
   int32_t segment = 1;
   for (const Piece& p : packed_[k]) {
     for (int64_t i = 0; i < p.len; ++i, ++slot) {
-      out.tokens[slot] = t[p.begin + i];
-      out.targets[slot] = t[p.begin + i + 1];
+      out.tokens[slot] = t(p.begin + i);
+      out.targets[slot] = t(p.begin + i + 1);
       out.positions[slot] = i;
       out.segments[slot] = segment;
       out.weights[slot] = 1.0f;

@@ -37,11 +37,19 @@ std::vector<int32_t> tokenize_bytes(std::string_view text);  // bytes only, no B
 std::string detokenize_bytes(const std::vector<int32_t>& ids);  // special ids dropped
 
 // ---- corpus (Corpus and the binary token file: train/token_file.h) ------------
-// A text file, or a directory whose regular files (sorted by name, hidden
-// files skipped) are the documents. A non-empty separator splits each file
-// into several documents; empty pieces are dropped. DataError when the path
-// is missing or no document has any byte.
-Corpus load_text_corpus(const std::string& path, const std::string& separator);
+// The files dataset_path names, in order: comma-separated entries in the order
+// given, each a path (kept as is) or a glob pattern (an entry with * ? or [),
+// replaced by its matches sorted byte-wise; hidden files match only a pattern
+// that starts with a dot. DataError for a pattern that matches nothing (naming
+// it) or an empty entry.
+std::vector<std::string> expand_dataset_path(const std::string& dataset_path);
+
+// dataset_path (expanded as above): each text file, or each directory's
+// regular files (sorted by name, hidden files skipped), in order, is a
+// document. A non-empty separator splits each file into several documents;
+// empty pieces are dropped. DataError when a path is missing or no document
+// has any byte.
+Corpus load_text_corpus(const std::string& dataset_path, const std::string& separator);
 
 // Random documents of random bytes (BOS + bytes + EOS), lengths in
 // [S/4, 2S], a function of seed only: for tests and benchmarks.
@@ -70,7 +78,7 @@ class Dataset {
   const Corpus& corpus() const { return corpus_; }
 
  private:
-  struct Piece {  // corpus.tokens[begin, begin + len + 1) -> len slots
+  struct Piece {  // corpus tokens [begin, begin + len + 1) -> len slots
     int64_t begin;
     int64_t len;
   };

@@ -12,6 +12,7 @@
 #include "core/memory.h"
 #include "core/timer.h"
 #include "kernels/gemm.h"
+#include "train/progress.h"
 
 namespace longctx {
 
@@ -134,6 +135,7 @@ std::string Trainer::save() {
 StepMetrics Trainer::train_step() {
   const RunConfig& c = config_;
   Timer timer;
+  publish_step_position(StepPass::batch);
   const int64_t dp = c.dp, dp_rank = mesh_.dp_rank();
   LocalBatch batch = make_local_batch(*data_, state_.data_cursor, c.per_device_batch_size, dp, dp_rank, *layout_,
                                       mesh_.cp_rank(), mask_);
@@ -141,6 +143,7 @@ StepMetrics Trainer::train_step() {
 
   model_->zero_gradients();
   LossStats local = model_->forward_backward(batch.view(), 1.0f / static_cast<float>(batch.global_target_tokens));
+  publish_step_position(StepPass::optimizer);  // the gradient reduction and the update
   double loss_sums[2] = {local.loss_sum, local.weight_sum};
   optimizer_->reduce_gradients(*model_, loss_sums);
   StepMetrics m;
@@ -173,7 +176,7 @@ StepMetrics Trainer::train_step() {
   return m;
 }
 
-void Trainer::run(std::FILE* out) {
+void Trainer::run(std::FILE* out, std::FILE* progress) {
   const RunConfig& c = config_;
   const bool log = is_logger() && out;
   if (c.resume) {
@@ -201,8 +204,12 @@ void Trainer::run(std::FILE* out) {
   }
   int64_t last_saved = -1;
   std::string last_path;
+  ProgressReporter reporter(is_logger() ? c.progress_interval_seconds : 0, c.steps, c.model.num_layers,
+                            mesh_.world_rank(), progress);
   while (state_.step < c.steps) {
+    reporter.step_started(state_.step + 1);
     StepMetrics m = train_step();
+    reporter.step_finished();
     if (log && (m.step % c.log_period == 0 || m.step == c.steps || m.step == 1)) {
       std::fprintf(out, "%s\n", step_line(m).c_str());
       std::fflush(out);

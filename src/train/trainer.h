@@ -67,7 +67,9 @@ class Trainer {
   // stop signal (any rank's) every rank stops after the same step, with the
   // checkpoint and a line on stderr (rank 0), and stopped_by_signal() says
   // which signal.
-  void run(std::FILE* out = stdout);
+  // While a step runs, rank 0 prints its position (layer, pass) to `progress`
+  // every progress_interval_seconds (src/train/progress.h).
+  void run(std::FILE* out = stdout, std::FILE* progress = stderr);
   int stopped_by_signal() const { return stopped_by_; }
   std::string save();  // a checkpoint of the current state
 
