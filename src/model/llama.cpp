@@ -377,7 +377,7 @@ struct Step {
 
   // Final norm, LM head and cross-entropy, a chunk of rows at a time; with
   // training, the LM head and final norm gradients and dresid = dL/dx[L].
-  double loss_head(bool training, float grad_scale) {
+  double loss_head(bool training, float grad_scale, double* token_losses) {
     ProfileScope p(m.profile.loss);
     const int64_t R = w.loss_rows;
     float* W = param(m.lm_head);
@@ -392,7 +392,7 @@ struct Step {
       gemm_f32(false, true, rows, m.V, m.d, 1.0f, hin, m.d, W, m.d, 0.0f, z, m.V);
       TensorView zv = mat(z, rows, m.V);
       total += cross_entropy(zv, b.targets + r0, b.loss_weights ? b.loss_weights + r0 : nullptr,
-                             grad_scale, training ? &zv : nullptr);
+                             grad_scale, training ? &zv : nullptr, token_losses ? token_losses + r0 : nullptr);
       if (!training) continue;
       float* dhin = w.at(Activation::loss_d_hidden);
       gemm_f32(true, false, m.V, m.d, rows, 1.0f, z, m.V, hin, m.d, 1.0f, grad(m.lm_head), m.d);
@@ -532,7 +532,7 @@ static Workspace& workspace_for(LlamaModel::Impl& m, const LlamaConfig& c, int64
 
 static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vector<NamedTensor>& P,
                      const std::vector<NamedTensor>& Gr, const Batch& b, bool training,
-                     float grad_scale) {
+                     float grad_scale, double* token_losses = nullptr) {
   check_batch(b);
   const int64_t N = b.batch * b.seq_local;
   Workspace& w = workspace_for(m, c, N, training);
@@ -549,7 +549,7 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
 
   LossStats out;
   if (training) std::memset(w.at(Activation::d_resid), 0, w.size(Activation::d_resid));
-  out.loss_sum = s.loss_head(training, grad_scale);
+  out.loss_sum = s.loss_head(training, grad_scale, token_losses);
   if (b.loss_weights) {
     for (int64_t i = 0; i < N; ++i) out.weight_sum += b.loss_weights[i];
   } else {
@@ -569,8 +569,8 @@ LossStats LlamaModel::forward_backward(const Batch& batch, float grad_scale) {
   return run(*impl_, config_, params_, grads_, batch, true, grad_scale);
 }
 
-LossStats LlamaModel::forward(const Batch& batch) {
-  return run(*impl_, config_, params_, grads_, batch, false, 1.0f);
+LossStats LlamaModel::forward(const Batch& batch, double* token_losses) {
+  return run(*impl_, config_, params_, grads_, batch, false, 1.0f, token_losses);
 }
 
 }  // namespace longctx
