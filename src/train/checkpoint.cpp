@@ -199,6 +199,15 @@ void match_model_tensors(const std::vector<NamedTensor>& params, const std::map<
                 (name == "lm_head.weight" ? " (tied embeddings: logits_via_embedding / tie_word_embeddings)" : ""));
 }
 
+// config.json of a model directory; for a longctx checkpoint without one
+// (attention no Hugging Face model computes), the same model keys described
+// from its run_config.yml.
+json model_config_of(const std::string& dir) {
+  const fs::path run_config = fs::path(dir) / "run_config.yml";
+  if (fs::exists(fs::path(dir) / "config.json") || !fs::exists(run_config)) return read_hf_config(dir);
+  return json::parse(hf_config_json(load_config(run_config.string()).model, 0));
+}
+
 // The config.json keys that fix what the weights mean, and the run's keys for each.
 struct HfModelKey {
   const char* hf;
@@ -518,9 +527,7 @@ TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& op
   // another RoPE theta; every key that changes what the weights mean must
   // match. Without config.json (attention no Hugging Face model computes),
   // the same keys described from the saved run_config.yml.
-  const json saved_cfg = files.hf_config.is_object()
-                             ? files.hf_config
-                             : json::parse(hf_config_json(load_config((fs::path(path) / "run_config.yml").string()).model, 0));
+  const json saved_cfg = files.hf_config.is_object() ? files.hf_config : model_config_of(path);
   const json want_cfg = json::parse(hf_config_json(model.config(), 0));
   for (const HfModelKey& k : hf_model_keys()) {
     const json got = saved_cfg.contains(k.hf) ? saved_cfg[k.hf] : json("(missing)");
@@ -580,7 +587,7 @@ bool set_explicitly(const RunConfig& c, const std::string& key) {
 void apply_hf_model_config(RunConfig& c) {
   if (c.load_parameters_path.empty()) return;
   const std::string file = (fs::path(c.load_parameters_path) / "config.json").string();
-  const json hf = read_hf_config(c.load_parameters_path);
+  const json hf = model_config_of(c.load_parameters_path);
   auto bad = [&](const std::string& why) { return ConfigError("load_parameters_path: '" + file + "': " + why); };
   const json type = hf.value("model_type", json());
   if (type != "llama" && type != "mistral")

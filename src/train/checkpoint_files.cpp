@@ -258,7 +258,7 @@ json read_hf_config(const std::string& dir) {
   return cfg;
 }
 
-HfWeights::HfWeights(const std::string& dir) : config_(read_hf_config(dir)) {
+HfWeights::HfWeights(const std::string& dir) {
   const fs::path d(dir), index_path = d / "model.safetensors.index.json";
   std::error_code ec;
   // file name -> the tensors the index puts there (no index: one file, all of its tensors)

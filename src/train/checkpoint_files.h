@@ -72,12 +72,10 @@ std::map<std::string, std::string> parse_safetensors_index(const std::string& te
 
 class HfWeights {
  public:
-  // DataError naming the file and the rule: config.json missing or not a
-  // JSON object, the index malformed or naming a file outside the
+  // DataError naming the file and the rule: the index malformed or naming a file outside the
   // directory, a shard missing, a header broken, a tensor the index puts in
   // a file that lacks it, a tensor of a shard the index does not list.
   explicit HfWeights(const std::string& dir);
-  const nlohmann::json& config() const { return config_; }  // config.json
   // Every tensor: name -> (file, entry).
   struct Located {
     std::string file;  // path
@@ -89,7 +87,6 @@ class HfWeights {
   HostTensor read(const std::string& name) const;
 
  private:
-  nlohmann::json config_;
   std::map<std::string, Located> tensors_;
 };
 // config.json of a model directory: a JSON object (DataError otherwise).
