@@ -39,16 +39,21 @@ int run_eval(const Args& args) {
   if (json_path.has_parent_path()) fs::create_directories(json_path.parent_path());
   std::ofstream(json_path) << eval_json(r, config);
   if (!fs::exists(json_path)) throw ConfigError("eval_output '" + json_path.string() + "' cannot be written");
-  std::printf("eval: %s on %lld sequences from #%lld of %s (S=%lld, %s, cp=%lld, tp=%lld, dp=%lld)\n%s",
+  std::printf("eval: %s on %lld sequences from #%lld of %s %s (S=%lld, %s, cp=%lld, tp=%lld, dp=%lld)\n%s",
               r.weights.c_str(), static_cast<long long>(r.sequences), static_cast<long long>(r.first_sequence),
-              (config.eval_dataset_path.empty() ? config.dataset_path : config.eval_dataset_path).c_str(),
+              name_of(config.dataset_type),
+              config.dataset_type == DatasetType::synthetic ? "data"
+              : config.eval_dataset_path.empty()            ? config.dataset_path.c_str()
+                                                            : config.eval_dataset_path.c_str(),
               static_cast<long long>(config.max_target_length), name_of(config.strategy()),
               static_cast<long long>(config.cp), static_cast<long long>(config.tp), static_cast<long long>(config.dp),
               eval_table(r).c_str());
   // The plot: best effort (matplotlib may be missing); the JSON is the result.
   const fs::path png = fs::path(json_path).replace_extension(".png");
-  const std::string command = "python3 '" + find_in_repository("scripts/plot_eval.py") + "' '" + json_path.string() +
-                              "' -o '" + png.string() + "'";
+  // Debian's python3 has matplotlib; a python3 earlier on PATH (a venv, pyenv) may not.
+  const std::string command = "py=python3; python3 -c 'import matplotlib' 2>/dev/null || py=/usr/bin/python3; $py '" +
+                              find_in_repository("scripts/plot_eval.py") + "' '" + json_path.string() + "' -o '" +
+                              png.string() + "'";
   const bool plotted = std::system(command.c_str()) == 0;
   std::printf("wrote %s%s\n", json_path.c_str(),
               plotted ? (" and " + png.string()).c_str() : " (no plot: scripts/plot_eval.py failed, see above)");
