@@ -11,6 +11,7 @@ using Args = std::vector<std::string>;
 
 int run_train(const Args& args);           // apps/train.cpp
 int run_plan(const Args& args);            // apps/plan.cpp
+int run_eval(const Args& args);            // apps/eval.cpp
 int run_selftest(const Args& args);        // apps/selftest.cpp
 int run_bench_attention(const Args& args); // apps/bench_attention.cpp
 int run_bench_cp(const Args& args);        // apps/bench_cp.cpp
@@ -21,6 +22,7 @@ int run_bench_model(const Args& args);     // apps/bench_model.cpp
 // help itself; usage errors append it to their message.
 extern const char* const kTrainUsage;
 extern const char* const kPlanUsage;
+extern const char* const kEvalUsage;
 extern const char* const kSelftestUsage;
 extern const char* const kBenchAttentionUsage;
 extern const char* const kBenchCpUsage;

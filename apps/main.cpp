@@ -1,4 +1,4 @@
-// The `longctx` command: train, plan, bench, selftest.
+// The `longctx` command: train, eval, plan, bench, selftest.
 // Every subcommand runs under MPI (one process is a valid launch), through the
 // comm layer (src/comm/communicator.h). An error on any rank prints one line
 // and aborts the whole job, so peers never hang.
@@ -20,6 +20,7 @@ namespace {
 const char* kUsage =
     "usage: longctx <command> [args]\n"
     "  train CONFIG.yml [key=value ...]     train a model (mpiexec -n N for N ranks)\n"
+    "  eval CONFIG.yml [key=value ...]      held-out loss by context position (load_parameters_path=...)\n"
     "  plan CONFIG.yml [key=value ...]      predict memory/communication/time per strategy\n"
     "  selftest [--json]                    check every CP strategy against one rank\n"
     "  bench attention [flags]              attention kernel FLOP/s vs GEMM\n"
@@ -39,6 +40,7 @@ int dispatch(const longctx::Args& a) {
   };
   static const Command commands[] = {
       {"train", run_train, kTrainUsage},
+      {"eval", run_eval, kEvalUsage},
       {"plan", run_plan, kPlanUsage},
       {"selftest", run_selftest, kSelftestUsage},
       {"bench attention", run_bench_attention, kBenchAttentionUsage},

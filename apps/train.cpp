@@ -11,6 +11,7 @@
 #include "plan/hardware.h"
 #include "plan/measure.h"
 #include "plan/planner.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace longctx {
@@ -81,6 +82,7 @@ int run_train(const Args& args) {
   // the first step): other commands keep the default, ending at once.
   install_stop_signal_handlers();
   RunConfig config = load_config(args[0], Args(args.begin() + 1, args.end()));
+  apply_hf_model_config(config);  // load_parameters_path's config.json: the model shape
   if (!config.cp_strategy) resolve_auto_strategy(config, Communicator::world("auto"));
   validate_config(config, comm_world_size());
   require_memory_fits(config, Communicator::world("memory check"));

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """An independent reference for longctx checkpoints: Hugging Face's Llama, in numpy.
 
-    python3 tests/hf_llama_reference.py <checkpoint dir> <tokens file>
+    python3 tests/hf_llama_reference.py <checkpoint dir> <tokens file> [--token-losses]
 
 Reads <checkpoint dir>/model.safetensors and <checkpoint dir>/config.json the
 way transformers' LlamaForCausalLM would (the public safetensors format and
@@ -12,6 +12,8 @@ shifted by one, as in LlamaForCausalLM(input_ids, labels=input_ids)):
 
     hf_reference_loss <value>     (nats, %.17g)
     hf_reference_tokens <S - 1>   (predictions averaged)
+    hf_reference_token_losses <l_0> ... <l_{S-2}>   (with --token-losses: the
+                                  loss of each prediction, position 0 first)
 
 The tokens file holds decimal token ids separated by whitespace.
 
@@ -276,13 +278,13 @@ def forward_logits(c, w, ids):
     return x @ head.T                                          # [S, vocab]
 
 
-def causal_lm_loss(logits, ids):
-    """ForCausalLMLoss: logits[:-1] predict ids[1:], mean cross-entropy."""
+def token_losses(logits, ids):
+    """Each prediction's cross-entropy (ForCausalLMLoss averages them): logits[:-1] predict ids[1:]."""
     z = logits[:-1]
     targets = np.asarray(ids[1:])
     m = z.max(axis=-1, keepdims=True)
     lse = (m + np.log(np.exp(z - m).sum(axis=-1, keepdims=True)))[:, 0]
-    return float(np.mean(lse - z[np.arange(len(targets)), targets]))
+    return lse - z[np.arange(len(targets)), targets]
 
 
 def read_tokens(path, vocab):
@@ -301,7 +303,8 @@ def read_tokens(path, vocab):
 
 
 def main(argv):
-    if len(argv) != 3:
+    per_token = "--token-losses" in argv[3:]
+    if len(argv) != 3 + per_token:
         sys.stderr.write(__doc__)
         return 2
     ckpt, tokens_path = argv[1], argv[2]
@@ -311,7 +314,8 @@ def main(argv):
         check_weights(c, w)
         ids = read_tokens(tokens_path, c["vocab_size"])
         logits = forward_logits(c, w, ids)
-        loss = causal_lm_loss(logits, ids)
+        losses = token_losses(logits, ids)
+        loss = float(np.mean(losses))
     except (Rejected, OSError, ValueError, TypeError, KeyError) as e:
         sys.stderr.write(f"hf_llama_reference: rejected: {e}\n")
         return 1
@@ -320,6 +324,8 @@ def main(argv):
         return 1
     print(f"hf_reference_loss {loss:.17g}")
     print(f"hf_reference_tokens {len(ids) - 1}")
+    if per_token:
+        print("hf_reference_token_losses " + " ".join(f"{x:.17g}" for x in losses))
     return 0
 
 

@@ -153,6 +153,12 @@ const std::vector<ConfigKey>& config_keys() {
       {"gradient_clipping_threshold", 1.0, "global-norm clipping; 0 = off", F(gradient_clipping_threshold)},
       {"shard_optimizer_over_data", false, "ZeRO-1: shard AdamW moments over the dp x cp replicas", F(shard_optimizer_over_data)},
       {"init_weights_seed", I(0), "seed of weights and synthetic data", F(init_weights_seed)},
+      {"load_parameters_path", S(""), "Hugging Face Llama directory (or longctx checkpoint) to initialise from", F(load_parameters_path)},
+      // evaluation
+      {"eval_steps", I(4), "longctx eval: global batches evaluated", F(eval_steps)},
+      {"eval_dataset_path", S(""), "held-out data; empty = the last eval_steps batches of dataset_path", F(eval_dataset_path)},
+      {"eval_output", S(""), "eval JSON (+ .png); empty = <base_output_directory>/<run_name>/eval.json", F(eval_output)},
+      {"eval_first_bucket", I(1024), "eval: first position bucket [0, this), then doubling", F(eval_first_bucket)},
       // system
       {"device_memory_budget", I(0), "bytes (or \"8GiB\"); 0 = unlimited", F(device_memory_budget)},
       {"peak_tflops_per_device", 0.0, "MFU denominator; 0 = measure fp32 GEMM at start-up", F(peak_tflops_per_device)},
@@ -717,6 +723,8 @@ void validate_config(RunConfig& c, int64_t world) {
   require(c.adam_weight_decay >= 0, "adam_weight_decay must be >= 0");
   require(c.gradient_clipping_threshold >= 0, "gradient_clipping_threshold must be >= 0 (0 = off)");
   require(c.init_weights_seed >= 0, "init_weights_seed must be >= 0");
+  require(c.eval_steps >= 1, "eval_steps must be >= 1 (got " + str(c.eval_steps) + ")");
+  require(c.eval_first_bucket >= 1, "eval_first_bucket must be >= 1 (got " + str(c.eval_first_bucket) + ")");
   if (c.shard_optimizer_over_data) {
     // Each of the dp x cp replicas owns a contiguous piece of at least one element.
     const int64_t tp_params = parameters_per_tp_rank(m, c.tp);

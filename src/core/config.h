@@ -113,6 +113,13 @@ struct RunConfig {
   // reduce-scattered and the updated pieces all-gathered (src/train/trainer.h).
   bool shard_optimizer_over_data = false;
   int64_t init_weights_seed = 0;      // init_weights_seed (also seeds synthetic data)
+  std::string load_parameters_path;   // load_parameters_path: pretrained weights (train/checkpoint.h)
+
+  // ---- evaluation (longctx eval, train/eval.h)
+  int64_t eval_steps = 4;             // eval_steps
+  std::string eval_dataset_path;      // eval_dataset_path ("" = the tail of dataset_path)
+  std::string eval_output;            // eval_output ("" = <base_output_directory>/<run_name>/eval.json)
+  int64_t eval_first_bucket = 1024;   // eval_first_bucket
 
   // ---- system
   int64_t device_memory_budget = 0;   // device_memory_budget (bytes; 0 = unlimited)

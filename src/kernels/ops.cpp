@@ -289,7 +289,7 @@ void swiglu_backward(const TensorView& g, const TensorView& u, const TensorView&
 // ---- Cross-entropy ------------------------------------------------------------------
 
 double cross_entropy(const TensorView& logits, const int32_t* targets, const float* weights,
-                     float grad_scale, const TensorView* dlogits) {
+                     float grad_scale, const TensorView* dlogits, double* row_losses) {
   const int64_t R = logits.dim(0), V = logits.dim(1);
   check_rows(logits, R, V, "cross_entropy logits");
   if (dlogits) check_rows(*dlogits, R, V, "cross_entropy dlogits");
@@ -321,6 +321,7 @@ double cross_entropy(const TensorView& logits, const int32_t* targets, const flo
   }
   double total = 0.0;
   for (double l : row_loss) total += l;
+  if (row_losses) std::copy(row_loss.begin(), row_loss.end(), row_losses);
   return total;
 }
 

@@ -68,8 +68,9 @@ void swiglu_backward_reference(const TensorView& g, const TensorView& u, const T
 // nullptr (all 1). Returns sum_r w_r * (lse_r - logits[r, t_r]). When dlogits
 // is non-null it is WRITTEN (it may alias logits) with
 // grad_scale * w_r * (softmax_r - onehot(t_r)).
+// row_losses (optional, [R]): each row's weighted loss, as summed.
 double cross_entropy(const TensorView& logits, const int32_t* targets, const float* weights,
-                     float grad_scale, const TensorView* dlogits);
+                     float grad_scale, const TensorView* dlogits, double* row_losses = nullptr);
 double cross_entropy_reference(const TensorView& logits, const int32_t* targets,
                                const float* weights, float grad_scale, const TensorView* dlogits);
 

@@ -425,8 +425,9 @@ struct Step {
   // Final norm, LM head and cross-entropy, a chunk of rows at a time; with
   // training, the LM head and final norm gradients and dresid = dL/dx[L].
   // Logits, the loss and dlogits are fp32; dlogits is rounded to the compute
-  // dtype only as an operand of the two backward GEMMs.
-  double loss_head(bool training, float grad_scale) {
+  // dtype only as an operand of the two backward GEMMs. token_losses: each
+  // row's weighted loss, or nullptr.
+  double loss_head(bool training, float grad_scale, double* token_losses) {
     ProfileScope p(m.profile.loss);
     const int64_t R = w.loss_rows;
     float* z = w.f32(Activation::loss_logits);
@@ -439,7 +440,7 @@ struct Step {
       matmul(false, true, rows, m.V, m.d, 1.0f, hin.data, m.d, weight(m.lm_head), m.d, 0.0f, z, m.V);
       TensorView zv = mat(z, rows, m.V);
       total += cross_entropy(zv, b.targets + r0, b.loss_weights ? b.loss_weights + r0 : nullptr,
-                             grad_scale, training ? &zv : nullptr);
+                             grad_scale, training ? &zv : nullptr, token_losses ? token_losses + r0 : nullptr);
       if (!training) continue;
       const void* dz = z;
       if (bf16_compute()) {
@@ -601,7 +602,7 @@ static Workspace& workspace_for(LlamaModel::Impl& m, const LlamaConfig& c, int64
 
 static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vector<NamedTensor>& P,
                      const std::vector<NamedTensor>& Gr, const Batch& b, bool training,
-                     float grad_scale) {
+                     float grad_scale, double* token_losses = nullptr) {
   check_batch(b);
   const int64_t N = b.batch * b.seq_local;
   Workspace& w = workspace_for(m, c, N, training);
@@ -631,7 +632,7 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
   LossStats out;
   if (training) std::memset(w.f32(Activation::d_resid), 0, w.size(Activation::d_resid));
   publish_step_position(StepPass::loss);
-  out.loss_sum = s.loss_head(training, grad_scale);
+  out.loss_sum = s.loss_head(training, grad_scale, token_losses);
   if (b.loss_weights) {
     for (int64_t i = 0; i < N; ++i) out.weight_sum += b.loss_weights[i];
   } else {
@@ -654,8 +655,8 @@ LossStats LlamaModel::forward_backward(const Batch& batch, float grad_scale) {
   return run(*impl_, config_, params_, grads_, batch, true, grad_scale);
 }
 
-LossStats LlamaModel::forward(const Batch& batch) {
-  return run(*impl_, config_, params_, grads_, batch, false, 1.0f);
+LossStats LlamaModel::forward(const Batch& batch, double* token_losses) {
+  return run(*impl_, config_, params_, grads_, batch, false, 1.0f, token_losses);
 }
 
 }  // namespace longctx

@@ -164,7 +164,9 @@ class LlamaModel {
   // are ACCUMULATED into gradients(). Returns this rank's loss sums.
   LossStats forward_backward(const Batch& batch, float grad_scale = 1.0f);
   // Loss only (evaluation); no gradients, no saved activations.
-  LossStats forward(const Batch& batch);
+  // token_losses (optional, [B * S_local] like the batch): each token's
+  // weighted cross-entropy, for losses by position (train/eval.h).
+  LossStats forward(const Batch& batch, double* token_losses = nullptr);
 
   // Bytes of activation buffers (saved tensors + scratch) the last
   // forward/backward needed: what the remat policy trades against compute.

@@ -115,17 +115,21 @@ std::string executable_dir() {
 
 }  // namespace
 
+std::string find_in_repository(const std::string& relative) {
+  // The command runs from the repository root or from a build directory
+  // beside configs/ (build/longctx, build-*/tests/unit/...).
+  std::vector<fs::path> candidates = {fs::current_path() / relative};
+  for (fs::path p = executable_dir(); !p.empty() && p != p.root_path(); p = p.parent_path())
+    candidates.push_back(p / relative);
+  for (const fs::path& c : candidates)
+    if (fs::exists(c)) return c.string();
+  return relative;
+}
+
 std::string default_hardware_dir() {
   // LONGCTX_HARDWARE_DIR overrides (tests: a directory without cpu-local.yml).
   if (const char* env = std::getenv("LONGCTX_HARDWARE_DIR"); env && *env) return env;
-  // The command runs from the repository root or from a build directory
-  // beside configs/ (build/longctx, build-*/tests/unit/...).
-  std::vector<fs::path> candidates = {fs::current_path() / "configs/hardware"};
-  for (fs::path p = executable_dir(); !p.empty() && p != p.root_path(); p = p.parent_path())
-    candidates.push_back(p / "configs/hardware");
-  for (const fs::path& c : candidates)
-    if (fs::is_directory(c)) return c.string();
-  return "configs/hardware";
+  return find_in_repository("configs/hardware");
 }
 
 HardwareProfile load_hardware_profile(const std::string& name_or_path,

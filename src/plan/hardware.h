@@ -95,5 +95,9 @@ HardwareProfile load_hardware_profile(const std::string& name_or_path,
 void save_hardware_profile(const HardwareProfile& profile, const std::string& path);
 // The configs/hardware directory this build was configured from.
 std::string default_hardware_dir();
+// A path of the repository (e.g. "scripts/plot_eval.py"): under the current
+// directory, else under the executable's directory or one above it;
+// `relative` itself when none exists.
+std::string find_in_repository(const std::string& relative);
 
 }  // namespace longctx

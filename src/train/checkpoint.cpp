@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "comm/mesh.h"
@@ -162,6 +163,67 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return t + "]";
 }
 
+// Every tensor's full shape by name.
+template <typename Tensors>
+std::map<std::string, std::vector<int64_t>> shapes_of(const Tensors& tensors) {
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& [name, t] : tensors) {
+    if constexpr (requires { t.shape; })
+      out.emplace(name, t.shape);
+    else
+      out.emplace(name, t.entry.shape);
+  }
+  return out;
+}
+
+// `bad(why)` unless `shapes` holds exactly the model's tensors (each name
+// with each suffix) at their full shapes: none missing, none unexpected.
+void match_model_tensors(const std::vector<NamedTensor>& params, const std::map<std::string, std::vector<int64_t>>& shapes,
+                         const std::vector<std::string>& suffixes, const std::function<DataError(const std::string&)>& bad) {
+  std::set<std::string> expected;
+  for (const NamedTensor& p : params) {
+    const std::vector<int64_t> want = full_shape_of(p);
+    for (const std::string& suffix : suffixes) {
+      const std::string key = p.name + suffix;
+      expected.insert(key);
+      const auto it = shapes.find(key);
+      if (it == shapes.end()) throw bad("tensor '" + key + "' is missing (the model has it, shape " + shape_text(want) + ")");
+      if (it->second != want)
+        throw bad("tensor '" + key + "' has shape " + shape_text(it->second) + ", the model wants " +
+                  shape_text(want) + " (model shape differs from the config)");
+    }
+  }
+  for (const auto& [name, shape] : shapes)
+    if (!expected.count(name))
+      throw bad("unexpected tensor '" + name + "' (shape " + shape_text(shape) + "): the model has no such parameter" +
+                (name == "lm_head.weight" ? " (tied embeddings: logits_via_embedding / tie_word_embeddings)" : ""));
+}
+
+// config.json of a model directory; for a longctx checkpoint without one
+// (attention no Hugging Face model computes), the same model keys described
+// from its run_config.yml.
+json model_config_of(const std::string& dir) {
+  const fs::path run_config = fs::path(dir) / "run_config.yml";
+  if (fs::exists(fs::path(dir) / "config.json") || !fs::exists(run_config)) return read_hf_config(dir);
+  return json::parse(hf_config_json(load_config(run_config.string()).model, 0));
+}
+
+// The config.json keys that fix what the weights mean, and the run's keys for each.
+struct HfModelKey {
+  const char* hf;
+  const char* ours;
+};
+const std::vector<HfModelKey>& hf_model_keys() {
+  static const std::vector<HfModelKey> keys = {
+      {"vocab_size", "vocab_size"}, {"hidden_size", "base_emb_dim"}, {"intermediate_size", "base_mlp_dim"},
+      {"num_hidden_layers", "base_num_decoder_layers"}, {"num_attention_heads", "base_num_query_heads"},
+      {"num_key_value_heads", "base_num_kv_heads"}, {"head_dim", "head_dim"},
+      {"rms_norm_eps", "normalization_layer_epsilon"}, {"rope_theta", "rope_max_timescale"},
+      {"rope_scaling", "rope_use_scaling / rope_*_factor / rope_original_max_position"},
+      {"tie_word_embeddings", "logits_via_embedding"}};
+  return keys;
+}
+
 void remove_stale(const fs::path& dir);
 // ".step_N.tmp" / ".step_N.trash": hidden, so never taken for a checkpoint.
 std::string hidden_name(const std::string& name, const char* suffix) {
@@ -176,10 +238,32 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   write_durable(path, safetensors_bytes(tensors));
 }
 
-std::string hf_config_json(const LlamaConfig& c, int64_t max_position_embeddings) {
+std::string hf_export_refusal(const MaskSpec& mask) {
+  switch (mask.kind) {
+    case MaskKind::causal: return "";
+    case MaskKind::local:
+      if (mask.right == 0) return "";
+      return "attention_type local with a window reaching " + std::to_string(mask.right) +
+             " tokens ahead: Hugging Face's sliding windows (Mistral, Qwen2) are causal";
+    case MaskKind::full:
+      return "attention_type full (bidirectional): LlamaForCausalLM and every Hugging Face causal LM mask the "
+             "future, so transformers would compute causal attention with these weights";
+    case MaskKind::chunked:
+      return "attention_type chunked: the only Hugging Face architecture with chunked attention is Llama 4 "
+             "(attention_chunk_size), whose attention is not this model's (interleaved RoPE pairs instead of "
+             "rotated halves, NoPE layers, QK norm, its own tensor names); a LlamaForCausalLM config.json "
+             "would make transformers compute full causal attention with these weights";
+  }
+  return "unknown attention type";
+}
+
+std::string hf_config_json(const LlamaConfig& c, int64_t max_position_embeddings, const MaskSpec& mask) {
+  if (const std::string why = hf_export_refusal(mask); !why.empty())
+    throw ConfigError("no Hugging Face config.json for this model: " + why);
+  const bool window = mask.kind == MaskKind::local;
   json j = {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+      {"architectures", {window ? "MistralForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", window ? "mistral" : "llama"},
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.d_model},
       {"intermediate_size", c.mlp_dim},
@@ -200,6 +284,9 @@ std::string hf_config_json(const LlamaConfig& c, int64_t max_position_embeddings
       {"pad_token_id", 258},
       {"torch_dtype", "float32"},
   };
+  // Mistral's window W keeps kv_idx > q_idx - W: W tokens, the query included,
+  // as local(W - 1, 0) (transformers masking_utils.sliding_window_overlay).
+  if (window) j["sliding_window"] = mask.left + 1;
   if (c.rope_llama3_scaling)
     j["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", c.rope_scaling_factor},
@@ -264,7 +351,13 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
       }
       files["model.safetensors"] = safetensors_bytes(w);
       files["optimizer.safetensors"] = safetensors_bytes(o);
-      files["config.json"] = hf_config_json(model.config(), config.max_target_length);
+      const std::string no_hf_config = hf_export_refusal(model.options().mask);
+      if (no_hf_config.empty())
+        files["config.json"] = hf_config_json(model.config(), config.max_target_length, model.options().mask);
+      else
+        files["README.txt"] = "No Hugging Face config.json in this checkpoint: " + no_hf_config +
+                              ".\nmodel.safetensors holds the weights under Hugging Face Llama names; "
+                              "run_config.yml says how longctx computes with them.\n";
       files["train_state.json"] = json{{"step", state.step},
                                        {"data_cursor", state.data_cursor},
                                        {"init_weights_seed", state.init_weights_seed},
@@ -272,6 +365,7 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
                                       .dump(2) + "\n";
       files["run_config.yml"] = config.to_yaml();
       json manifest = {{"format", "longctx-checkpoint-1"}, {"step", state.step}, {"files", json::object()}};
+      if (!no_hf_config.empty()) manifest["no_hf_config"] = no_hf_config;
       for (const auto& [file, bytes] : files) {
         write_durable(tmp / file, bytes);
         manifest["files"][file] = {{"bytes", bytes.size()}, {"crc32", crc32(bytes.data(), bytes.size())}};
@@ -427,36 +521,19 @@ TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& op
   const auto& moments = files.moments;
   // 2. Matched against the model.
   const auto& params = model.parameters();
-  if (weights.size() != params.size())
-    throw bad("it holds " + std::to_string(weights.size()) + " weight tensors, the model has " +
-              std::to_string(params.size()) + " (another model shape?)");
-  for (const NamedTensor& p : params) {
-    const std::vector<int64_t> want = full_shape_of(p);
-    for (const std::string& key : {p.name, p.name + ".exp_avg", p.name + ".exp_avg_sq"}) {
-      const auto& src = key == p.name ? weights : moments;
-      auto it = src.find(key);
-      if (it == src.end()) throw bad("tensor '" + key + "' is missing");
-      if (it->second.shape != want)
-        throw bad("tensor '" + key + "' has shape " + shape_text(it->second.shape) + ", the model wants " +
-                  shape_text(want) + " (model shape differs from the config)");
-    }
-  }
+  match_model_tensors(params, shapes_of(weights), {""}, bad);
+  match_model_tensors(params, shapes_of(moments), {".exp_avg", ".exp_avg_sq"}, bad);
   // The model config: tensor shapes alone accept 4 heads x 16 as 2 x 32, or
-  // another RoPE theta; every key that changes what the weights mean must match.
-  const json& saved_cfg = files.hf_config;
+  // another RoPE theta; every key that changes what the weights mean must
+  // match. Without config.json (attention no Hugging Face model computes),
+  // the same keys described from the saved run_config.yml.
+  const json saved_cfg = files.hf_config.is_object() ? files.hf_config : model_config_of(path);
   const json want_cfg = json::parse(hf_config_json(model.config(), 0));
-  static const std::pair<const char*, const char*> kModelKeys[] = {
-      {"vocab_size", "vocab_size"}, {"hidden_size", "base_emb_dim"}, {"intermediate_size", "base_mlp_dim"},
-      {"num_hidden_layers", "base_num_decoder_layers"}, {"num_attention_heads", "base_num_query_heads"},
-      {"num_key_value_heads", "base_num_kv_heads"}, {"head_dim", "head_dim"},
-      {"rms_norm_eps", "normalization_layer_epsilon"}, {"rope_theta", "rope_max_timescale"},
-      {"rope_scaling", "rope_use_scaling / rope_*_factor / rope_original_max_position"},
-      {"tie_word_embeddings", "logits_via_embedding"}};
-  for (const auto& [key, ours] : kModelKeys) {
-    const json got = saved_cfg.contains(key) ? saved_cfg[key] : json("(missing)");
-    if (got != want_cfg[key])
-      throw bad("config.json: model key '" + std::string(key) + "' (" + ours + ") is " + got.dump() +
-                " in the checkpoint but " + want_cfg[key].dump() + " in this run (another model shape)");
+  for (const HfModelKey& k : hf_model_keys()) {
+    const json got = saved_cfg.contains(k.hf) ? saved_cfg[k.hf] : json("(missing)");
+    if (got != want_cfg[k.hf])
+      throw bad("config.json: model key '" + std::string(k.hf) + "' (" + k.ours + ") is " + got.dump() +
+                " in the checkpoint but " + want_cfg[k.hf].dump() + " in this run (another model shape)");
   }
   const TrainState state = files.train.state;
   const int64_t optimizer_step = files.train.optimizer_step;
@@ -475,6 +552,130 @@ TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& op
   std::copy_n(full_v.data() + piece.begin, piece.size, optimizer.exp_avg_sq().data());
   optimizer.set_step(optimizer_step);
   return state;
+}
+
+void load_hf_parameters(const std::string& dir, LlamaModel& model) {
+  auto bad = [&](const std::string& why) { return DataError("load_parameters_path '" + dir + "': " + why); };
+  const HfWeights files(dir);  // headers only
+  match_model_tensors(model.parameters(), shapes_of(files.tensors()), {""}, bad);
+  // One tensor in memory at a time (widened to fp32), of which this rank keeps its shard.
+  for (const NamedTensor& p : model.parameters()) take_shard(p, files.read(p.name), p.local.f32());
+}
+
+namespace {
+
+// A key counts as set by this run unless it comes from the built-in
+// defaults or the defaults file configs/base.yml.
+std::string text_of(const ConfigValue& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, std::string>) return x;
+        else if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
+        else return json(x).dump();
+      },
+      v);
+}
+
+bool set_explicitly(const RunConfig& c, const std::string& key) {
+  const auto it = c.sources.find(key);
+  return it != c.sources.end() && it->second != "default" && fs::path(it->second).filename() != "base.yml";
+}
+
+}  // namespace
+
+void apply_hf_model_config(RunConfig& c) {
+  if (c.load_parameters_path.empty()) return;
+  const std::string file = (fs::path(c.load_parameters_path) / "config.json").string();
+  const json hf = model_config_of(c.load_parameters_path);
+  auto bad = [&](const std::string& why) { return ConfigError("load_parameters_path: '" + file + "': " + why); };
+  const json type = hf.value("model_type", json());
+  if (type != "llama" && type != "mistral")
+    throw bad("model_type is " + type.dump() + "; longctx computes Llama (and Mistral, Llama with a sliding window)");
+  if (hf.value("hidden_act", json("silu")) != "silu") throw bad("hidden_act must be \"silu\" (SwiGLU)");
+  for (const char* k : {"attention_bias", "mlp_bias"})
+    if (hf.value(k, json(false)) != false) throw bad(std::string(k) + " must be false: the model has no biases");
+  if (hf.value("pretraining_tp", json(1)) != 1) throw bad("pretraining_tp must be 1");
+  // transformers 5 writes rope_parameters {rope_theta, rope_type, ...}; 4.x
+  // and the published Llama 3.1 files rope_theta and rope_scaling.
+  json rope = hf.value("rope_parameters", json());
+  if (!rope.is_object()) {
+    rope = hf.value("rope_scaling", json());
+    if (!rope.is_object()) rope = json::object();
+    if (hf.contains("rope_theta")) rope["rope_theta"] = hf["rope_theta"];
+  }
+  const json rope_type = rope.value("rope_type", rope.value("type", json("default")));
+  if (rope_type != "default" && rope_type != "llama3")
+    throw bad("rope type " + rope_type.dump() + " is not supported (default and llama3 are)");
+
+  auto number = [&](const json& j, const char* name) -> json {
+    if (!j.is_number()) throw bad(std::string(name) + " must be a number, got " + j.dump());
+    return j;
+  };
+  const int64_t heads = number(hf.value("num_attention_heads", json()), "num_attention_heads").get<int64_t>();
+  const int64_t hidden = number(hf.value("hidden_size", json()), "hidden_size").get<int64_t>();
+  if (heads < 1) throw bad("num_attention_heads must be >= 1");
+  // (config key, value, shape key: must agree when set explicitly)
+  struct Value {
+    const char* key;
+    ConfigValue value;
+    bool shape;
+  };
+  std::vector<Value> values;
+  auto integer = [&](const char* hf_key, const char* key, std::optional<int64_t> fallback) {
+    const json j = hf.value(hf_key, json());
+    if (j.is_null() && fallback) return values.push_back({key, *fallback, true});
+    if (!j.is_number_integer()) throw bad(std::string(hf_key) + " must be an integer, got " + j.dump());
+    values.push_back({key, j.get<int64_t>(), true});
+  };
+  integer("vocab_size", "vocab_size", std::nullopt);
+  integer("hidden_size", "base_emb_dim", std::nullopt);
+  integer("intermediate_size", "base_mlp_dim", std::nullopt);
+  integer("num_hidden_layers", "base_num_decoder_layers", std::nullopt);
+  integer("num_attention_heads", "base_num_query_heads", std::nullopt);
+  integer("num_key_value_heads", "base_num_kv_heads", heads);  // transformers' defaults
+  integer("head_dim", "head_dim", hidden / heads);
+  const json tie = hf.value("tie_word_embeddings", json(false));
+  if (!tie.is_boolean()) throw bad("tie_word_embeddings must be true or false, got " + tie.dump());
+  values.push_back({"logits_via_embedding", tie.get<bool>(), true});
+  values.push_back({"normalization_layer_epsilon", number(hf.value("rms_norm_eps", json(1e-6)), "rms_norm_eps").get<double>(), false});
+  values.push_back({"rope_max_timescale", number(rope.value("rope_theta", json(10000.0)), "rope_theta").get<double>(), false});
+  values.push_back({"rope_use_scaling", rope_type == "llama3", false});
+  if (rope_type == "llama3") {
+    values.push_back({"rope_scaling_factor", number(rope.value("factor", json()), "rope factor").get<double>(), false});
+    values.push_back({"rope_low_freq_factor", number(rope.value("low_freq_factor", json()), "low_freq_factor").get<double>(), false});
+    values.push_back({"rope_high_freq_factor", number(rope.value("high_freq_factor", json()), "high_freq_factor").get<double>(), false});
+    const json orig = rope.value("original_max_position_embeddings", json());
+    if (!orig.is_number_integer()) throw bad("original_max_position_embeddings must be an integer, got " + orig.dump());
+    values.push_back({"rope_original_max_position", orig.get<int64_t>(), false});
+  }
+  // Mistral's sliding window W: our local attention over W tokens.
+  if (const json w = hf.value("sliding_window", json()); type == "mistral" && !w.is_null()) {
+    if (!w.is_number_integer() || w.get<int64_t>() < 1) throw bad("sliding_window must be a positive integer or null, got " + w.dump());
+    values.push_back({"attention_type", std::string("local"), false});
+    values.push_back({"sliding_window_size", w.get<int64_t>(), false});
+  }
+
+  const std::map<std::string, ConfigValue> current = c.values();
+  for (const Value& v : values) {
+    const ConfigKey* k = nullptr;
+    for (const ConfigKey& key : config_keys())
+      if (v.key == std::string(key.name)) k = &key;
+    if (set_explicitly(c, v.key)) {
+      const ConfigValue& mine = current.at(v.key);
+      const bool same = mine == v.value || (std::holds_alternative<double>(mine) && std::holds_alternative<int64_t>(v.value) &&
+                                            std::get<double>(mine) == static_cast<double>(std::get<int64_t>(v.value)));
+      if (v.shape && !same)
+        throw bad(std::string("the model shape key '") + v.key + "' is " + text_of(mine) + " (set in " +
+                  c.sources.at(v.key) + ") but " + text_of(v.value) +
+                  " in config.json: drop it from the run config, or load weights of that shape");
+      continue;  // the run's own value wins
+    }
+    k->set(c, std::holds_alternative<int64_t>(v.value) && std::holds_alternative<double>(k->default_value)
+                  ? ConfigValue(static_cast<double>(std::get<int64_t>(v.value)))
+                  : v.value);
+    c.sources[v.key] = file;
+  }
 }
 
 }  // namespace longctx

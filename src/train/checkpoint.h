@@ -90,7 +90,40 @@ TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& op
 // fp32 safetensors with {"format": "pt"} metadata, written durably.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, const HostTensor*>>& tensors);
 
-// HF config.json text for this model shape.
-std::string hf_config_json(const LlamaConfig& config, int64_t max_position_embeddings);
+// HF config.json text for this model shape and attention: LlamaForCausalLM
+// for causal attention, MistralForCausalLM with sliding_window = W for a
+// causal window of W tokens (Mistral's mask keeps kv > q - W: the same W
+// tokens, the query included; the rest of Mistral is Llama's, rope_scaling
+// included). ConfigError for attention hf_export_refusal refuses.
+std::string hf_config_json(const LlamaConfig& config, int64_t max_position_embeddings,
+                           const MaskSpec& mask = MaskSpec::causal());
+// Why no Hugging Face architecture computes exactly this attention, or ""
+// when hf_config_json can describe it. A checkpoint of such a model has no
+// config.json (a config.json would make transformers compute another
+// attention without a word): README.txt and MANIFEST.json's "no_hf_config"
+// say why; the weights are written as usual.
+std::string hf_export_refusal(const MaskSpec& mask);
+
+// ---- pretrained weights (load_parameters_path) --------------------------------------
+// The model shape of config.json in `config.load_parameters_path` (a Hugging
+// Face Llama directory, or a longctx checkpoint) applied to config.model,
+// except for keys the run sets explicitly: set anywhere but the built-in
+// defaults and configs/base.yml (i.e. by a recipe, the model file or the
+// command line; config.sources tells). An explicit shape key (vocabulary,
+// widths, heads, head_dim, layers, tied embedding) that differs from
+// config.json is a ConfigError; explicit RoPE keys (theta, Llama 3.1
+// scaling: context extension), normalization_layer_epsilon and the
+// attention window win over config.json. No-op when load_parameters_path is
+// empty. ConfigError/DataError naming the file and the rule otherwise
+// (another model_type, activation, biases, RoPE type).
+void apply_hf_model_config(RunConfig& config);
+
+// Loads the weights of a Hugging Face Llama directory (config.json +
+// model.safetensors or sharded model.safetensors.index.json; F32, BF16 or
+// F16) into the model: every rank reads one tensor at a time from its file
+// and keeps its tp shard. DataError naming the tensor and the rule when a
+// tensor is missing, unexpected or of another shape, before the model is
+// touched.
+void load_hf_parameters(const std::string& dir, LlamaModel& model);
 
 }  // namespace longctx

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 namespace longctx {
@@ -71,26 +73,70 @@ std::string safetensors_bytes(const std::vector<std::pair<std::string, const Hos
   return out;
 }
 
-std::map<std::string, HostTensor> parse_safetensors(const std::string& bytes, const std::string& what) {
+size_t stored_type_bytes(StoredType t) { return t == StoredType::f32 ? 4 : 2; }
+
+namespace {
+
+// IEEE half to float, exactly (every half, subnormals, Inf and NaN included).
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // Inf, NaN
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);  // rebias 15 -> 127
+  } else {
+    const float v = std::ldexp(static_cast<float>(mant), -24);  // zero or subnormal: exact in fp32
+    std::memcpy(&bits, &v, 4);
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+std::optional<StoredType> stored_type_named(const json& name) {
+  if (name == "F32") return StoredType::f32;
+  if (name == "BF16") return StoredType::bf16;
+  if (name == "F16") return StoredType::f16;
+  return std::nullopt;
+}
+
+}  // namespace
+
+void widen_to_f32(StoredType t, const void* src, size_t n, float* dst) {
+  const auto* b = static_cast<const unsigned char*>(src);
+  for (size_t i = 0; i < n; ++i) {
+    if (t == StoredType::f32) {
+      std::memcpy(dst + i, b + 4 * i, 4);
+      continue;
+    }
+    const uint16_t h = static_cast<uint16_t>(b[2 * i] | (b[2 * i + 1] << 8));
+    if (t == StoredType::f16) {
+      dst[i] = half_to_float(h);
+    } else {  // bf16: the high half of an fp32
+      const uint32_t bits = uint32_t(h) << 16;
+      std::memcpy(dst + i, &bits, 4);
+    }
+  }
+}
+
+std::map<std::string, SafetensorsEntry> parse_safetensors_header(const std::string& text, uint64_t data_bytes,
+                                                                 const std::string& what) {
   auto bad = [&](const std::string& why) { return DataError("checkpoint file '" + what + "': " + why); };
-  if (bytes.size() < 8) throw bad("too short for a safetensors header");
-  uint64_t n;
-  std::memcpy(&n, bytes.data(), 8);
-  if (n > bytes.size() - 8) throw bad("header length exceeds the file");
   json header;
   try {
-    header = json::parse(bytes.substr(8, n));
+    header = json::parse(text);
   } catch (const json::exception& e) {
     throw bad(std::string("header is not JSON: ") + e.what());
   }
   if (!header.is_object()) throw bad("the header must be a JSON object of tensors, got " + std::string(header.type_name()));
-  const uint64_t data_start = 8 + n, data_bytes = bytes.size() - data_start;
   struct Span {
     uint64_t begin, end;
     std::string name;
   };
   std::vector<Span> spans;
-  std::map<std::string, HostTensor> out;
+  std::map<std::string, SafetensorsEntry> out;
   for (const auto& [name, info] : header.items()) {
     const std::string t_name = "tensor '" + name + "'";
     if (name == "__metadata__") {
@@ -98,10 +144,14 @@ std::map<std::string, HostTensor> parse_safetensors(const std::string& bytes, co
       continue;
     }
     if (!info.is_object()) throw bad(t_name + " must be a JSON object (dtype, shape, data_offsets)");
-    if (!info.contains("dtype") || info["dtype"] != "F32") throw bad(t_name + " is not F32");
+    const json dtype = info.contains("dtype") ? info["dtype"] : json("(missing)");
+    const auto type = stored_type_named(dtype);
+    if (!type) throw bad(t_name + " has unsupported dtype " + dtype.dump() + " (longctx reads F32, BF16 and F16)");
     if (!info.contains("shape") || !info["shape"].is_array())
       throw bad(t_name + ": shape must be an array of non-negative integers");
-    HostTensor t;
+    SafetensorsEntry t;
+    t.type = *type;
+    const int64_t elem = static_cast<int64_t>(stored_type_bytes(t.type));
     // The product is overflow-checked: [2^31, 2^31] * 4 bytes wrapped.
     int64_t numel = 1;
     for (const json& d : info["shape"]) {
@@ -109,24 +159,24 @@ std::map<std::string, HostTensor> parse_safetensors(const std::string& bytes, co
         throw bad(t_name + ": shape must be an array of non-negative integers, got " + info["shape"].dump());
       t.shape.push_back(d.get<int64_t>());
       int64_t next;
-      if (__builtin_mul_overflow(numel, t.shape.back(), &next) || __builtin_mul_overflow(next, int64_t(4), &next))
+      if (__builtin_mul_overflow(numel, t.shape.back(), &next) || __builtin_mul_overflow(next, elem, &next))
         throw bad(t_name + ": shape " + info["shape"].dump() + " has more bytes than int64 holds");
       numel *= t.shape.back();
     }
     const json& off = info.contains("data_offsets") ? info["data_offsets"] : json();
     if (!off.is_array() || off.size() != 2 || !is_count(off[0]) || !is_count(off[1]))
       throw bad(t_name + ": data_offsets must be [begin, end], two non-negative integers");
-    const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
-    if (end < begin) throw bad(t_name + ": data_offsets [begin, end] must have begin <= end, got " + off.dump());
-    if (end > data_bytes)
+    t.begin = off[0].get<uint64_t>();
+    t.end = off[1].get<uint64_t>();
+    if (t.end < t.begin) throw bad(t_name + ": data_offsets [begin, end] must have begin <= end, got " + off.dump());
+    if (t.end > data_bytes)
       throw bad(t_name + ": data_offsets " + off.dump() + " end past the data section (" +
                 std::to_string(data_bytes) + " bytes)");
-    if (end - begin != static_cast<uint64_t>(numel) * sizeof(float))
-      throw bad(t_name + ": data_offsets " + off.dump() + " hold " + std::to_string(end - begin) +
-                " bytes, its shape " + info["shape"].dump() + " needs " + std::to_string(numel * 4));
-    spans.push_back({begin, end, name});
-    t.data.resize(static_cast<size_t>(numel));
-    if (numel) std::memcpy(t.data.data(), bytes.data() + data_start + begin, end - begin);
+    if (t.end - t.begin != static_cast<uint64_t>(numel * elem))
+      throw bad(t_name + ": data_offsets " + off.dump() + " hold " + std::to_string(t.end - t.begin) +
+                " bytes, its shape " + info["shape"].dump() + " of " + dtype.get<std::string>() + " needs " +
+                std::to_string(numel * elem));
+    spans.push_back({t.begin, t.end, name});
     out.emplace(name, std::move(t));
   }
   // In offset order the tensors must tile the data section: an overlap or a
@@ -150,8 +200,118 @@ std::map<std::string, HostTensor> parse_safetensors(const std::string& bytes, co
   return out;
 }
 
+std::map<std::string, HostTensor> parse_safetensors(const std::string& bytes, const std::string& what) {
+  if (bytes.size() < 8) throw DataError("checkpoint file '" + what + "': too short for a safetensors header");
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  if (n > bytes.size() - 8) throw DataError("checkpoint file '" + what + "': header length exceeds the file");
+  const uint64_t data_start = 8 + n;
+  std::map<std::string, HostTensor> out;
+  for (auto& [name, e] : parse_safetensors_header(bytes.substr(8, n), bytes.size() - data_start, what)) {
+    HostTensor t;
+    t.shape = e.shape;
+    t.data.resize((e.end - e.begin) / stored_type_bytes(e.type));
+    widen_to_f32(e.type, bytes.data() + data_start + e.begin, t.data.size(), t.data.data());
+    out.emplace(name, std::move(t));
+  }
+  return out;
+}
+
 std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
   return parse_safetensors(read_all(path), path);
+}
+
+std::map<std::string, std::string> parse_safetensors_index(const std::string& text, const std::string& what) {
+  auto bad = [&](const std::string& why) { return DataError("checkpoint file '" + what + "': " + why); };
+  json index;
+  try {
+    index = json::parse(text);
+  } catch (const json::exception& e) {
+    throw bad(std::string("not valid JSON: ") + e.what());
+  }
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+    throw bad("must be a JSON object with a \"weight_map\" object {tensor: file}");
+  std::map<std::string, std::string> out;
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    if (!file.is_string()) throw bad("weight_map entry of tensor '" + name + "' must be a file name, got " + file.dump());
+    const std::string f = file.get<std::string>();
+    // A plain name: the shards live in the directory itself, never outside it.
+    if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos || f.find('\0') != std::string::npos)
+      throw bad("weight_map names file '" + f + "' for tensor '" + name +
+                "': shard files must be plain names inside the model directory");
+    out.emplace(name, f);
+  }
+  return out;
+}
+
+json read_hf_config(const std::string& dir) {
+  const fs::path p = fs::path(dir) / "config.json";
+  std::error_code ec;
+  if (!fs::exists(p, ec)) throw DataError("model directory '" + dir + "' has no config.json");
+  json cfg;
+  try {
+    cfg = json::parse(read_all(p));
+  } catch (const json::exception& e) {
+    throw DataError("checkpoint file '" + p.string() + "' is not valid JSON: " + e.what());
+  }
+  if (!cfg.is_object()) throw DataError("checkpoint file '" + p.string() + "' must be a JSON object");
+  return cfg;
+}
+
+HfWeights::HfWeights(const std::string& dir) {
+  const fs::path d(dir), index_path = d / "model.safetensors.index.json";
+  std::error_code ec;
+  // file name -> the tensors the index puts there (no index: one file, all of its tensors)
+  std::map<std::string, std::set<std::string>> listed;
+  const bool indexed = fs::exists(index_path, ec);
+  if (indexed) {
+    for (const auto& [tensor, file] : parse_safetensors_index(read_all(index_path), index_path.string()))
+      listed[file].insert(tensor);
+  } else {
+    listed["model.safetensors"];
+  }
+  for (const auto& [file, names] : listed) {
+    const fs::path p = d / file;
+    if (!fs::exists(p, ec))
+      throw DataError("model directory '" + dir + "': " + (indexed ? "shard '" + file + "' named by " + index_path.filename().string() : file) +
+                      " is missing");
+    const std::string what = p.string();
+    std::ifstream in(p, std::ios::binary);
+    const uint64_t size = fs::is_regular_file(p, ec) ? fs::file_size(p, ec) : 0;
+    uint64_t n = 0;
+    if (!in || ec || size < 8 || !in.read(reinterpret_cast<char*>(&n), 8))
+      throw DataError("checkpoint file '" + what + "': not a readable safetensors file (too short for its header)");
+    if (n > size - 8) throw DataError("checkpoint file '" + what + "': header length exceeds the file");
+    std::string header(n, '\0');
+    if (!in.read(header.data(), static_cast<std::streamsize>(n)))
+      throw DataError("checkpoint file '" + what + "' cannot be read");
+    for (auto& [name, entry] : parse_safetensors_header(header, size - 8 - n, what)) {
+      if (indexed && !names.count(name))
+        throw DataError("checkpoint file '" + what + "' holds tensor '" + name + "', which " +
+                        index_path.filename().string() + " does not list there");
+      tensors_.emplace(name, Located{what, std::move(entry), 8 + n});
+    }
+    for (const std::string& name : names)
+      if (!tensors_.count(name))
+        throw DataError(index_path.filename().string() + " puts tensor '" + name + "' in '" + file +
+                        "', which does not hold it");
+  }
+}
+
+HostTensor HfWeights::read(const std::string& name) const {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw DataError("tensor '" + name + "' is not in the model directory");
+  const Located& t = it->second;
+  std::string bytes(t.entry.end - t.entry.begin, '\0');
+  std::ifstream in(t.file, std::ios::binary);
+  if (!in || !in.seekg(static_cast<std::streamoff>(t.data_start + t.entry.begin)) ||
+      !in.read(bytes.data(), static_cast<std::streamsize>(bytes.size())))
+    throw DataError("checkpoint file '" + t.file + "': tensor '" + name + "' cannot be read");
+  HostTensor out;
+  out.shape = t.entry.shape;
+  out.data.resize(bytes.size() / stored_type_bytes(t.entry.type));
+  widen_to_f32(t.entry.type, bytes.data(), out.data.size(), out.data.data());
+  return out;
 }
 
 std::optional<int64_t> checkpoint_step_from_name(const std::string& name) {
@@ -187,7 +347,11 @@ std::map<std::string, std::string> read_verified_files(const std::string& path, 
   if (!manifest.is_object() || !manifest.contains("files") || !manifest["files"].is_object())
     throw bad("MANIFEST.json must be an object with a \"files\" object");
   std::map<std::string, std::string> files;
+  const bool no_hf_config = manifest.contains("no_hf_config");
+  if (no_hf_config && !manifest["no_hf_config"].is_string())
+    throw bad("MANIFEST.json field \"no_hf_config\" must be a string (why there is no config.json)");
   for (const std::string& f : checkpoint_file_names()) {
+    if (f == "config.json" && no_hf_config) continue;
     if (!manifest["files"].contains(f)) throw bad("MANIFEST.json does not list " + f);
     const json& rec = manifest["files"][f];
     if (!rec.is_object() || !rec.contains("bytes") || !is_count(rec["bytes"]) || !rec.contains("crc32") ||
@@ -246,12 +410,14 @@ CheckpointFiles read_checkpoint_files(const std::string& path) {
   CheckpointFiles out;
   out.weights = parse_safetensors(files["model.safetensors"], (dir / "model.safetensors").string());
   out.moments = parse_safetensors(files["optimizer.safetensors"], (dir / "optimizer.safetensors").string());
-  try {
-    out.hf_config = json::parse(files["config.json"]);
-  } catch (const json::exception& e) {
-    throw bad(std::string("config.json is not valid JSON: ") + e.what());
+  if (files.count("config.json")) {
+    try {
+      out.hf_config = json::parse(files["config.json"]);
+    } catch (const json::exception& e) {
+      throw bad(std::string("config.json is not valid JSON: ") + e.what());
+    }
+    if (!out.hf_config.is_object()) throw bad("config.json must be a JSON object");
   }
-  if (!out.hf_config.is_object()) throw bad("config.json must be a JSON object");
   out.train = parse_train_state(files["train_state.json"], (dir / "train_state.json").string());
   const int64_t step = out.train.state.step;
   const json manifest_step = manifest.contains("step") ? manifest["step"] : json();

@@ -85,12 +85,16 @@ ModelOptions model_options_from_config(const RunConfig& c, const Mesh& mesh) {
   return o;
 }
 
-Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), mesh_(mesh) {
-  const RunConfig& c = config_;
+void apply_system_settings(const RunConfig& c) {
   if (c.num_threads > 0) omp_set_num_threads(static_cast<int>(c.num_threads));
   set_gemm_thread_count_independent(c.deterministic_across_thread_counts);
   MemoryTracker::global().set_budget(static_cast<size_t>(c.device_memory_budget));
   set_collective_timeout_seconds(static_cast<double>(c.collective_timeout_seconds));
+}
+
+Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), mesh_(mesh) {
+  const RunConfig& c = config_;
+  apply_system_settings(c);
   const MeshShape want = mesh_shape_from_config(c), got = mesh_.shape();
   if (want.dp != got.dp || want.cp != got.cp || want.ulysses != got.ulysses || want.tp != got.tp)
     throw ConfigError("the mesh (" + got.to_string() + ") differs from the config's (" + want.to_string() + ")");
@@ -101,6 +105,8 @@ Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), m
   mask_ = c.mask();
   model_ = std::make_unique<LlamaModel>(c.model, model_options_from_config(c, mesh_),
                                         static_cast<uint64_t>(c.init_weights_seed));
+  // Pretrained weights for a fresh run; resume() (run() calls it) replaces them with a checkpoint's.
+  if (!c.load_parameters_path.empty()) load_hf_parameters(c.load_parameters_path, *model_);
   optimizer_ = std::make_unique<AdamW>(*model_, c, mesh_);
   state_.init_weights_seed = c.init_weights_seed;
 

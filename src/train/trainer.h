@@ -37,6 +37,10 @@ namespace longctx {
 // strategies use all of cp as one group).
 MeshShape mesh_shape_from_config(const RunConfig& config);
 ModelOptions model_options_from_config(const RunConfig& config, const Mesh& mesh);
+// The config's system settings for this process: num_threads, the
+// thread-count-independent GEMMs, device_memory_budget and
+// collective_timeout_seconds (the Trainer and evaluate() call it).
+void apply_system_settings(const RunConfig& config);
 
 // Graceful stop. The train command installs handlers for SIGTERM, SIGINT
 // and SIGUSR1: the first one makes Trainer::run finish the current step on
@@ -50,9 +54,10 @@ int stop_signal_received();
 
 class Trainer {
  public:
-  // Builds data, model (seeded init) and optimizer; applies num_threads,
-  // device_memory_budget and collective_timeout_seconds. Does not resume:
-  // run() does, or call resume() yourself.
+  // Builds data, model (seeded init, or the weights of load_parameters_path,
+  // whose config.json apply_hf_model_config has applied) and optimizer;
+  // applies the system settings. Does not resume: run() does, or call
+  // resume() yourself (a checkpoint then replaces the loaded weights).
   // `mesh` must outlive the Trainer and match the config's shape.
   Trainer(const RunConfig& config, const Mesh& mesh);
   ~Trainer();

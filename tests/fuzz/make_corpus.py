@@ -76,6 +76,29 @@ put("checkpoint", "mode2_valid", bytes([2]) + SEP.join(files + [json.dumps(manif
 manifest["files"]["config.json"]["crc32"] = "x"
 put("checkpoint", "mode2_bad_types", bytes([2]) + SEP.join(files + [json.dumps(manifest).encode()]))
 
+# mode 3 (first byte 255): model.safetensors.index.json, then shards model-1.safetensors, ...
+def bf16(tensors):
+    blob = safetensors(tensors)
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    data, out, off = blob[8 + n:], b"", 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        half = b"".join(data[i + 2:i + 4] for i in range(b, e, 4))  # the high halves: bf16
+        info.update(dtype="BF16", data_offsets=[off, off + len(half)])
+        out, off = out + half, off + len(half)
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + out
+
+
+index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-1.safetensors",
+                                        "model.norm.weight": "model-2.safetensors"}}
+put("checkpoint", "mode3_valid_index", b"\xff" + SEP.join([json.dumps(index).encode(), bf16(w[:1]), safetensors(w[1:])]))
+index["weight_map"]["model.norm.weight"] = "../model-2.safetensors"
+put("checkpoint", "mode3_index_outside", b"\xff" + SEP.join([json.dumps(index).encode(), bf16(w[:1]), safetensors(w[1:])]))
+
 
 # ---- token files
 def tokens(ids, vocab=259, eos=257, n=None, magic=b"LCTXTOK1", version=1):

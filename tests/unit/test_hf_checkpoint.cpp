@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "comm/mesh.h"
+#include "run_command.h"
 #include "temp_dir.h"
 #include "train/checkpoint.h"
 
@@ -42,40 +43,11 @@ const Mesh& one_rank() {
 const fs::path kReference = fs::path(__FILE__).parent_path().parent_path() / "hf_llama_reference.py";
 constexpr int64_t kSeq = 67;  // positions 0..66 predict tokens 1..67; not a multiple of any tile size
 
-struct Result {
-  int status = -1;
-  std::string output;  // stdout and stderr
-};
+using Result = CommandResult;
+Result run(const std::string& command) { return run_command(command); }
+std::string quote(const std::string& s) { return shell_quote(s); }
 
-Result run(const std::string& command) {
-  Result r;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int raw = ::pclose(p);
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  return r;
-}
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return q + "'";
-}
-
-// The first interpreter with numpy: `python3` on PATH, else Debian's own
-// (python3-numpy installs for /usr/bin/python3; a pyenv or venv python3 on
-// PATH may not see it). "" if none.
-const std::string& python() {
-  static const std::string found = [] {
-    for (std::string py : {"python3", "/usr/bin/python3"})
-      if (run(py + " -c 'import numpy'").status == 0) return py;
-    return std::string();
-  }();
-  return found;
-}
+const std::string& python() { return numpy_python(); }
 
 Result reference(const fs::path& checkpoint, const fs::path& tokens) {
   return run(python() + " " + quote(kReference.string()) + " " + quote(checkpoint.string()) + " " +
