@@ -68,13 +68,12 @@ std::map<std::string, ConfigValue> base_values(const fs::path& tokens, int64_t v
 // kWindows * kSeq + 1 seeded ids below vocab: a binary token file and the same as text.
 fs::path write_tokens(const fs::path& dir, int64_t vocab, uint32_t seed) {
   std::mt19937 gen(seed);
-  Corpus c;
-  c.tokens.resize(kWindows * kSeq + 1);
-  for (auto& t : c.tokens) t = static_cast<int32_t>(gen() % vocab);
-  c.doc_offsets = {0, static_cast<int64_t>(c.tokens.size())};
+  std::vector<int32_t> tokens(kWindows * kSeq + 1);
+  for (auto& t : tokens) t = static_cast<int32_t>(gen() % vocab);
+  const Corpus c(tokens, {0, static_cast<int64_t>(tokens.size())});
   write_token_file((dir / "tokens.bin").string(), c, vocab);
   std::ostringstream text;
-  for (int32_t t : c.tokens) text << t << "\n";
+  for (int32_t t : tokens) text << t << "\n";
   std::ofstream(dir / "tokens.txt") << text.str();
   return dir / "tokens.bin";
 }
