@@ -132,6 +132,7 @@ const std::vector<ConfigKey>& config_keys() {
       {"ici_context_parallelism", I(1), "cp: ranks that split each sequence", F(cp)},
       {"ici_context_usp_ulysses_parallelism", I(1), "usp: all-to-all factor of cp", F(cp_ulysses)},
       {"ici_tensor_parallelism", I(1), "tp (Megatron)", F(tp)},
+      {"tensor_sequence_parallelism", false, "shard the residual stream and norms over tp along the tokens", F(tp_sequence_parallel)},
       {"context_parallel_strategy", S("all_gather"), "all_gather|ulysses|ring|usp|auto", STRATEGY},
       {"context_parallel_load_balance", true, "zigzag layout (true) or contiguous (false)", F(cp_load_balance)},
       // data
@@ -697,6 +698,14 @@ void validate_config(RunConfig& c, int64_t world) {
                 ") divisible by 2 * ring (ring = ici_context_parallelism / ulysses = " + str(c.ring()) + ")");
   }
   require(c.per_device_batch_size >= 1, "per_device_batch_size must be >= 1");
+  if (c.tp_sequence_parallel) {
+    require(c.tp > 1, "tensor_sequence_parallelism needs ici_tensor_parallelism > 1 (got " + str(c.tp) + ")");
+    const int64_t local = checked_mul(c.per_device_batch_size, c.max_target_length,
+                                      "per_device_batch_size * max_target_length") / c.cp;  // divisible: checked above
+    require(local % c.tp == 0, "tensor_sequence_parallelism needs the tokens of a cp rank, per_device_batch_size * "
+                               "max_target_length / ici_context_parallelism = " + str(local) +
+                               ", divisible by ici_tensor_parallelism (" + str(c.tp) + ")");
+  }
   // The largest activation, the logits of a replica's batch (and the data's
   // 2 * max_target_length), must have a size that fits int64.
   checked_mul(checked_mul(checked_mul(c.per_device_batch_size, c.max_target_length,

@@ -89,6 +89,10 @@ struct RunConfig {
   int64_t cp = 1;                     // ici_context_parallelism
   int64_t cp_ulysses = 1;             // ici_context_usp_ulysses_parallelism (usp only; 1 otherwise)
   int64_t tp = 1;                     // ici_tensor_parallelism
+  // tensor_sequence_parallelism (Megatron's sequence_parallel): the residual
+  // stream and norms sharded over tp along the tokens; needs tp > 1 and the
+  // local tokens (per_device_batch_size * max_target_length / cp) divisible by tp.
+  bool tp_sequence_parallel = false;
   // context_parallel_strategy; nullopt = "auto" (the planner picks; apps/train.cpp).
   std::optional<CpStrategy> cp_strategy = CpStrategy::all_gather;
   bool cp_load_balance = true;        // context_parallel_load_balance: zigzag (true) or contiguous

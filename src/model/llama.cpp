@@ -91,6 +91,7 @@ struct LlamaModel::Impl {
   MaskSpec mask;
   int64_t loss_chunk_rows;
   DType dtype;  // activations and GEMM operands
+  bool seq_parallel = false;  // residual stream sharded over tp along the tokens (llama.h)
 
   Buffer param_buf, grad_buf;  // flat, [total]
   Buffer compute_weights;      // bf16 copy of param_buf (dtype bf16 only), same offsets
@@ -110,10 +111,22 @@ struct LlamaModel::Impl {
   // single-process one: one code path for one rank and many.
   std::unique_ptr<Mesh> own_mesh;
   const Mesh* mesh = nullptr;
-  void tp_all_reduce(float* data, int64_t n) {
+  template <typename T>  // float or double
+  void tp_all_reduce(T* data, int64_t n) {
     if (tp == 1) return;
     Timer t;
     mesh->tp().all_reduce_sum(data, static_cast<size_t>(n));
+    profile.tp_comm += t.seconds();
+  }
+  // Sequence parallelism: each tp rank's block of rows, in tp-rank order.
+  void tp_all_gather(const void* local, void* full, int64_t bytes_per_rank) {
+    Timer t;
+    mesh->tp().all_gather(local, full, static_cast<size_t>(bytes_per_rank));
+    profile.tp_comm += t.seconds();
+  }
+  void tp_reduce_scatter(const float* full, float* local, int64_t count_per_rank) {
+    Timer t;
+    mesh->tp().reduce_scatter_sum(full, local, static_cast<size_t>(count_per_rank));
     profile.tp_comm += t.seconds();
   }
 
@@ -185,6 +198,9 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
   m.mask = options.mask;
   m.loss_chunk_rows = options.loss_chunk_rows;
   m.dtype = options.dtype;
+  m.seq_parallel = options.sequence_parallel;
+  if (m.seq_parallel && tp == 1)
+    throw ConfigError("model: tensor_sequence_parallelism needs ici_tensor_parallelism > 1");
   // Local tokens in, local tokens out: the strategy hides the cp group
   // (with cp == 1 it is the kernel itself).
   m.attention = make_cp_attention(options.cp_strategy, *m.mesh, options.cp_options);
@@ -291,7 +307,9 @@ struct Step {
   const std::vector<NamedTensor>& Gr;
   Workspace& w;
   const Batch& b;
-  int64_t N;
+  int64_t N;   // tokens of the batch: rows of the attention and of the tp-split GEMMs
+  int64_t Nr;  // rows of the residual stream on this rank: N / tp with sequence parallelism, else N
+  int64_t r0;  // the first of them in the batch
 
   bool bf16_compute() const { return m.dtype == DType::bf16; }
   float* param(int i) const { return P[i].local.f32(); }  // fp32 master (norms, embedding lookup)
@@ -305,7 +323,9 @@ struct Step {
   // Activation a of layer l as [N, cols] (or rows [r0, r0 + rows)), in its dtype.
   TensorView act(Activation a, int64_t l, int64_t cols) const { return w.rows(a, l, cols, 0, N); }
   const void* ptr(Activation a, int64_t l = 0) const { return w.at(a, l); }
-  TensorView x(int64_t l) const { return act(Activation::x, l, m.d); }
+  // Residual-stream activation a (x, out_proj, normed, d_resid, d_normed) of layer l: this rank's rows.
+  TensorView resid(Activation a, int64_t l = 0) const { return w.rows(a, l, m.d, 0, Nr); }
+  TensorView x(int64_t l) const { return resid(Activation::x, l); }
   // Where an fp32 GEMM output goes before its consumer: the activation
   // itself (fp32 compute) or the fp32 staging buffer (bf16 compute: it is
   // then rotated, reduced over tp and/or rounded into the activation).
@@ -317,6 +337,32 @@ struct Step {
     if (!bf16_compute()) return g;
     convert(mat(g, N, cols), act(Activation::grad_operand, 0, cols));
     return ptr(Activation::grad_operand);
+  }
+  // The normed input of all N rows, operand of the column-parallel GEMMs.
+  const void* normed_operand() const {
+    return ptr(m.seq_parallel ? Activation::normed_gathered : Activation::normed);
+  }
+  // dL/dx of all N rows as a GEMM operand (sequence parallelism: all-gathered
+  // in fp32 from the ranks' rows into tp_partial, free until the next GEMM
+  // that needs a reduction).
+  const void* resid_grad_operand() {
+    float* dy = w.f32(Activation::d_resid);
+    if (m.seq_parallel) {
+      m.tp_all_gather(dy, w.f32(Activation::tp_partial), Nr * m.d * 4);
+      dy = w.f32(Activation::tp_partial);
+    }
+    return grad_operand(dy, m.d);
+  }
+  // Row-parallel outputs and column-parallel input gradients are [N, d] fp32
+  // partial sums over tp: the GEMM writes them to partial_sums(dst), and
+  // sum_over_tp(dst) leaves this rank's rows of the sum in dst (all-reduce in
+  // place, or with sequence parallelism a reduce-scatter into dst's Nr rows).
+  float* partial_sums(float* dst) const { return m.seq_parallel ? w.f32(Activation::tp_partial) : dst; }
+  void sum_over_tp(float* dst) {
+    if (m.seq_parallel)
+      m.tp_reduce_scatter(w.f32(Activation::tp_partial), dst, Nr * m.d);
+    else
+      m.tp_all_reduce(dst, N * m.d);
   }
 
   template <typename F>
@@ -336,14 +382,16 @@ struct Step {
                beta, C, ldc);
   }
 
-  void norm1(int64_t l) {
-    ProfileScope p(m.profile.elementwise);
-    rmsnorm_forward(x(l), param(m.layer[l].attn_norm), m.eps, act(Activation::normed, 0, m.d));
-  }
-  void norm2(int64_t l) {
-    ProfileScope p(m.profile.elementwise);
-    rmsnorm_forward(act(Activation::out_proj, l, m.d), param(m.layer[l].mlp_norm), m.eps,
-                    act(Activation::normed, 0, m.d));
+  void norm1(int64_t l) { norm(x(l), m.layer[l].attn_norm); }
+  void norm2(int64_t l) { norm(resid(Activation::out_proj, l), m.layer[l].mlp_norm); }
+  // normed = rmsnorm(in), then (sequence parallelism) all-gathered over tp.
+  void norm(const TensorView& in, int weight) {
+    elementwise([&] { rmsnorm_forward(in, param(weight), m.eps, resid(Activation::normed)); });
+    if (m.seq_parallel) {
+      const TensorView local = resid(Activation::normed);
+      m.tp_all_gather(local.data, w.at(Activation::normed_gathered),
+                      local.numel() * static_cast<int64_t>(dtype_size(local.dtype)));
+    }
   }
   TensorView heads(float* qkv, int64_t first_col, int64_t n_heads) const {  // [N, n_heads, D] fp32
     return TensorView::strided(qkv + first_col, DType::f32, {N, n_heads, m.D},
@@ -352,7 +400,7 @@ struct Step {
   // qkv = h1 Wqkv^T, then RoPE on q and k (in fp32, before any rounding). Needs normed = h1.
   void project_qkv(int64_t l) {
     float* out = gemm_out(Activation::qkv, l);
-    matmul(false, true, N, m.qkv_cols, m.d, 1.0f, ptr(Activation::normed), m.d, weight(m.layer[l].q), m.d,
+    matmul(false, true, N, m.qkv_cols, m.d, 1.0f, normed_operand(), m.d, weight(m.layer[l].q), m.d,
            0.0f, out, m.qkv_cols);
     ProfileScope p(m.profile.elementwise);
     rope_forward(heads(out, 0, m.Hl + m.Gl), w.f32(Activation::rope_cos),
@@ -375,18 +423,18 @@ struct Step {
     ProfileScope p(m.profile.attention);
     m.attention->forward(attention_args(l), context(l), w.f32(Activation::context_lse, l));
   }
-  // x2 = x + ctx Wo^T (row-parallel: partial sums all-reduced over tp, in fp32).
+  // x2 = x + ctx Wo^T (row-parallel: partial sums reduced over tp, in fp32).
   void out_proj(int64_t l) {
     float* o = gemm_out(Activation::out_proj, l);
     matmul(false, true, N, m.d, m.Hl * m.D, 1.0f, ptr(Activation::context, l), m.Hl * m.D,
-           weight(m.layer[l].o), m.Hl * m.D, 0.0f, o, m.d);
-    m.tp_all_reduce(o, N * m.d);
-    elementwise([&] { residual_add(x(l), mat(o, N, m.d), act(Activation::out_proj, l, m.d)); });
+           weight(m.layer[l].o), m.Hl * m.D, 0.0f, partial_sums(o), m.d);
+    sum_over_tp(o);
+    elementwise([&] { residual_add(x(l), mat(o, Nr, m.d), resid(Activation::out_proj, l)); });
   }
   // gu = h2 Wgu^T. Needs normed = h2.
   void mlp_in(int64_t l) {
     float* out = gemm_out(Activation::mlpwi, l);
-    matmul(false, true, N, 2 * m.Fl, m.d, 1.0f, ptr(Activation::normed), m.d, weight(m.layer[l].gate), m.d,
+    matmul(false, true, N, 2 * m.Fl, m.d, 1.0f, normed_operand(), m.d, weight(m.layer[l].gate), m.d,
            0.0f, out, 2 * m.Fl);
     if (bf16_compute())
       elementwise([&] { convert(mat(out, N, 2 * m.Fl), act(Activation::mlpwi, l, 2 * m.Fl)); });
@@ -406,9 +454,9 @@ struct Step {
   void mlp_out(int64_t l) {
     float* o = gemm_out(Activation::x, l + 1);
     matmul(false, true, N, m.d, m.Fl, 1.0f, ptr(Activation::mlp_act), m.Fl, weight(m.layer[l].down), m.Fl,
-           0.0f, o, m.d);
-    m.tp_all_reduce(o, N * m.d);
-    elementwise([&] { residual_add(act(Activation::out_proj, l, m.d), mat(o, N, m.d), x(l + 1)); });
+           0.0f, partial_sums(o), m.d);
+    sum_over_tp(o);
+    elementwise([&] { residual_add(resid(Activation::out_proj, l), mat(o, Nr, m.d), x(l + 1)); });
   }
 
   void forward_layer(int64_t l) {
@@ -426,20 +474,23 @@ struct Step {
   // training, the LM head and final norm gradients and dresid = dL/dx[L].
   // Logits, the loss and dlogits are fp32; dlogits is rounded to the compute
   // dtype only as an operand of the two backward GEMMs. token_losses: each
-  // row's weighted loss, or nullptr.
+  // row's weighted loss, or nullptr. Over this rank's Nr rows (starting at
+  // batch row s.r0): token_losses and the sum cover them only.
   double loss_head(bool training, float grad_scale, double* token_losses) {
     ProfileScope p(m.profile.loss);
     const int64_t R = w.loss_rows;
     float* z = w.f32(Activation::loss_logits);
     double total = 0.0;
-    for (int64_t r0 = 0; r0 < N; r0 += R) {
-      const int64_t rows = std::min(R, N - r0);
+    const int32_t* targets = b.targets + this->r0;
+    const float* weights = b.loss_weights ? b.loss_weights + this->r0 : nullptr;
+    for (int64_t r0 = 0; r0 < Nr; r0 += R) {
+      const int64_t rows = std::min(R, Nr - r0);
       const TensorView x_rows = w.rows(Activation::x, m.L, m.d, r0, rows);
       const TensorView hin = w.rows(Activation::loss_hidden, 0, m.d, 0, rows);
       rmsnorm_forward(x_rows, param(m.final_norm), m.eps, hin);
       matmul(false, true, rows, m.V, m.d, 1.0f, hin.data, m.d, weight(m.lm_head), m.d, 0.0f, z, m.V);
       TensorView zv = mat(z, rows, m.V);
-      total += cross_entropy(zv, b.targets + r0, b.loss_weights ? b.loss_weights + r0 : nullptr,
+      total += cross_entropy(zv, targets + r0, weights ? weights + r0 : nullptr,
                              grad_scale, training ? &zv : nullptr, token_losses ? token_losses + r0 : nullptr);
       if (!training) continue;
       const void* dz = z;
@@ -469,28 +520,29 @@ struct Step {
     if (!m.save.mlpwi) mlp_in(l);
     swiglu(l);
 
-    float* dy = w.f32(Activation::d_resid);  // [N, d]
-    float* dnorm = w.f32(Activation::d_normed);
+    float* dy = w.f32(Activation::d_resid);  // [Nr, d]
+    float* dnorm = w.f32(Activation::d_normed);  // [Nr, d]
     // MLP: down projection, SwiGLU (in place over gu), gate/up projection.
-    const void* dy_op = grad_operand(dy, m.d);
+    const void* dy_op = resid_grad_operand();
     matmul(true, false, m.d, m.Fl, N, 1.0f, dy_op, m.d, ptr(Activation::mlp_act), m.Fl, 1.0f, grad(li.down),
            m.Fl);
     float* dact = gemm_out(Activation::mlp_act, 0);  // over the activation once its gradient GEMM has read it
     matmul(false, false, N, m.Fl, m.d, 1.0f, dy_op, m.d, weight(li.down), m.Fl, 0.0f, dact, m.Fl);
     elementwise([&] { swiglu_backward(gate(l), up(l), mat(dact, N, m.Fl), gate(l), up(l)); });
     const void* dgu = ptr(Activation::mlpwi, l);
-    matmul(true, false, 2 * m.Fl, m.d, N, 1.0f, dgu, 2 * m.Fl, ptr(Activation::normed), m.d, 1.0f,
+    matmul(true, false, 2 * m.Fl, m.d, N, 1.0f, dgu, 2 * m.Fl, normed_operand(), m.d, 1.0f,
            grad(li.gate), m.d);
-    matmul(false, false, N, m.d, 2 * m.Fl, 1.0f, dgu, 2 * m.Fl, weight(li.gate), m.d, 0.0f, dnorm, m.d);
-    m.tp_all_reduce(dnorm, N * m.d);
+    matmul(false, false, N, m.d, 2 * m.Fl, 1.0f, dgu, 2 * m.Fl, weight(li.gate), m.d, 0.0f, partial_sums(dnorm),
+           m.d);
+    sum_over_tp(dnorm);
     elementwise([&] {
-      rmsnorm_backward(act(Activation::out_proj, l, m.d), param(li.mlp_norm), m.eps, mat(dnorm, N, m.d),
-                       mat(dy, N, m.d), grad(li.mlp_norm));  // dy is now dL/dx2
+      rmsnorm_backward(resid(Activation::out_proj, l), param(li.mlp_norm), m.eps, mat(dnorm, Nr, m.d),
+                       mat(dy, Nr, m.d), grad(li.mlp_norm));  // dy is now dL/dx2
     });
 
     // Attention: output projection, attention, RoPE, q/k/v projection.
     const int64_t hd = m.Hl * m.D;
-    dy_op = grad_operand(dy, m.d);
+    dy_op = resid_grad_operand();
     matmul(true, false, m.d, hd, N, 1.0f, dy_op, m.d, ptr(Activation::context, l), hd, 1.0f, grad(li.o), hd);
     float* dctx = gemm_out(Activation::d_context, 0);
     matmul(false, false, N, hd, m.d, 1.0f, dy_op, m.d, weight(li.o), hd, 0.0f, dctx, hd);
@@ -508,12 +560,13 @@ struct Step {
     });
     norm1(l);  // normed = h1 again
     const void* dqkv_op = grad_operand(dqkv, m.qkv_cols);
-    matmul(true, false, m.qkv_cols, m.d, N, 1.0f, dqkv_op, m.qkv_cols, ptr(Activation::normed), m.d, 1.0f,
+    matmul(true, false, m.qkv_cols, m.d, N, 1.0f, dqkv_op, m.qkv_cols, normed_operand(), m.d, 1.0f,
            grad(li.q), m.d);
-    matmul(false, false, N, m.d, m.qkv_cols, 1.0f, dqkv_op, m.qkv_cols, weight(li.q), m.d, 0.0f, dnorm, m.d);
-    m.tp_all_reduce(dnorm, N * m.d);
+    matmul(false, false, N, m.d, m.qkv_cols, 1.0f, dqkv_op, m.qkv_cols, weight(li.q), m.d, 0.0f,
+           partial_sums(dnorm), m.d);
+    sum_over_tp(dnorm);
     elementwise([&] {
-      rmsnorm_backward(x(l), param(li.attn_norm), m.eps, mat(dnorm, N, m.d), mat(dy, N, m.d),
+      rmsnorm_backward(x(l), param(li.attn_norm), m.eps, mat(dnorm, Nr, m.d), mat(dy, Nr, m.d),
                        grad(li.attn_norm));  // dy is now dL/dx[l]
     });
   }
@@ -529,7 +582,8 @@ void check_batch(const Batch& b) {
 
 std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig& c, int64_t tp,
                                                                const SaveSet& save, int64_t N, bool training,
-                                                               int64_t loss_chunk_rows, DType dtype) {
+                                                               int64_t loss_chunk_rows, DType dtype,
+                                                               bool sequence_parallel) {
   const int64_t d = c.d_model, D = c.head_dim, L = c.num_layers, Hl = c.num_heads / tp;
   const int64_t qkv = (Hl + 2 * c.num_kv_heads / tp) * D, Fl = c.mlp_dim / tp;
   const SaveSet kept = training ? save : SaveSet{};  // evaluation recomputes nothing
@@ -537,9 +591,11 @@ std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig
   const int64_t t = training ? 1 : 0;  // backward buffers only when training
   const bool low = dtype == DType::bf16;
   const int64_t staged = low ? 1 : 0;  // the bf16-only buffers
+  const int64_t sp = sequence_parallel ? 1 : 0;  // the sequence-parallel-only buffers
+  const int64_t Nr = sequence_parallel ? N / tp : N;  // rows of the residual stream on this rank
   // Loss chunk: rows x vocab fp32 logits under 64 MiB unless asked otherwise.
   int64_t R = loss_chunk_rows > 0 ? loss_chunk_rows : std::max<int64_t>(1, (int64_t{64} << 20) / (4 * c.vocab_size));
-  R = std::min(R, N);
+  R = std::min(R, Nr);
   std::array<ActivationBuffer, kNumActivations> table;
   // `act`: an activation or GEMM operand, stored in the compute dtype.
   // fp32 always: the gradients of the residual stream and of the attention
@@ -549,23 +605,25 @@ std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig
   auto set = [&](Activation a, const char* name, int64_t elements, DType type, int64_t copies = 1) {
     table[static_cast<int>(a)] = {name, elements, copies, type};
   };
-  set(Activation::x, "x (layer input)", N * d, act, L + 1);
+  set(Activation::x, "x (layer input)", Nr * d, act, L + 1);
   set(Activation::qkv, "qkv_proj", N * qkv, act, per_layer(kept.qkv));
   set(Activation::context, "context", N * Hl * D, act, per_layer(kept.context));
   set(Activation::context_lse, "context lse", N * Hl, f32, per_layer(kept.context));
-  set(Activation::out_proj, "out_proj residual", N * d, act, per_layer(kept.out_proj));
+  set(Activation::out_proj, "out_proj residual", Nr * d, act, per_layer(kept.out_proj));
   set(Activation::mlpwi, "mlpwi", N * 2 * Fl, act, per_layer(kept.mlpwi));
-  set(Activation::normed, "normed", N * d, act);
+  set(Activation::normed, "normed", Nr * d, act);
   set(Activation::mlp_act, "mlp activation", N * Fl, act);
   set(Activation::rope_cos, "rope cos", N * D / 2, f32);
   set(Activation::rope_sin, "rope sin", N * D / 2, f32);
-  set(Activation::d_resid, "d residual", t * N * d, f32);
-  set(Activation::d_normed, "d normed", t * N * d, f32);
+  set(Activation::d_resid, "d residual", t * Nr * d, f32);
+  set(Activation::d_normed, "d normed", t * Nr * d, f32);
   set(Activation::d_context, "d context", (1 - staged) * t * N * Hl * D, f32);  // bf16: in matmul_out
   set(Activation::d_qkv, "d qkv", t * N * qkv, f32);
   set(Activation::loss_hidden, "loss chunk hidden", R * d, act);
   set(Activation::loss_d_hidden, "loss chunk d hidden", t * R * d, f32);
   set(Activation::loss_logits, "loss chunk logits", R * c.vocab_size, f32);
+  set(Activation::normed_gathered, "normed, all-gathered over tp", sp * N * d, act);
+  set(Activation::tp_partial, "fp32 partial sums over tp (reduce-scatter input)", sp * N * d, f32);
   set(Activation::matmul_out, "fp32 GEMM output", staged * N * std::max({qkv, 2 * Fl, d}), f32);
   set(Activation::grad_operand, "bf16 gradient operand", staged * t * N * std::max(qkv, d), act);
   set(Activation::loss_d_logits, "loss chunk d logits (bf16)", staged * t * R * c.vocab_size, act);
@@ -585,7 +643,7 @@ static Workspace& workspace_for(LlamaModel::Impl& m, const LlamaConfig& c, int64
   w->tokens = N;
   w->training = training;
   w->save = training ? m.save : SaveSet{};
-  const auto table = activation_table(c, m.tp, m.save, N, training, m.loss_chunk_rows, m.dtype);
+  const auto table = activation_table(c, m.tp, m.save, N, training, m.loss_chunk_rows, m.dtype, m.seq_parallel);
   for (int a = 0; a < kNumActivations; ++a) {
     const ActivationBuffer& t = table[a];
     w->dtype[a] = t.dtype;
@@ -605,11 +663,25 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
                      float grad_scale, double* token_losses = nullptr) {
   check_batch(b);
   const int64_t N = b.batch * b.seq_local;
+  if (m.seq_parallel && N % m.tp != 0)
+    throw ConfigError("model: tensor_sequence_parallelism needs the local tokens (batch x seq_local = " +
+                      std::to_string(N) + ") divisible by ici_tensor_parallelism (" + std::to_string(m.tp) + ")");
   Workspace& w = workspace_for(m, c, N, training);
   m.peak_bytes = w.bytes;
   m.batch = &b;
-  Step s{m, P, Gr, w, b, N};
+  const int64_t Nr = m.seq_parallel ? N / m.tp : N;
+  Step s{m, P, Gr, w, b, N, Nr, m.seq_parallel ? m.tp_rank * Nr : 0};
   m.profile = StepProfile{};
+  // Sequence parallelism: each tp rank adds only its rows' share to the
+  // gradients of the tp-replicated parameters (norms, embedding, LM head),
+  // all-reduced over tp at the end; until then only tp rank 0 keeps what was
+  // accumulated before this call, so that it counts once.
+  auto for_each_replicated_gradient = [&](auto&& f) {
+    for (const NamedTensor& g : Gr)
+      if (g.split == TpSplit::none) f(g.local.f32(), g.local.numel());
+  };
+  if (training && m.seq_parallel && m.tp_rank != 0)
+    for_each_replicated_gradient([](float* g, int64_t n) { std::fill_n(g, n, 0.0f); });
 
   s.elementwise([&] {
     // The bf16 weights of this call: rounded from the masters, which the
@@ -622,7 +694,7 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
       for (int64_t i = 0; i < m.total; i += kBlock) round_to_bf16(master + i, copy + i, std::min(kBlock, m.total - i));
     }
     rope_table(m.rope, m.D, b.positions, N, w.f32(Activation::rope_cos), w.f32(Activation::rope_sin));
-    embedding_forward(b.tokens, N, s.param(m.embed), m.V, s.x(0));
+    embedding_forward(b.tokens + s.r0, Nr, s.param(m.embed), m.V, s.x(0));
   });
   for (int64_t l = 0; l < m.L; ++l) {
     publish_step_position(StepPass::forward, l);
@@ -632,7 +704,12 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
   LossStats out;
   if (training) std::memset(w.f32(Activation::d_resid), 0, w.size(Activation::d_resid));
   publish_step_position(StepPass::loss);
-  out.loss_sum = s.loss_head(training, grad_scale, token_losses);
+  std::vector<double> local_losses(m.seq_parallel && token_losses ? Nr : 0);
+  out.loss_sum = s.loss_head(training, grad_scale, m.seq_parallel && token_losses ? local_losses.data() : token_losses);
+  if (m.seq_parallel) {  // the loss of the other ranks' rows
+    m.tp_all_reduce(&out.loss_sum, 1);
+    if (token_losses) m.tp_all_gather(local_losses.data(), token_losses, Nr * static_cast<int64_t>(sizeof(double)));
+  }
   if (b.loss_weights) {
     for (int64_t i = 0; i < N; ++i) out.weight_sum += b.loss_weights[i];
   } else {
@@ -645,8 +722,9 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
     s.backward_layer(l);
   }
   s.elementwise([&] {
-    embedding_backward(b.tokens, N, mat(w.f32(Activation::d_resid), N, m.d), s.grad(m.embed), m.V);
+    embedding_backward(b.tokens + s.r0, Nr, mat(w.f32(Activation::d_resid), Nr, m.d), s.grad(m.embed), m.V);
   });
+  if (m.seq_parallel) for_each_replicated_gradient([&](float* g, int64_t n) { m.tp_all_reduce(g, n); });
   m.batch = nullptr;
   return out;
 }

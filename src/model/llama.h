@@ -15,6 +15,13 @@
 // Tensor parallelism is Megatron's: q/k/v/gate/up split by output rows
 // (column-parallel), o/down split by input columns (row-parallel, outputs
 // all-reduced over tp); heads and KV heads are split over tp.
+// With sequence_parallel (Megatron's sequence parallelism) tp rank r keeps
+// only rows [r N/tp, (r+1) N/tp) of the residual stream, the norms and their
+// gradients: the normed input is all-gathered over tp before the
+// column-parallel GEMMs (q/k/v, gate/up) and the row-parallel outputs (o,
+// down) are reduce-scattered instead of all-reduced; backward mirrors it.
+// Gradients of the tp-replicated parameters (norms, embedding, LM head) are
+// then partial sums over the tp ranks' rows and are all-reduced over tp.
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -52,6 +59,9 @@ struct ModelOptions {
   // Rows of logits computed at once by the loss; 0 = automatic (a chunk of
   // rows x vocab stays under 64 MiB). Full-sequence logits never exist.
   int64_t loss_chunk_rows = 0;
+  // Megatron's sequence parallelism over tp (config tensor_sequence_parallelism):
+  // needs tp > 1 and B * S_local divisible by tp.
+  bool sequence_parallel = false;
 };
 
 // One micro-batch of this rank's tokens. All arrays are [B, S_local],
@@ -79,7 +89,7 @@ struct StepProfile {
   double attention = 0.0;    // the CP attention (kernel and its communication)
   double loss = 0.0;         // final norm, LM head, cross-entropy and their gradients
   double elementwise = 0.0;  // embedding, norms, RoPE, SwiGLU, residual adds
-  double tp_comm = 0.0;      // tensor-parallel all-reduces
+  double tp_comm = 0.0;      // tensor-parallel all-reduces (all-gathers, reduce-scatters)
   double total() const { return matmul + attention + loss + elementwise + tp_comm; }
 };
 
@@ -96,26 +106,31 @@ struct NamedTensor {
 // The activation buffers one forward/backward allocates for `tokens` local
 // tokens (B * S_local) of this tp rank: what the remat policy trades against
 // compute. The model allocates exactly these (each `copies` times, one per
-// layer when saved); the planner counts the same table.
+// layer when saved); the planner counts the same table. With sequence
+// parallelism the rows marked N_r are N / tp (this rank's tokens), else N.
 enum class Activation {
-  x,            // residual stream, one per layer + 1       [N, d]
+  x,            // residual stream, one per layer + 1       [N_r, d]
   qkv,          // q, k (after RoPE), v                      [N, (H+2G) D / tp]
   context,      // attention output                          [N, H D / tp]
   context_lse,  // its log-sum-exp                           [N, H / tp]
-  out_proj,     // residual after attention                  [N, d]
+  out_proj,     // residual after attention                  [N_r, d]
   mlpwi,        // gate | up                                 [N, 2 F / tp]
-  normed,       // rmsnorm output, h1 or h2                  [N, d]
+  normed,       // rmsnorm output, h1 or h2                  [N_r, d]
   mlp_act,      // SwiGLU output, then its gradient          [N, F / tp]
   rope_cos, rope_sin,                                     // [N, D / 2]
-  d_resid, d_normed, d_context, d_qkv,                    // backward only
-  loss_hidden, loss_d_hidden, loss_logits,                // one chunk of rows
+  d_resid, d_normed, d_context, d_qkv,                    // backward only; d_resid, d_normed [N_r, d]
+  loss_hidden, loss_d_hidden, loss_logits,                // one chunk of rows (of N_r)
+  // Sequence parallelism only: transients of the tp collectives.
+  normed_gathered,  // normed of all N rows, the column-parallel GEMMs' operand   [N, d]
+  tp_partial,       // fp32 [N, d] partial sums over tp before their reduce-scatter,
+                    // and the all-gathered residual gradient
   // bf16 only: fp32 GEMM outputs before they are rounded (or reduced over
   // tp), and bf16 copies of fp32 gradients that feed GEMMs.
   matmul_out,      // [N, max(qkv, 2 F / tp, d)] fp32
   grad_operand,    // [N, max(qkv, d)] bf16: dL/dx, then dL/dqkv
   loss_d_logits,   // one chunk of rows x vocab, bf16
 };
-constexpr int kNumActivations = 20;
+constexpr int kNumActivations = 22;
 struct ActivationBuffer {
   const char* name;
   int64_t elements = 0;  // elements of one copy (0: not allocated)
@@ -124,11 +139,12 @@ struct ActivationBuffer {
   int64_t bytes() const { return elements * static_cast<int64_t>(dtype_size(dtype)); }
 };
 // loss_chunk_rows: ModelOptions::loss_chunk_rows (0 = automatic).
-// dtype: ModelOptions::dtype.
+// dtype: ModelOptions::dtype. sequence_parallel: ModelOptions::sequence_parallel.
 std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig& config, int64_t tp,
                                                                const SaveSet& save, int64_t tokens,
                                                                bool training, int64_t loss_chunk_rows = 0,
-                                                               DType dtype = DType::f32);
+                                                               DType dtype = DType::f32,
+                                                               bool sequence_parallel = false);
 // Bytes of the compute copy of `parameters` fp32 master weights: a bf16 copy
 // for dtype bf16 (refreshed at each forward), none for fp32.
 int64_t compute_weight_copy_bytes(int64_t parameters, DType dtype);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <memory>
 #include <span>
 
@@ -35,6 +36,8 @@ struct Shape {
   int64_t B, S, dp, cp, U, R, tp, devices;
   int64_t d, V, D, L, Hl, Gl, Fl, qkv_cols;
   int64_t N;      // tokens per device: B * S / cp
+  bool sp;        // tensor_sequence_parallelism
+  int64_t Nr;     // rows of the residual stream per device: N / tp with sp, else N
   int64_t act;    // bytes per activation element
   DType dtype;    // the compute dtype (activations, GEMM operands)
   MaskSpec mask;
@@ -56,6 +59,9 @@ std::string invalid_reason(const RunConfig& c, int64_t cp, int64_t U) {
   const int64_t S = c.max_target_length, tp = c.tp;
   const int64_t Hl = c.model.num_heads / tp, Gl = c.model.num_kv_heads / tp;
   if (S % cp != 0) return "cp=" + str(cp) + " does not divide max_target_length=" + str(S);
+  if (c.tp_sequence_parallel && (c.per_device_batch_size * S / cp) % tp != 0)
+    return "tensor_sequence_parallelism: the " + str(c.per_device_batch_size * S / cp) +
+           " tokens of a cp rank are not divisible by tp=" + str(tp);
   const int64_t R = cp / U;  // zigzag cuts the sequence over the ring axis
   if (c.cp_load_balance && R > 1 && S % (2 * R) != 0)
     return "zigzag needs max_target_length=" + str(S) + " divisible by 2 x ring=" + str(2 * R);
@@ -98,6 +104,8 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.Fl = m.mlp_dim / c.tp;
   s.qkv_cols = (s.Hl + 2 * s.Gl) * s.D;
   s.N = s.B * s.S / s.cp;
+  s.sp = c.tp_sequence_parallel;
+  s.Nr = s.sp ? s.N / s.tp : s.N;
   s.act = static_cast<int64_t>(dtype_size(c.dtype));
   s.dtype = c.dtype;
   s.mask = c.mask();
@@ -155,7 +163,7 @@ void plan_memory(const Shape& s, StrategyPlan& p) {
 
   // The model's own activation table: per layer when the policy saves a
   // tensor, else one buffer every layer reuses; each in its own dtype.
-  for (const ActivationBuffer& a : activation_table(s.model, s.tp, s.save, s.N, true, 0, s.dtype))
+  for (const ActivationBuffer& a : activation_table(s.model, s.tp, s.save, s.N, true, 0, s.dtype, s.sp))
     if (a.elements > 0)
       add_memory(p, "activations", std::string(a.name) + (a.copies > 1 ? " x" + str(a.copies) : ""),
                  a.copies * a.bytes());
@@ -526,10 +534,32 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
   add_attention_calls(s, hw, bwd_call, s.L, "attention backward", p);
   // Row-parallel outputs (o, down) are all-reduced over tp in forward, the
   // column-parallel input gradients (q/k/v, gate/up) in backward; out_proj
-  // again when the policy recomputes it.
+  // again when the policy recomputes it. Sequence parallelism reduce-scatters
+  // them instead (src/model/llama.cpp) and all-gathers the normed input
+  // before each column-parallel GEMM (forward 2 per layer, backward 2, q/k/v
+  // once more when recomputed) and the residual gradient before each
+  // row-parallel backward GEMM (2 per layer).
   const int64_t tp_calls = s.L * (4 + (s.save.out_proj ? 0 : 1));
-  add_collective(p, hw, "all_reduce", "tp", s.tp, 1, "layer outputs and input gradients",
-                 s.N * s.d * 4, tp_calls);
+  if (s.sp) {
+    add_collective(p, hw, "reduce_scatter", "tp", s.tp, 1, "layer outputs and input gradients (fp32)",
+                   s.Nr * s.d * 4, tp_calls);
+    add_collective(p, hw, "all_gather", "tp", s.tp, 1, "normed layer inputs", s.Nr * s.d * s.act,
+                   s.L * (4 + (s.save.qkv ? 0 : 1)));
+    add_collective(p, hw, "all_gather", "tp", s.tp, 1, "residual gradients (fp32)", s.Nr * s.d * 4, 2 * s.L);
+    add_collective(p, hw, "all_reduce", "tp", s.tp, 1, "loss sum (fp64)", 8, 1);
+    // Gradients of the tp-replicated parameters (norms, embedding, LM head),
+    // one call each; a line per tensor size.
+    std::map<int64_t, int64_t> calls_by_elements;
+    for (const ParameterSpec& t : parameter_table(s.model))
+      if (t.split == TpSplit::none) ++calls_by_elements[t.local_elements(s.tp)];
+    for (const auto& [elements, calls] : calls_by_elements)
+      add_collective(p, hw, "all_reduce", "tp", s.tp, 1,
+                     "gradients of tp-replicated parameters of " + str(elements) + " elements (fp32)", elements * 4,
+                     calls);
+  } else {
+    add_collective(p, hw, "all_reduce", "tp", s.tp, 1, "layer outputs and input gradients", s.N * s.d * 4,
+                   tp_calls);
+  }
   // Gradients are summed over every rank holding the same parameters (dp x cp):
   // all-reduced, or (ZeRO-1) reduce-scattered in equal blocks, the remainder
   // all-reduced, and the updated parameter pieces all-gathered the same way.

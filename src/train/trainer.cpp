@@ -82,6 +82,7 @@ ModelOptions model_options_from_config(const RunConfig& c, const Mesh& mesh) {
   o.mesh = &mesh;
   o.impl = c.attention_kernel;
   o.dtype = c.dtype;
+  o.sequence_parallel = c.tp_sequence_parallel;
   return o;
 }
 
