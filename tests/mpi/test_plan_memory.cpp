@@ -8,7 +8,10 @@
 //   gradient norm) equal the communicators' counters exactly;
 // - with shard_optimizer_over_data (ZeRO-1): the same, plus the replicas'
 //   reduce-scatter and all-gather bytes exactly, and the optimizer memory
-//   exactly on the last replica (the busiest: it owns the tail).
+//   exactly on the last replica (the busiest: it owns the tail);
+// - with tensor_sequence_parallelism: the tp all-gather and reduce-scatter
+//   bytes exactly, the tracker's activation peak exactly, and the saved layer
+//   inputs 1/tp of the same run's without it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -33,6 +36,7 @@ struct Case {
   bool shard = false;
   int64_t d_model = 32;
   std::string dtype = "float32";
+  bool sequence_parallel = false;
 };
 
 std::string describe(const Case& k) {
@@ -44,6 +48,7 @@ std::string describe(const Case& k) {
   std::string out = buf;
   if (k.shard) out += " ZeRO-1 d=" + std::to_string(k.d_model);
   if (k.dtype != "float32") out += " " + k.dtype;
+  if (k.sequence_parallel) out += " seq-parallel";
   return out;
 }
 
@@ -60,7 +65,8 @@ RunConfig config_for(const Case& k) {
       {"remat_policy", k.remat},           {"steps", int64_t(kSteps)},
       {"peak_tflops_per_device", 1.0},     {"enable_checkpointing", false},
       {"metrics_file", std::string("/dev/null")}, {"num_threads", int64_t(1)},
-      {"shard_optimizer_over_data", k.shard}, {"dtype", k.dtype}};
+      {"shard_optimizer_over_data", k.shard}, {"dtype", k.dtype},
+      {"tensor_sequence_parallelism", k.sequence_parallel}};
   return config_from_values(v);
 }
 
@@ -114,6 +120,13 @@ std::vector<Case> cases(int world) {
   if (world >= 2)
     out.push_back({"all_gather", 1, world / 2, 1, 2, 256, 2, "full", false, world >= 4, 32, "bfloat16"});
   if (world >= 4) out.push_back({"usp", 1, world, 2, 1, 512, 1, "minimal", false, false, 32, "bfloat16"});
+  // Sequence parallelism over tp = 2, with cp, dp, ZeRO-1, bf16 and several remat policies.
+  if (world == 2) out.push_back({"all_gather", 1, 1, 1, 2, 512, 1, "none", false, false, 32, "float32", true});
+  if (world == 4) out.push_back({"ring", 1, 2, 1, 2, 512, 1, "minimal", true, false, 32, "float32", true});
+  if (world == 4) out.push_back({"ring", 2, 1, 1, 2, 256, 1, "full", false, true, 33, "float32", true});
+  if (world == 8) out.push_back({"usp", 1, 4, 2, 2, 1024, 1, "save_context", true, false, 32, "float32", true});
+  if (world >= 2)
+    out.push_back({"all_gather", 1, world / 2, 1, 2, 256, 2, "full", false, false, 32, "bfloat16", true});
   return out;
 }
 
@@ -133,6 +146,13 @@ int64_t predicted_memory(const StrategyPlan& p, const std::string& category) {
   return bytes;
 }
 
+// Bytes of the memory line whose name starts with `name`.
+int64_t memory_line(const StrategyPlan& p, const std::string& name) {
+  for (const MemoryLine& m : p.memory)
+    if (m.name.rfind(name, 0) == 0) return m.bytes;
+  return 0;
+}
+
 }  // namespace
 
 TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
@@ -150,7 +170,8 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
     Mesh mesh(mesh_shape_from_config(c));
     const size_t before = MemoryTracker::global().current_total();
     MemoryTracker::global().reset_peaks();
-    int64_t replicas = 0, tp = 0, rs = 0, ag = 0;
+    const size_t activations_before = MemoryTracker::global().current(MemCategory::activations);
+    int64_t replicas = 0, tp = 0, rs = 0, ag = 0, tp_rs = 0, tp_ag = 0;
     int64_t optimizer_bytes = 0, parameter_bytes = 0;
     bool last_replica = false;
     {
@@ -164,7 +185,10 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
       rs = mesh.replicas().counters()[CommOp::reduce_scatter].bytes_sent;
       ag = mesh.replicas().counters()[CommOp::all_gather].bytes_sent;
       tp = mesh.tp().counters()[CommOp::all_reduce].bytes_sent;
+      tp_rs = mesh.tp().counters()[CommOp::reduce_scatter].bytes_sent;
+      tp_ag = mesh.tp().counters()[CommOp::all_gather].bytes_sent;
     }
+    const int64_t activations = int64_t(MemoryTracker::global().peak(MemCategory::activations) - activations_before);
     const double measured = double(MemoryTracker::global().peak_total() - before);
     const double predicted = double(plan.memory_total);
     const double err = (predicted - measured) / measured;
@@ -177,6 +201,19 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
     EXPECT_EQ(tp, kSteps * predicted_all_reduce(plan, "tp")) << what << " rank " << rank;
     EXPECT_EQ(rs, kSteps * predicted_bytes(plan, "reduce_scatter", "dp")) << what << " rank " << rank;
     EXPECT_EQ(ag, kSteps * predicted_bytes(plan, "all_gather", "dp")) << what << " rank " << rank;
+    EXPECT_EQ(tp_rs, kSteps * predicted_bytes(plan, "reduce_scatter", "tp")) << what << " rank " << rank;
+    EXPECT_EQ(tp_ag, kSteps * predicted_bytes(plan, "all_gather", "tp")) << what << " rank " << rank;
+    EXPECT_EQ(activations, predicted_memory(plan, "activations")) << what << " rank " << rank;
+    if (k.sequence_parallel) {
+      EXPECT_GT(tp_rs, 0) << what;
+      EXPECT_GT(tp_ag, 0) << what;
+      // The saved layer inputs: 1/tp of the same run's without sequence parallelism.
+      RunConfig plain = c;
+      plain.tp_sequence_parallel = false;
+      const StrategyPlan without = plan_strategy(plain, any_profile(), PlanOptions{});
+      EXPECT_EQ(memory_line(plan, "x (layer input)") * k.tp, memory_line(without, "x (layer input)")) << what;
+      EXPECT_GT(memory_line(plan, "x (layer input)"), 0) << what;
+    }
     if (k.shard && k.dp * k.cp > 1) {
       EXPECT_GT(rs, 0) << what;
     }
