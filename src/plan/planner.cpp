@@ -256,20 +256,22 @@ AttentionWork attention_work(const Shape& s, const HardwareProfile& hw) {
   return w;
 }
 
-// One projection [N, in] -> [N, out] on this device, in `count` layers: a
-// forward, a weight and an input gradient GEMM of 2 N in out FLOPs each, and
-// the forward again when the remat policy recomputes it.
+// One projection [rows, in] -> [rows, out] on this device, in `count`
+// layers: a forward, a weight and an input gradient GEMM of 2 rows in out
+// FLOPs each, and the forward again when the remat policy recomputes it.
+// rows: the N tokens, or for the LM head the residual stream's Nr.
 struct Projection {
   int64_t in, out, count;
   bool recomputed;
+  int64_t rows;
 };
 
 std::vector<Projection> projections(const Shape& s) {
-  return {{s.d, s.qkv_cols, s.L, !s.save.qkv},
-          {s.Hl * s.D, s.d, s.L, !s.save.out_proj},
-          {s.d, 2 * s.Fl, s.L, !s.save.mlpwi},
-          {s.Fl, s.d, s.L, false},
-          {s.d, s.V, 1, false}};  // LM head
+  return {{s.d, s.qkv_cols, s.L, !s.save.qkv, s.N},
+          {s.Hl * s.D, s.d, s.L, !s.save.out_proj, s.N},
+          {s.d, 2 * s.Fl, s.L, !s.save.mlpwi, s.N},
+          {s.Fl, s.d, s.L, false, s.N},
+          {s.d, s.V, 1, false, s.Nr}};  // LM head
 }
 
 // ---- communication time: transfers (CpCallTraffic, collectives per the src/comm counters) over links --
@@ -334,7 +336,7 @@ void add_attention_calls(const Shape& s, const HardwareProfile& hw, const std::v
 // embedding and its gradient (counted as adds), the final norm and the
 // cross-entropy; per parameter the optimizer step.
 std::vector<std::pair<std::string, double>> elementwise_elements(const Shape& s) {
-  const double N = double(s.N), L = double(s.L), nd = N * s.d;
+  const double N = double(s.N), L = double(s.L), nd = double(s.Nr) * s.d;  // the residual stream's rows
   const double qkv = s.save.qkv ? 0 : 1, out = s.save.out_proj ? 0 : 1;
   return {{"rmsnorm_forward", nd * (L * (4 + qkv) + 1)},
           {"rmsnorm_backward", nd * (2 * L + 1)},
@@ -342,7 +344,7 @@ std::vector<std::pair<std::string, double>> elementwise_elements(const Shape& s)
           {"residual_add", nd * (L * (2 + out) + 2)},
           {"swiglu_forward", N * s.Fl * 2 * L},
           {"swiglu_backward", N * s.Fl * L},
-          {"cross_entropy", N * s.V},
+          {"cross_entropy", double(s.Nr) * s.V},
           {"optimizer", double(s.piece.size)}};
 }
 
@@ -355,8 +357,9 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   // out: how many bytes its activations stream per FLOP).
   double mm_model = 0, mm_remat = 0, matmul_s = 0;
   for (const Projection& j : projections(s)) {
-    const double gemm = 2.0 * tokens * double(j.in) * double(j.out) * double(j.count);
-    mm_model += 3 * gemm;
+    // Model FLOPs count every token (MFU's definition); the device computes `rows`.
+    mm_model += 3 * 2.0 * tokens * double(j.in) * double(j.out) * double(j.count);
+    const double gemm = 2.0 * double(j.rows) * double(j.in) * double(j.out) * double(j.count);
     mm_remat += j.recomputed ? gemm : 0;
     const double width = 2.0 * double(j.in) * double(j.out) / double(j.in + j.out);
     matmul_s += (j.recomputed ? 4 : 3) * gemm / (peak * hw.matmul_efficiency_at(width));
