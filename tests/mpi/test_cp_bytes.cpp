@@ -43,38 +43,38 @@ TEST(CpBytes, AllGather) {
   const int64_t P = world_size();
   Mesh mesh(1, P, 1, 1);
   for (DType dtype : kDtypes)
-  for (const char* mask : {"causal", "causal+segments"}) {
-    CpCheckCase c = base_case(CpStrategy::all_gather, mask, dtype);
-    CpCheckResult r = check_cp_strategy(mesh, c);
-    const int64_t L = c.seq_len / P, seg = c.mask.same_segment ? 4 : 0, e = dtype_size(dtype);
-    const int64_t gathered = 2 * (P - 1) * c.batch * L * (2 * e * c.kv_heads * c.head_dim + 8 + seg);
-    EXPECT_EQ(r.counters[CommOp::all_gather].bytes_sent, gathered) << mask;
-    EXPECT_EQ(r.counters[CommOp::all_gather].bytes_received, gathered) << mask;
-    const int64_t scattered = (P - 1) * c.batch * L * 8 * c.kv_heads * c.head_dim;
-    EXPECT_EQ(r.counters[CommOp::reduce_scatter].bytes_sent, scattered) << mask;
-    EXPECT_EQ(r.counters.bytes_sent(), gathered + scattered) << mask;
-  }
+    for (const char* mask : {"causal", "causal+segments"}) {
+      CpCheckCase c = base_case(CpStrategy::all_gather, mask, dtype);
+      CpCheckResult r = check_cp_strategy(mesh, c);
+      const int64_t L = c.seq_len / P, seg = c.mask.same_segment ? 4 : 0, e = dtype_size(dtype);
+      const int64_t gathered = 2 * (P - 1) * c.batch * L * (2 * e * c.kv_heads * c.head_dim + 8 + seg);
+      EXPECT_EQ(r.counters[CommOp::all_gather].bytes_sent, gathered) << mask;
+      EXPECT_EQ(r.counters[CommOp::all_gather].bytes_received, gathered) << mask;
+      const int64_t scattered = (P - 1) * c.batch * L * 8 * c.kv_heads * c.head_dim;
+      EXPECT_EQ(r.counters[CommOp::reduce_scatter].bytes_sent, scattered) << mask;
+      EXPECT_EQ(r.counters.bytes_sent(), gathered + scattered) << mask;
+    }
 }
 
 TEST(CpBytes, Ulysses) {
   const int64_t P = world_size();
   Mesh mesh(1, P, 1, 1);
   for (DType dtype : kDtypes)
-  for (int64_t kv_heads : {8, 2, 1}) {
-    CpCheckCase c = base_case(CpStrategy::ulysses, "causal", dtype);
-    c.kv_heads = kv_heads;
-    CpCheckResult r = check_cp_strategy(mesh, c);
-    const int64_t L = c.seq_len / P, D = c.head_dim, Hu = c.heads / P, e = dtype_size(dtype);
-    const int64_t Gu = kv_heads % P == 0 ? kv_heads / P : 1;
-    const int64_t bytes_per_token = e * (Hu + 2 * Gu) * D + e * Hu * D + 4 * Hu    // forward
-                                    + e * (2 * Hu + 2 * Gu) * D + 4 * 2 * Hu       // backward in
-                                    + 4 * (Hu + 2 * Gu) * D;                       // backward out
-    EXPECT_EQ(r.counters[CommOp::all_to_all].bytes_sent, (P - 1) * c.batch * L * bytes_per_token)
-        << "G=" << kv_heads << " " << name_of(dtype);
-    EXPECT_EQ(r.counters[CommOp::all_gather].bytes_sent, 2 * (P - 1) * c.batch * L * 8)
-        << "G=" << kv_heads;
-    EXPECT_EQ(r.counters[CommOp::all_to_all].bytes_received, r.counters[CommOp::all_to_all].bytes_sent);
-  }
+    for (int64_t kv_heads : {8, 2, 1}) {
+      CpCheckCase c = base_case(CpStrategy::ulysses, "causal", dtype);
+      c.kv_heads = kv_heads;
+      CpCheckResult r = check_cp_strategy(mesh, c);
+      const int64_t L = c.seq_len / P, D = c.head_dim, Hu = c.heads / P, e = dtype_size(dtype);
+      const int64_t Gu = kv_heads % P == 0 ? kv_heads / P : 1;
+      const int64_t bytes_per_token = e * (Hu + 2 * Gu) * D + e * Hu * D + 4 * Hu    // forward
+                                      + e * (2 * Hu + 2 * Gu) * D + 4 * 2 * Hu       // backward in
+                                      + 4 * (Hu + 2 * Gu) * D;                       // backward out
+      EXPECT_EQ(r.counters[CommOp::all_to_all].bytes_sent, (P - 1) * c.batch * L * bytes_per_token)
+          << "G=" << kv_heads << " " << name_of(dtype);
+      EXPECT_EQ(r.counters[CommOp::all_gather].bytes_sent, 2 * (P - 1) * c.batch * L * 8)
+          << "G=" << kv_heads;
+      EXPECT_EQ(r.counters[CommOp::all_to_all].bytes_received, r.counters[CommOp::all_to_all].bytes_sent);
+    }
 }
 
 // usp at (ulysses, ring) = (2, 2): the ulysses formula over the ulysses group
@@ -151,28 +151,28 @@ TEST(CpBytes, Ring) {
   const int P = world_size();
   Mesh mesh(1, P, 1, 1);
   for (DType dtype : kDtypes)
-  for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::zigzag})
-    for (const char* mask : {"full", "causal", "local:3", "causal+segments"}) {
-      CpCheckCase c = base_case(CpStrategy::ring, mask, dtype);
-      c.layout = layout;
-      CpCheckResult r = check_cp_strategy(mesh, c);
-      EXPECT_LE(r.max_error(), tolerance(c));
-      RingExpectation e = expected_ring_bytes(c, P, mesh.cp_rank());
-      if (!c.mask.same_segment) {
-        EXPECT_EQ(r.counters.bytes_sent(), e.sent) << name_of(layout) << " " << mask;
-        EXPECT_EQ(r.counters.bytes_received(), e.received) << name_of(layout) << " " << mask;
-      } else {
-        // Positions restart per document, so chunk ranges are conservative:
-        // at least the exact pieces move, at most all of them.
-        EXPECT_GE(r.counters.bytes_sent(), e.sent) << name_of(layout);
-        EXPECT_GE(r.counters.bytes_received(), e.received) << name_of(layout);
-        const int64_t L = c.seq_len / P, n = cp_ring_chunks(L, c.options.ring_chunk_tokens);
-        const int64_t kv_row = 2 * dtype_size(dtype) * c.kv_heads * c.head_dim;
-        const int64_t everything = 2 * (P - 1) * c.batch * n * 32 +
-                                   (P - 1) * c.batch * L * (2 * (kv_row + 8 + 4) + kv_row);
-        EXPECT_LE(r.counters.bytes_sent(), everything) << name_of(layout);
+    for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::zigzag})
+      for (const char* mask : {"full", "causal", "local:3", "causal+segments"}) {
+        CpCheckCase c = base_case(CpStrategy::ring, mask, dtype);
+        c.layout = layout;
+        CpCheckResult r = check_cp_strategy(mesh, c);
+        EXPECT_LE(r.max_error(), tolerance(c));
+        RingExpectation e = expected_ring_bytes(c, P, mesh.cp_rank());
+        if (!c.mask.same_segment) {
+          EXPECT_EQ(r.counters.bytes_sent(), e.sent) << name_of(layout) << " " << mask;
+          EXPECT_EQ(r.counters.bytes_received(), e.received) << name_of(layout) << " " << mask;
+        } else {
+          // Positions restart per document, so chunk ranges are conservative:
+          // at least the exact pieces move, at most all of them.
+          EXPECT_GE(r.counters.bytes_sent(), e.sent) << name_of(layout);
+          EXPECT_GE(r.counters.bytes_received(), e.received) << name_of(layout);
+          const int64_t L = c.seq_len / P, n = cp_ring_chunks(L, c.options.ring_chunk_tokens);
+          const int64_t kv_row = 2 * dtype_size(dtype) * c.kv_heads * c.head_dim;
+          const int64_t everything = 2 * (P - 1) * c.batch * n * 32 +
+                                     (P - 1) * c.batch * L * (2 * (kv_row + 8 + 4) + kv_row);
+          EXPECT_LE(r.counters.bytes_sent(), everything) << name_of(layout);
+        }
       }
-    }
 }
 
 // A window shorter than a chunk: a contiguous rank needs only the last chunk
@@ -184,20 +184,20 @@ TEST(CpBytes, SlidingWindowSkipsRingSteps) {
   const int P = world_size();
   Mesh mesh(1, P, 1, 1);
   for (DType dtype : kDtypes) {
-  CpCheckCase c = base_case(CpStrategy::ring, "local:3", dtype);
-  CpCheckResult r = check_cp_strategy(mesh, c);
-  EXPECT_LE(r.max_error(), tolerance(c));
-  const int rank = mesh.cp_rank();
-  const int64_t L = c.seq_len / P, n = cp_ring_chunks(L, c.options.ring_chunk_tokens);
-  const int64_t len = L - (n - 1) * L / n;  // the last chunk
-  const int64_t kv_row = 2 * dtype_size(dtype) * c.kv_heads * c.head_dim;  // K, V and their gradients
-  const int64_t kv = c.batch * len * (kv_row + 8);
-  const int64_t grad = c.batch * len * kv_row;
-  EXPECT_EQ(r.counters[CommOp::recv].calls, (rank > 0 ? 2 : 0) + (rank < P - 1 ? 1 : 0));
-  EXPECT_EQ(r.counters[CommOp::recv].bytes_received,
-            (rank > 0 ? 2 * kv : 0) + (rank < P - 1 ? grad : 0));
-  EXPECT_EQ(r.counters[CommOp::send].bytes_sent,
-            (rank < P - 1 ? 2 * kv : 0) + (rank > 0 ? grad : 0));
+    CpCheckCase c = base_case(CpStrategy::ring, "local:3", dtype);
+    CpCheckResult r = check_cp_strategy(mesh, c);
+    EXPECT_LE(r.max_error(), tolerance(c));
+    const int rank = mesh.cp_rank();
+    const int64_t L = c.seq_len / P, n = cp_ring_chunks(L, c.options.ring_chunk_tokens);
+    const int64_t len = L - (n - 1) * L / n;  // the last chunk
+    const int64_t kv_row = 2 * dtype_size(dtype) * c.kv_heads * c.head_dim;  // K, V and their gradients
+    const int64_t kv = c.batch * len * (kv_row + 8);
+    const int64_t grad = c.batch * len * kv_row;
+    EXPECT_EQ(r.counters[CommOp::recv].calls, (rank > 0 ? 2 : 0) + (rank < P - 1 ? 1 : 0));
+    EXPECT_EQ(r.counters[CommOp::recv].bytes_received,
+              (rank > 0 ? 2 * kv : 0) + (rank < P - 1 ? grad : 0));
+    EXPECT_EQ(r.counters[CommOp::send].bytes_sent,
+              (rank < P - 1 ? 2 * kv : 0) + (rank > 0 ? grad : 0));
   }
 }
 
