@@ -2,6 +2,9 @@
 // backward, against a oneDNN GEMM measured in the same run with the same
 // thread count. FLOPs count only unmasked (q, kv) pairs: forward 4 D per pair
 // per q head, backward 10 D (the README: benchmarks report ratios, not timings).
+// --dtype bf16: q, k, v, o, dout in bf16 (dq, dk, dv fp32), against the bf16
+// GEMM (gemm_bf16), with the kernel's tile path and oneDNN's bf16
+// implementation printed.
 #include <omp.h>
 
 #include <algorithm>
@@ -24,7 +27,7 @@ namespace longctx {
 const char* const kBenchAttentionUsage =
     "usage: longctx bench attention [--batch B] [--seq S] [--kv-seq S] [--heads H]\n"
     "         [--kv-heads G] [--head-dim D] [--mask full|causal|local:W|chunked:C|documents:N]\n"
-    "         [--dtype fp32] [--threads T] [--reps N] [--warmup N]\n"
+    "         [--dtype fp32|bf16] [--threads T] [--reps N] [--warmup N]\n"
     "         [--clock wall|cpu] [--json]\n"
     "  defaults: B=1 S=8192 kv-seq=S H=8 G=H D=128 causal, all threads, 1 warm-up call, 3 timed\n"
     "  q rows are the last S positions of the kv sequence (end-aligned);\n"
@@ -82,8 +85,7 @@ Flags parse_flags(const Args& args) {
                       ") must be a multiple of --kv-heads (" + std::to_string(f.kv_heads) + ")");
   if (f.clock != "wall" && f.clock != "cpu")
     throw ConfigError("bench attention: --clock must be wall or cpu, got '" + f.clock + "'");
-  if (parse_enum<DType>(f.dtype) != DType::f32)
-    throw ConfigError("bench attention: --dtype " + f.dtype + " is not supported yet: use fp32");
+  parse_enum<DType>(f.dtype);  // fp32, float32, bf16 or bfloat16, else a ConfigError naming them
   return f;
 }
 
@@ -137,14 +139,18 @@ Timing time_calls(bool cpu_clock, int64_t warmup, int64_t reps, F&& call) {
   return {median(t), *std::min_element(t.begin(), t.end())};
 }
 
-// The GEMM reference: measure_gemm_gflops on the wall clock; on the CPU clock
-// the same 2048^3 product, best of 5 after a warm-up.
-double gemm_gflops(bool cpu_clock) {
-  if (!cpu_clock) return measure_gemm_gflops(DType::f32);
+// The GEMM reference in `dtype`: measure_gemm_gflops on the wall clock; on
+// the CPU clock the same 2048^3 product, best of 5 after a warm-up.
+double gemm_gflops(bool cpu_clock, DType dtype) {
+  if (!cpu_clock) return measure_gemm_gflops(dtype);
   const int64_t n = 2048;
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  std::vector<bf16> a16(n * n, bf16(0.5f)), b16(n * n, bf16(0.25f));
   auto once = [&] {
-    gemm_f32(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    if (dtype == DType::bf16)
+      gemm_bf16(false, false, n, n, n, 1.0f, a16.data(), n, b16.data(), n, 0.0f, c.data(), n);
+    else
+      gemm_f32(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   };
   once();
   double best = 0.0;
@@ -155,8 +161,11 @@ double gemm_gflops(bool cpu_clock) {
 void fill_random(const Tensor& t, uint32_t seed) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  float* p = t.f32();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = dist(gen);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float x = dist(gen);
+    if (t.view().dtype == DType::bf16) static_cast<bf16*>(t.view().data)[i] = bf16(x);
+    else t.f32()[i] = x;
+  }
 }
 
 }  // namespace
@@ -170,10 +179,11 @@ int run_bench_attention(const Args& args) {
   const int64_t B = f.batch, Sq = f.seq, Skv = f.kv_seq, H = f.heads, G = f.kv_heads, D = f.head_dim;
 
   const auto act = MemCategory::activations;
-  Tensor q({B, Sq, H, D}, DType::f32, act, "bench q"), o({B, Sq, H, D}, DType::f32, act, "bench o");
-  Tensor dout({B, Sq, H, D}, DType::f32, act, "bench dout");
+  const DType dt = parse_enum<DType>(f.dtype);  // q, k, v, o, dout; gradients fp32
+  Tensor q({B, Sq, H, D}, dt, act, "bench q"), o({B, Sq, H, D}, dt, act, "bench o");
+  Tensor dout({B, Sq, H, D}, dt, act, "bench dout");
   Tensor dq({B, Sq, H, D}, DType::f32, act, "bench dq");
-  Tensor k({B, Skv, G, D}, DType::f32, act, "bench k"), v({B, Skv, G, D}, DType::f32, act, "bench v");
+  Tensor k({B, Skv, G, D}, dt, act, "bench k"), v({B, Skv, G, D}, dt, act, "bench v");
   Tensor dk({B, Skv, G, D}, DType::f32, act, "bench dk"), dv({B, Skv, G, D}, DType::f32, act, "bench dv");
   fill_random(q, 1), fill_random(k, 2), fill_random(v, 3), fill_random(dout, 4);
   std::vector<float> lse(B * Sq * H), delta(B * Sq * H);  // [B, Sq, H]
@@ -204,7 +214,7 @@ int run_bench_attention(const Args& args) {
   attention_forward(a, o.view(), lse.data(), &stats);  // also the stats of one call
 
   const bool cpu_clock = f.clock == "cpu";
-  const double gemm_before = gemm_gflops(cpu_clock);
+  const double gemm_before = gemm_gflops(cpu_clock, dt);
   const Timing fwd = time_calls(cpu_clock, f.warmup, f.reps,
                                 [&] { attention_forward(a, o.view(), lse.data()); });
   attention_delta(o.view(), dout.view(), delta.data());
@@ -212,7 +222,10 @@ int run_bench_attention(const Args& args) {
     attention_backward(a, dout.view(), lse.data(), delta.data(), dq.view(), dk.view(), dv.view());
   });
   // The GEMM is measured on both sides, best kept: the machine may be shared.
-  const double gemm = std::max(gemm_before, gemm_gflops(cpu_clock));
+  const double gemm = std::max(gemm_before, gemm_gflops(cpu_clock, dt));
+  const std::string tile_path = attention_tile_path_name(attention_tile_path(dt));
+  const std::string gemm_name = dt == DType::bf16 ? "oneDNN bf16 matmul: " + gemm_bf16_implementation(2048)
+                                                  : std::string("oneDNN sgemm");
   const double fwd_gflops = fwd_flops / fwd.median / 1e9, bwd_gflops = bwd_flops / bwd.median / 1e9;
   const double fwd_best = fwd_flops / fwd.best / 1e9, bwd_best = bwd_flops / bwd.best / 1e9;
 
@@ -226,12 +239,13 @@ int run_bench_attention(const Args& args) {
         {"fwd_gflops", fwd_gflops}, {"bwd_gflops", bwd_gflops}, {"gemm_gflops", gemm},
         {"fwd_ratio", fwd_gflops / gemm}, {"bwd_ratio", bwd_gflops / gemm},
         {"blocks_total", stats.blocks_total}, {"blocks_partial", stats.blocks_partial},
-        {"blocks_full", stats.blocks_full}};
+        {"blocks_full", stats.blocks_full}, {"tile_path", tile_path}, {"gemm", gemm_name}};
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
   std::printf("attention %s B=%ld Sq=%ld Skv=%ld H=%ld G=%ld D=%ld mask=%s threads=%d\n",
               f.dtype.c_str(), B, Sq, Skv, H, G, D, f.mask.c_str(), threads);
+  std::printf("tile path: %s\n", tile_path.c_str());
   std::printf("pairs %ld; tiles computed %ld of %ld (%ld with the elementwise mask)\n", pairs,
               stats.blocks_computed(), stats.blocks_total, stats.blocks_partial);
   std::printf("median of %ld after %ld warm-up (fastest in brackets)\n", f.reps, f.warmup);
@@ -239,8 +253,8 @@ int run_bench_attention(const Args& args) {
               fwd_gflops / gemm, fwd_best, fwd_best / gemm);
   std::printf("backward %9.4f s  %7.1f GFLOP/s  %.2f x GEMM  (%.1f, %.2f)\n", bwd.median, bwd_gflops,
               bwd_gflops / gemm, bwd_best, bwd_best / gemm);
-  std::printf("gemm               %7.1f GFLOP/s  (oneDNN sgemm 2048^3, same threads, %s clock)\n",
-              gemm, f.clock.c_str());
+  std::printf("gemm               %7.1f GFLOP/s  (%s, 2048^3, same threads, %s clock)\n", gemm,
+              gemm_name.c_str(), f.clock.c_str());
   return 0;
 }
 

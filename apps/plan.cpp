@@ -47,6 +47,7 @@ int run_measure(const std::string& output) {
     std::string path = output.empty() ? default_hardware_dir() + "/cpu-local.yml" : output;
     save_hardware_profile(h, path);
     std::printf("cpu-local profile written to %s\n", path.c_str());
+    std::printf("  GEMM bf16 %.1f GFLOP/s per rank (%s)\n", h.peak_flops_bf16 / 1e9, gemm_bf16_implementation(2048).c_str());
     std::printf("  GEMM fp32 %.1f GFLOP/s per rank; projections of width", h.peak_flops_fp32 / 1e9);
     for (const auto& [w, e] : h.matmul_efficiency_per_width) std::printf(" %lld: %.0f%%", (long long)w, e * 100);
     std::printf("\n  attention at");

@@ -34,10 +34,13 @@ one model_name=bench-512 max_target_length=1024 remat_policy=full
 one model_name=bench-512 max_target_length=2048 remat_policy=none
 one model_name=demo max_target_length=4096 remat_policy=full
 one model_name=demo max_target_length=8192 remat_policy=save_context attention_type=local sliding_window_size=1024
+# bf16 (the profile's bf16 GEMM rate; efficiencies measured in fp32, see its sources)
+one model_name=bench-512 max_target_length=2048 remat_policy=none dtype=bfloat16
 for s in all_gather ulysses ring; do
   two model_name=bench-512 max_target_length=2048 ici_context_parallelism=2 context_parallel_strategy=$s
 done
 two model_name=demo max_target_length=8192 ici_context_parallelism=2 context_parallel_strategy=ring remat_policy=none
+two model_name=bench-512 max_target_length=2048 ici_context_parallelism=2 context_parallel_strategy=ring dtype=bfloat16
 two model_name=bench-512 max_target_length=1024 ici_data_parallelism=2 context_parallel_strategy=all_gather
 two model_name=bench-512 max_target_length=1024 ici_tensor_parallelism=2 context_parallel_strategy=all_gather
 after=$(uptime)

@@ -20,10 +20,16 @@ struct CpCheckCase {
   int64_t batch = 1, seq_len = 64, heads = 4, kv_heads = 2, head_dim = 16;
   uint64_t seed = 1;
   CpOptions options;
+  // bf16: q, k, v, o, dout in bf16 (inputs rounded to bf16 first), checked
+  // against the single-rank bf16 kernel within bounds derived from bf16's
+  // unit roundoff (cp_selfcheck.cpp).
+  DType dtype = DType::f32;
 };
 
 struct CpCheckResult {
-  // max |x - ref| / max |ref| over all ranks, per tensor.
+  // fp32: max |x - ref| / max |ref| over all ranks, per tensor, against the
+  // float64 reference. bf16: max |x - x1| / bound over all ranks and
+  // elements, against the single-rank bf16 result x1 (within the bound: <= 1).
   double err_o = 0, err_lse = 0, err_dq = 0, err_dk = 0, err_dv = 0;
   CommCounters counters;  // this rank, over the cp sub-communicators, one forward + backward
   double max_error() const;

@@ -369,7 +369,8 @@ void RingAttention::forward(const AttentionArgs& local, const TensorView& o_out,
   if (o_out.dtype == DType::f32) return;
   for (int64_t b = 0; b < d.B; ++b)  // rounded to O's dtype once
     for (int64_t t = 0; t < d.L; ++t)
-      for (int64_t h = 0; h < d.H; ++h) store_f32(o.at<float>({b, t, h}), element_ptr(o_out, {b, t, h}), o_out.dtype, d.D);
+      for (int64_t h = 0; h < d.H; ++h)
+        store_f32(o.at<float>({b, t, h}), element_ptr(o_out, {b, t, h}), o_out.dtype, d.D);
 }
 
 void RingAttention::backward_with_delta(const AttentionArgs& local, const TensorView& dout,

@@ -39,6 +39,9 @@ namespace {
 
 std::atomic<AttentionTilePath> g_forced_bf16_path{AttentionTilePath::f32};  // f32: automatic
 
+// q blocks per forward work unit, sharing each K, V tile copy (forward_fast).
+constexpr int64_t kForwardQBlocks = 4;
+
 // One thread's scratch: `floats` fp32 values, then `copies` tile copies of
 // [kAttentionTile, D] in the tile dtype, then (bf16 tiles) one bf16
 // [kAttentionTile, kAttentionTile] for P or dS as a product's operand.
@@ -70,11 +73,12 @@ const char* attention_tile_path_name(AttentionTilePath path) {
 
 void set_attention_bf16_tile_path(AttentionTilePath path) { g_forced_bf16_path = path; }
 
-// Per thread, forward: fp32 s [bq, bk] scores then probabilities, acc [bq, D],
-// m and l [bq]; contiguous copies of the tile's Q [bq, D], K and V [bk, D].
+// Per thread, forward: fp32 s [bq, bk] scores then probabilities, and for
+// each of the unit's kForwardQBlocks q blocks acc [bq, D], m and l [bq];
+// contiguous copies of those q blocks' Q [bq, D], of K and V [bk, D].
 int64_t attention_forward_scratch_bytes(int64_t D, int64_t threads, DType dtype) {
-  const int64_t b = kAttentionTile;
-  return threads * per_thread_scratch_bytes(b * b + b * D + 2 * b, 3, D, attention_tile_path(dtype));
+  const int64_t b = kAttentionTile, nb = kForwardQBlocks;
+  return threads * per_thread_scratch_bytes(b * b + nb * (b * D + 2 * b), nb + 2, D, attention_tile_path(dtype));
 }
 
 // Per thread, backward: fp32 s [bq, bk] (P), dp [bq, bk] (dP then dS),
@@ -235,84 +239,110 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
   check_same_shape(a.q, o, "o");
   const TileMap map(a, g);
 
+  // A unit is kForwardQBlocks consecutive q blocks of one head: each K, V
+  // tile is copied once for all of them (the copies' reads of K, V were a
+  // fifth of the forward's time per q block at S = 4096, H = 8, 1 thread).
+  // Every q block still runs its kv blocks in order with the same
+  // operations, so the result does not depend on the grouping.
   std::vector<Unit> units;
+  const int64_t n_groups = (g.nq + kForwardQBlocks - 1) / kForwardQBlocks;
   for (int64_t b = 0; b < g.B; ++b)
-    for (int64_t i = 0; i < g.nq; ++i) {
+    for (int64_t grp = 0; grp < n_groups; ++grp) {
       int64_t cost = 0;
-      for (int64_t j = 0; j < g.nk; ++j) cost += map.kind(b, i, j) != TileKind::empty;
-      for (int64_t h = 0; h < g.H; ++h) units.push_back({b, h, i, cost});
+      for (int64_t i = grp * kForwardQBlocks; i < std::min(g.nq, (grp + 1) * kForwardQBlocks); ++i)
+        for (int64_t j = 0; j < g.nk; ++j) cost += map.kind(b, i, j) != TileKind::empty;
+      for (int64_t h = 0; h < g.H; ++h) units.push_back({b, h, grp, cost});
     }
   sort_for_locality(units);
 
-  // Per thread: s [bq, bk], acc [bq, D], m, l [bq], then Q, K, V copies
-  // and (bf16 tiles) P (attention_forward_scratch_bytes).
+  // Per thread: s [bq, bk], then per q block of a unit acc [bq, D], m, l
+  // [bq]; then the Q copies of the unit's q blocks, K, V copies and (bf16
+  // tiles) P (attention_forward_scratch_bytes).
   const int threads = omp_get_max_threads();
   const int64_t per_thread = attention_forward_scratch_bytes(g.D, 1, a.q.dtype);
   Buffer scratch(MemCategory::scratch, "attention forward scratch",
                  attention_forward_scratch_bytes(g.D, threads, a.q.dtype));
   const float scale_log2 = g.scale * kLog2e;
-  const int64_t n_units = static_cast<int64_t>(units.size());
+  const int64_t n_units = static_cast<int64_t>(units.size()), nb = kForwardQBlocks;
   int64_t partial = 0, full = 0;
 
 #pragma omp parallel reduction(+ : partial, full)
   {
     float* s = reinterpret_cast<float*>(scratch.as<char>() + per_thread * omp_get_thread_num());  // [bq, bk]
-    float* acc = s + g.bq * g.bk;  // [bq, D]
-    float* m = acc + g.bq * g.D;   // [bq] running max (base 2)
-    float* l = m + g.bq;           // [bq] running sum
-    T* qc = reinterpret_cast<T*>(l + g.bq);  // [bq, D]
-    T* kc = qc + g.bq * g.D;                 // [bk, D]
-    T* vc = kc + g.bk * g.D;                 // [bk, D]
-    T* p_tile = vc + g.bk * g.D;             // [bq, bk] P as an operand (bf16 tiles only)
+    float* acc_all = s + g.bq * g.bk;            // [nb, bq, D]
+    float* m_all = acc_all + nb * g.bq * g.D;    // [nb, bq] running max (base 2)
+    float* l_all = m_all + nb * g.bq;            // [nb, bq] running sum
+    T* qc_all = reinterpret_cast<T*>(l_all + nb * g.bq);  // [nb, bq, D]
+    T* kc = qc_all + nb * g.bq * g.D;                     // [bk, D]
+    T* vc = kc + g.bk * g.D;                              // [bk, D]
+    T* p_tile = vc + g.bk * g.D;  // [bq, bk] P as an operand (bf16 tiles only)
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < n_units; ++u) {
       const Unit& unit = units[u];
-      const int64_t b = unit.b, h = unit.head, i0 = unit.block * g.bq;
-      const int64_t rows = std::min(g.bq, g.Sq - i0), kvh = h / g.group;
-      copy_rows(qc, a.q, b, i0, h, rows, g.D);
-      std::fill(acc, acc + rows * g.D, 0.0f);
-      std::fill(m, m + rows, kNegInf);
-      std::fill(l, l + rows, 0.0f);
+      const int64_t b = unit.b, h = unit.head, kvh = h / g.group;
+      const int64_t i_first = unit.block * nb, i_end = std::min(g.nq, i_first + nb);
+      for (int64_t i = i_first; i < i_end; ++i) {
+        const int64_t x = i - i_first, i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
+        copy_rows(qc_all + x * g.bq * g.D, a.q, b, i0, h, rows, g.D);
+        std::fill(acc_all + x * g.bq * g.D, acc_all + x * g.bq * g.D + rows * g.D, 0.0f);
+        std::fill(m_all + x * g.bq, m_all + x * g.bq + rows, kNegInf);
+        std::fill(l_all + x * g.bq, l_all + x * g.bq + rows, 0.0f);
+      }
       for (int64_t j = 0; j < g.nk; ++j) {
-        const TileKind kind = map.kind(b, unit.block, j);
-        if (kind == TileKind::empty) continue;
+        bool needed = false;
+        for (int64_t i = i_first; i < i_end; ++i) needed = needed || map.kind(b, i, j) != TileKind::empty;
+        if (!needed) continue;
         const int64_t j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
         copy_rows(kc, a.k, b, j0, kvh, cols, g.D);
         copy_rows(vc, a.v, b, j0, kvh, cols, g.D);
-        tile_gemm(false, true, rows, cols, g.D, scale_log2, qc, g.D, kc, g.D, 0.0f, s, g.bk);
-        if (kind == TileKind::partial) {
-          mask_partial(a, g, b, i0, rows, j0, cols, s, g.bk);
-          ++partial;
-        } else {
-          ++full;
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-          float* sr = s + r * g.bk;
-          const float m_new = std::max(m[r], attn::row_max(sr, cols));
-          if (m_new == kNegInf) {  // nothing allowed in this row yet
-            std::fill(sr, sr + cols, 0.0f);
-            continue;
+        for (int64_t i = i_first; i < i_end; ++i) {
+          const TileKind kind = map.kind(b, i, j);
+          if (kind == TileKind::empty) continue;
+          const int64_t x = i - i_first, i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
+          float* acc = acc_all + x * g.bq * g.D;
+          float* m = m_all + x * g.bq;
+          float* l = l_all + x * g.bq;
+          tile_gemm(false, true, rows, cols, g.D, scale_log2, qc_all + x * g.bq * g.D, g.D, kc, g.D, 0.0f, s,
+                    g.bk);
+          if (kind == TileKind::partial) {
+            mask_partial(a, g, b, i0, rows, j0, cols, s, g.bk);
+            ++partial;
+          } else {
+            ++full;
           }
-          const float alpha = std::exp2(m[r] - m_new);  // 0 on the first allowed tile
-          l[r] = l[r] * alpha + attn::exp2_shifted_inplace(sr, cols, m_new);
-          if (alpha != 1.0f) attn::scale_row(acc + r * g.D, g.D, alpha);
-          m[r] = m_new;
+          for (int64_t r = 0; r < rows; ++r) {
+            float* sr = s + r * g.bk;
+            const float m_new = std::max(m[r], attn::row_max(sr, cols));
+            if (m_new == kNegInf) {  // nothing allowed in this row yet
+              std::fill(sr, sr + cols, 0.0f);
+              continue;
+            }
+            const float alpha = std::exp2(m[r] - m_new);  // 0 on the first allowed tile
+            l[r] = l[r] * alpha + attn::exp2_shifted_inplace(sr, cols, m_new);
+            if (alpha != 1.0f) attn::scale_row(acc + r * g.D, g.D, alpha);
+            m[r] = m_new;
+          }
+          tile_gemm(false, false, rows, g.D, cols, 1.0f, as_operand(s, rows, cols, g.bk, p_tile), g.bk, vc, g.D,
+                    1.0f, acc, g.D);
         }
-        tile_gemm(false, false, rows, g.D, cols, 1.0f, as_operand(s, rows, cols, g.bk, p_tile), g.bk, vc, g.D,
-                  1.0f, acc, g.D);
       }
-      for (int64_t r = 0; r < rows; ++r) {
-        float* out = acc + r * g.D;  // normalised in place, then stored in o's dtype
-        float* lse_r = lse + ((b * g.Sq + i0 + r) * g.H + h);
-        if (l[r] > 0.0f) {
-          const float inv = 1.0f / l[r];
-          for (int64_t x = 0; x < g.D; ++x) out[x] *= inv;
-          *lse_r = (m[r] + std::log2(l[r])) * kLn2;
-        } else {  // fully masked row
-          std::fill(out, out + g.D, 0.0f);
-          *lse_r = kNegInf;
+      for (int64_t i = i_first; i < i_end; ++i) {
+        const int64_t x = i - i_first, i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
+        const float* m = m_all + x * g.bq;
+        const float* l = l_all + x * g.bq;
+        for (int64_t r = 0; r < rows; ++r) {
+          float* out = acc_all + (x * g.bq + r) * g.D;  // normalised in place, then stored in o's dtype
+          float* lse_r = lse + ((b * g.Sq + i0 + r) * g.H + h);
+          if (l[r] > 0.0f) {
+            const float inv = 1.0f / l[r];
+            for (int64_t y = 0; y < g.D; ++y) out[y] *= inv;
+            *lse_r = (m[r] + std::log2(l[r])) * kLn2;
+          } else {  // fully masked row
+            std::fill(out, out + g.D, 0.0f);
+            *lse_r = kNegInf;
+          }
+          store_f32(out, element_ptr(o, {b, i0 + r, h}), o.dtype, g.D);
         }
-        store_f32(out, element_ptr(o, {b, i0 + r, h}), o.dtype, g.D);
       }
     }
   }

@@ -120,19 +120,14 @@ void attention_forward_reference(const AttentionArgs& args, const TensorView& o,
       }
 }
 
-void attention_backward_reference(const AttentionArgs& args, const TensorView& dout_in,
-                                  const float* lse, const float* delta, const TensorView& dq,
-                                  const TensorView& dk, const TensorView& dv) {
-  Dims d = check_args(args);
-  const Widened wq(args.q), wk(args.k), wv(args.v), wdout(dout_in);
-  const AttentionArgs a = widened_args(args, wq, wk, wv);
-  const TensorView& dout = wdout.view;
-  check_shape(dq.dtype == DType::f32 && dk.dtype == DType::f32 && dv.dtype == DType::f32,
-              "attention: dq, dk and dv must be fp32");
-  std::vector<double> dqi(d.D);
-  // dK, dV sum over every q row (and every head of the group): in float64
-  // too, added to the caller's fp32 buffers once at the end.
-  std::vector<double> dk_sum(d.B * d.Skv * d.G * d.D, 0.0), dv_sum(dk_sum.size(), 0.0);
+namespace {
+
+// Every allowed (q row i of head h, kv row j) pair of a row whose LSE is
+// finite, in (b, h, i, j) order, with P = exp(S - lse) and
+// dS = P (dO V^T - delta) in float64: f(b, h, i, g, j, qi, kj, vj, doi, p, ds).
+template <class F>
+void for_each_backward_pair(const AttentionArgs& a, const Dims& d, const TensorView& dout, const float* lse,
+                            const float* delta, F f) {
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.H; ++h)
       for (int64_t i = 0; i < d.Sq; ++i) {
@@ -141,7 +136,6 @@ void attention_backward_reference(const AttentionArgs& args, const TensorView& d
         double dl = delta[(b * d.Sq + i) * d.H + h];
         const float* qi = a.q.at<float>({b, i, h});
         const float* doi = dout.at<float>({b, i, h});
-        std::fill(dqi.begin(), dqi.end(), 0.0);
         for (int64_t j = 0; j < d.Skv; ++j) {
           if (!pair_allowed(a, b, i, j, d)) continue;
           int64_t g = h / d.group;
@@ -153,30 +147,51 @@ void attention_backward_reference(const AttentionArgs& args, const TensorView& d
             dp += static_cast<double>(doi[x]) * vj[x];
           }
           double p = std::exp(dot * d.scale - l);
-          double ds = p * (dp - dl);
-          double* dkj = dk_sum.data() + ((b * d.Skv + j) * d.G + g) * d.D;
-          double* dvj = dv_sum.data() + ((b * d.Skv + j) * d.G + g) * d.D;
-          for (int64_t x = 0; x < d.D; ++x) {
-            dqi[x] += ds * d.scale * kj[x];
-            dkj[x] += ds * d.scale * qi[x];
-            dvj[x] += p * doi[x];
-          }
-        }
-        float* dqp = dq.at<float>({b, i, h});
-        for (int64_t x = 0; x < d.D; ++x) dqp[x] += static_cast<float>(dqi[x]);
-      }
-  for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t j = 0; j < d.Skv; ++j)
-      for (int64_t g = 0; g < d.G; ++g) {
-        const double* dks = dk_sum.data() + ((b * d.Skv + j) * d.G + g) * d.D;
-        const double* dvs = dv_sum.data() + ((b * d.Skv + j) * d.G + g) * d.D;
-        float* dkj = dk.at<float>({b, j, g});
-        float* dvj = dv.at<float>({b, j, g});
-        for (int64_t x = 0; x < d.D; ++x) {
-          dkj[x] += static_cast<float>(dks[x]);
-          dvj[x] += static_cast<float>(dvs[x]);
+          f(b, h, i, g, j, qi, kj, vj, doi, p, p * (dp - dl));
         }
       }
+}
+
+// Adds (or writes) float64 sums [B, S, heads, D] into an fp32 view of that shape.
+void add_to(const std::vector<double>& src, const TensorView& dst, bool accumulate) {
+  check_shape(dst.dtype == DType::f32 && dst.numel() == int64_t(src.size()),
+              "attention: gradient outputs must be fp32 views of the shapes of q and k");
+  for (int64_t b = 0; b < dst.dim(0); ++b)
+    for (int64_t s = 0; s < dst.dim(1); ++s)
+      for (int64_t h = 0; h < dst.dim(2); ++h) {
+        const double* from = src.data() + ((b * dst.dim(1) + s) * dst.dim(2) + h) * dst.dim(3);
+        float* to = dst.at<float>({b, s, h});
+        for (int64_t x = 0; x < dst.dim(3); ++x)
+          to[x] = accumulate ? to[x] + static_cast<float>(from[x]) : static_cast<float>(from[x]);
+      }
+}
+
+}  // namespace
+
+void attention_backward_reference(const AttentionArgs& args, const TensorView& dout_in,
+                                  const float* lse, const float* delta, const TensorView& dq,
+                                  const TensorView& dk, const TensorView& dv) {
+  Dims d = check_args(args);
+  const Widened wq(args.q), wk(args.k), wv(args.v), wdout(dout_in);
+  const AttentionArgs a = widened_args(args, wq, wk, wv);
+  // dQ, dK, dV sum in float64, added to the caller's fp32 buffers once at the end.
+  std::vector<double> dq_sum(d.B * d.Sq * d.H * d.D, 0.0);
+  std::vector<double> dk_sum(d.B * d.Skv * d.G * d.D, 0.0), dv_sum(dk_sum.size(), 0.0);
+  for_each_backward_pair(a, d, wdout.view, lse, delta,
+                         [&](int64_t b, int64_t h, int64_t i, int64_t g, int64_t j, const float* qi, const float* kj,
+                             const float*, const float* doi, double p, double ds) {
+                           double* dqi = dq_sum.data() + ((b * d.Sq + i) * d.H + h) * d.D;
+                           double* dkj = dk_sum.data() + ((b * d.Skv + j) * d.G + g) * d.D;
+                           double* dvj = dv_sum.data() + ((b * d.Skv + j) * d.G + g) * d.D;
+                           for (int64_t x = 0; x < d.D; ++x) {
+                             dqi[x] += ds * d.scale * kj[x];
+                             dkj[x] += ds * d.scale * qi[x];
+                             dvj[x] += p * doi[x];
+                           }
+                         });
+  add_to(dq_sum, dq, true);
+  add_to(dk_sum, dk, true);
+  add_to(dv_sum, dv, true);
 }
 
 void attention_abs_terms_reference(const AttentionArgs& args, const TensorView& dout_in, const float* lse,
@@ -185,52 +200,27 @@ void attention_abs_terms_reference(const AttentionArgs& args, const TensorView& 
   Dims d = check_args(args);
   const Widened wq(args.q), wk(args.k), wv(args.v), wdout(dout_in);
   const AttentionArgs a = widened_args(args, wq, wk, wv);
-  const TensorView& dout = wdout.view;
   std::vector<double> o(d.B * d.Sq * d.H * d.D, 0.0), dq(o.size(), 0.0);
   std::vector<double> dk(d.B * d.Skv * d.G * d.D, 0.0), dv(dk.size(), 0.0);
-  for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t h = 0; h < d.H; ++h)
-      for (int64_t i = 0; i < d.Sq; ++i) {
-        const double l = lse[(b * d.Sq + i) * d.H + h], dl = delta[(b * d.Sq + i) * d.H + h];
-        if (std::isinf(l)) continue;
-        const float* qi = a.q.at<float>({b, i, h});
-        const float* doi = dout.at<float>({b, i, h});
-        double* oi = o.data() + ((b * d.Sq + i) * d.H + h) * d.D;
-        double* dqi = dq.data() + ((b * d.Sq + i) * d.H + h) * d.D;
-        for (int64_t j = 0; j < d.Skv; ++j) {
-          if (!pair_allowed(a, b, i, j, d)) continue;
-          const int64_t g = h / d.group;
-          const float* kj = a.k.at<float>({b, j, g});
-          const float* vj = a.v.at<float>({b, j, g});
-          double dot = 0, dp = 0;
-          for (int64_t x = 0; x < d.D; ++x) {
-            dot += static_cast<double>(qi[x]) * kj[x];
-            dp += static_cast<double>(doi[x]) * vj[x];
-          }
-          const double p = std::exp(dot * d.scale - l), ds = std::abs(p * (dp - dl)) * d.scale;
-          double* dkj = dk.data() + ((b * d.Skv + j) * d.G + g) * d.D;
-          double* dvj = dv.data() + ((b * d.Skv + j) * d.G + g) * d.D;
-          for (int64_t x = 0; x < d.D; ++x) {
-            oi[x] += p * std::abs(vj[x]);
-            dqi[x] += ds * std::abs(kj[x]);
-            dkj[x] += ds * std::abs(qi[x]);
-            dvj[x] += p * std::abs(doi[x]);
-          }
-        }
-      }
-  auto write = [&](const std::vector<double>& src, const TensorView& dst) {
-    check_shape(dst.dtype == DType::f32 && dst.numel() == int64_t(src.size()),
-                "attention_abs_terms_reference: outputs must be fp32 views of the shapes of q and k");
-    for (int64_t b = 0; b < dst.dim(0); ++b)
-      for (int64_t s = 0; s < dst.dim(1); ++s)
-        for (int64_t h = 0; h < dst.dim(2); ++h)
-          for (int64_t x = 0; x < dst.dim(3); ++x)
-            dst.at<float>({b, s, h})[x] = static_cast<float>(src[((b * dst.dim(1) + s) * dst.dim(2) + h) * dst.dim(3) + x]);
-  };
-  write(o, o_abs);
-  write(dq, dq_abs);
-  write(dk, dk_abs);
-  write(dv, dv_abs);
+  for_each_backward_pair(a, d, wdout.view, lse, delta,
+                         [&](int64_t b, int64_t h, int64_t i, int64_t g, int64_t j, const float* qi, const float* kj,
+                             const float* vj, const float* doi, double p, double ds) {
+                           const double abs_ds = std::abs(ds) * d.scale;
+                           double* oi = o.data() + ((b * d.Sq + i) * d.H + h) * d.D;
+                           double* dqi = dq.data() + ((b * d.Sq + i) * d.H + h) * d.D;
+                           double* dkj = dk.data() + ((b * d.Skv + j) * d.G + g) * d.D;
+                           double* dvj = dv.data() + ((b * d.Skv + j) * d.G + g) * d.D;
+                           for (int64_t x = 0; x < d.D; ++x) {
+                             oi[x] += p * std::abs(vj[x]);
+                             dqi[x] += abs_ds * std::abs(kj[x]);
+                             dkj[x] += abs_ds * std::abs(qi[x]);
+                             dvj[x] += p * std::abs(doi[x]);
+                           }
+                         });
+  add_to(o, o_abs, false);
+  add_to(dq, dq_abs, false);
+  add_to(dk, dk_abs, false);
+  add_to(dv, dv_abs, false);
 }
 
 }  // namespace longctx

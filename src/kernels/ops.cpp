@@ -89,6 +89,29 @@ inline float exp_fast(float x) {
   return y * std::bit_cast<float>((e + 127) << 23);
 }
 
+// out = f(a, b) elementwise over [N, C] views, each fp32 or bf16; out may
+// alias a or b (each row is read before it is written).
+template <typename F>
+void combine_rows(const TensorView& a, const TensorView& b, const TensorView& out, const char* what, F f) {
+  const int64_t N = a.dim(0), C = a.dim(1);
+  check_rows(a, N, C, (std::string(what) + " a").c_str());
+  check_rows(b, N, C, (std::string(what) + " b").c_str());
+  check_rows(out, N, C, (std::string(what) + " out").c_str());
+#pragma omp parallel
+  {
+    RowBuffers io(C, 3);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const float* ar = io.read(a, r, 0);
+      const float* br = io.read(b, r, 1);
+      float* o = io.write(out, r, 2);
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] = f(ar[c], br[c]);
+      io.commit(out, r, 2);
+    }
+  }
+}
+
 }  // namespace
 
 // ---- RMSNorm ----------------------------------------------------------------------
@@ -235,23 +258,7 @@ void rope_backward(const TensorView& dx, const float* cos, const float* sin) {
 // ---- SwiGLU -------------------------------------------------------------------------
 
 void swiglu_forward(const TensorView& g, const TensorView& u, const TensorView& a) {
-  const int64_t N = g.dim(0), F = g.dim(1);
-  check_rows(g, N, F, "swiglu g");
-  check_rows(u, N, F, "swiglu u");
-  check_rows(a, N, F, "swiglu a");
-#pragma omp parallel
-  {
-    RowBuffers io(F, 3);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < N; ++r) {
-      const float* gr = io.read(g, r, 0);
-      const float* ur = io.read(u, r, 1);
-      float* ar = io.write(a, r, 2);
-#pragma omp simd
-      for (int64_t f = 0; f < F; ++f) ar[f] = gr[f] / (1.0f + exp_fast(-gr[f])) * ur[f];
-      io.commit(a, r, 2);
-    }
-  }
+  combine_rows(g, u, a, "swiglu", [](float x, float y) { return x / (1.0f + exp_fast(-x)) * y; });
 }
 
 void swiglu_backward(const TensorView& g, const TensorView& u, const TensorView& da,
@@ -383,23 +390,7 @@ void convert(const TensorView& src, const TensorView& dst) {
 }
 
 void residual_add(const TensorView& a, const TensorView& b, const TensorView& out) {
-  const int64_t N = a.dim(0), C = a.dim(1);
-  check_rows(a, N, C, "residual_add a");
-  check_rows(b, N, C, "residual_add b");
-  check_rows(out, N, C, "residual_add out");
-#pragma omp parallel
-  {
-    RowBuffers io(C, 3);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < N; ++r) {
-      const float* ar = io.read(a, r, 0);
-      const float* br = io.read(b, r, 1);
-      float* o = io.write(out, r, 2);
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) o[c] = ar[c] + br[c];
-      io.commit(out, r, 2);
-    }
-  }
+  combine_rows(a, b, out, "residual_add", [](float x, float y) { return x + y; });
 }
 
 // ---- AdamW --------------------------------------------------------------------------

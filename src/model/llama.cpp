@@ -546,14 +546,17 @@ struct Step {
     matmul(true, false, m.d, hd, N, 1.0f, dy_op, m.d, ptr(Activation::context, l), hd, 1.0f, grad(li.o), hd);
     float* dctx = gemm_out(Activation::d_context, 0);
     matmul(false, false, N, hd, m.d, 1.0f, dy_op, m.d, weight(li.o), hd, 0.0f, dctx, hd);
+    // dO enters attention in the compute dtype, as O does (bf16: its rounded
+    // copy, which is what ulysses sends).
+    const void* dout = grad_operand(dctx, hd);
     float* dqkv = w.f32(Activation::d_qkv);
     AttentionArgs a = attention_args(l);
     AttentionArgs da;
     m.attention_args(dqkv, DType::f32, da);
     {
       ProfileScope p(m.profile.attention);
-      m.attention->backward(a, context(l), w.f32(Activation::context_lse, l), context_view(dctx, DType::f32),
-                            da.q, da.k, da.v);
+      m.attention->backward(a, context(l), w.f32(Activation::context_lse, l),
+                            context_view(const_cast<void*>(dout), m.dtype), da.q, da.k, da.v);
     }
     elementwise([&] {
       rope_backward(heads(dqkv, 0, m.Hl + m.Gl), w.f32(Activation::rope_cos), w.f32(Activation::rope_sin));

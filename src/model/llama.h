@@ -127,7 +127,7 @@ enum class Activation {
   // bf16 only: fp32 GEMM outputs before they are rounded (or reduced over
   // tp), and bf16 copies of fp32 gradients that feed GEMMs.
   matmul_out,      // [N, max(qkv, 2 F / tp, d)] fp32
-  grad_operand,    // [N, max(qkv, d)] bf16: dL/dx, then dL/dqkv
+  grad_operand,    // [N, max(qkv, d)] bf16: dL/dx, dL/dcontext, then dL/dqkv
   loss_d_logits,   // one chunk of rows x vocab, bf16
 };
 constexpr int kNumActivations = 22;

@@ -322,6 +322,8 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
   const int64_t gemm_n = quick ? 1024 : 2048;
   double gemm = measure_gemm_gflops(DType::f32, gemm_n, quick ? 0.2 : 0.5) * 1e9;
   world.all_reduce_min(&gemm, 1);
+  double gemm_bf16 = measure_gemm_gflops(DType::bf16, gemm_n, quick ? 0.2 : 0.5) * 1e9;
+  world.all_reduce_min(&gemm_bf16, 1);
   // Each number is the slowest rank's (the minimum of rates).
   auto slowest = [&](std::map<int64_t, double>& m) {
     for (auto& [key, value] : m) world.all_reduce_min(&value, 1);
@@ -355,7 +357,7 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
                   (quick ? " (quick, on the fly by train)" : "");
   h.topology = "shared memory (MPI ranks on one host)";
   h.peak_flops_fp32 = gemm;
-  h.peak_flops_bf16 = 0;
+  h.peak_flops_bf16 = gemm_bf16;
   h.matmul_efficiency = 1.0;
   h.matmul_efficiency_per_width = matmul;
   h.attention_efficiency = attention[128];
@@ -376,7 +378,10 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
   const std::string n = std::to_string(gemm_n);
   h.sources = {
       {"peak_flops_fp32", "measured: oneDNN sgemm " + n + "^3, all ranks at once, slowest rank" + how},
-      {"peak_flops_bf16", "0: this build has no bf16 GEMM (oneDNN 2.6 sgemm only)"},
+      {"peak_flops_bf16", "measured: gemm_bf16 " + n + "^3 (" + gemm_bf16_implementation(gemm_n) +
+                              "), all ranks at once, slowest rank" + how +
+                              "; the efficiencies below are measured in fp32 and applied to it as they are "
+                              "(an assumption for bf16 plans: no bf16 tables yet)"},
       {"matmul_efficiency", "1: the peak above is a measured GEMM rate"},
       {"matmul_efficiency_per_width",
        "measured: projection [T, w] -> [T, w] forward + weight and input gradients, T = " +

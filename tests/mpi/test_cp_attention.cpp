@@ -5,6 +5,9 @@
 // is also at most twice the error of 2-rank groups on the same data
 // (mesh dp=4 x cp=2), floored at 1e-6 because fp32 rounding of a 2-rank run
 // can be exactly 0.
+// In bf16 (q, k, v, o, dout bf16), every strategy, mask and GQA shape
+// (check_all_bf16) matches the single-rank bf16 kernel within the bounds
+// derived in src/cp/cp_selfcheck.cpp (err <= 1 means within them).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -72,6 +75,34 @@ void check_all(CpStrategy s, int ulysses) {
       }
 }
 
+// Each mask and GQA shape once, layouts alternating (both layouts meet every
+// mask and shape across the two loops), on the widened path; the native
+// path's own arithmetic is the kernel's (test_attention), so one GQA shape
+// shows its bounds hold through the strategies. Kept cheap for 8 ranks.
+void check_all_bf16(CpStrategy s, int ulysses) {
+  Mesh mesh(1, world_size(), ulysses, 1);
+  for (AttentionTilePath path : {AttentionTilePath::bf16_widened, AttentionTilePath::bf16_native}) {
+    set_attention_bf16_tile_path(path);
+    int n = 0;
+    for (const char* mask : kMasks)
+      for (const Gqa& g : kGqa) {
+        const LayoutKind layout = n++ % 2 ? LayoutKind::zigzag : LayoutKind::contiguous;
+        if (path == AttentionTilePath::bf16_native && std::string(g.what) != "H=4G") continue;
+        CpCheckCase c = make_case(s, layout, mask, g, world_size());
+        c.dtype = DType::bf16;
+        SCOPED_TRACE(std::string("bf16 ") + name_of(s) + " ulysses=" + std::to_string(ulysses) + " " +
+                     name_of(layout) + " " + mask + " " + g.what + " " + attention_tile_path_name(path));
+        CpCheckResult r = check_cp_strategy(mesh, c);
+        EXPECT_LE(r.err_o, 1.0);
+        EXPECT_LE(r.err_lse, 1.0);
+        EXPECT_LE(r.err_dq, 1.0);
+        EXPECT_LE(r.err_dk, 1.0);
+        EXPECT_LE(r.err_dv, 1.0);
+      }
+  }
+  set_attention_bf16_tile_path(AttentionTilePath::f32);  // automatic again
+}
+
 TEST(CpAttention, AllGather) { check_all(CpStrategy::all_gather, 1); }
 TEST(CpAttention, Ulysses) { check_all(CpStrategy::ulysses, 1); }
 TEST(CpAttention, Ring) { check_all(CpStrategy::ring, 1); }
@@ -81,6 +112,15 @@ TEST(CpAttention, Usp) {
   const int N = world_size();
   for (int u : {2, 4})
     if (N % u == 0 && N / u >= 2) check_all(CpStrategy::usp, u);
+}
+
+TEST(CpAttentionBf16, AllGather) { check_all_bf16(CpStrategy::all_gather, 1); }
+TEST(CpAttentionBf16, Ulysses) { check_all_bf16(CpStrategy::ulysses, 1); }
+TEST(CpAttentionBf16, Ring) { check_all_bf16(CpStrategy::ring, 1); }
+TEST(CpAttentionBf16, Usp) {
+  const int N = world_size();
+  for (int u : {2, 4})
+    if (N % u == 0 && N / u >= 2) check_all_bf16(CpStrategy::usp, u);
 }
 
 }  // namespace

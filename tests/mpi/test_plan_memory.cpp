@@ -11,13 +11,20 @@
 //   exactly on the last replica (the busiest: it owns the tail);
 // - with tensor_sequence_parallelism: the tp all-gather and reduce-scatter
 //   bytes exactly, the tracker's activation peak exactly, and the saved layer
-//   inputs 1/tp of the same run's without it.
+//   inputs 1/tp of the same run's without it;
+// - one attention call of each strategy, fp32 and bf16: the tracked peak
+//   equals cp_attention_workspace exactly.
 #include <gtest/gtest.h>
+
+#include <omp.h>
 
 #include <cmath>
 #include <cstdio>
 
+#include "comm/mesh.h"
 #include "core/memory.h"
+#include "cp/cp_attention.h"
+#include "cp/layout.h"
 #include "plan/planner.h"
 #include "train/trainer.h"
 
@@ -262,4 +269,69 @@ TEST(PlanMemory, ZeroOneShrinksTheMomentsAndIsRecommendedOnlyWhenNeeded) {
   // Room for everything: not recommended.
   hw.memory_bytes = plain.memory_total * 2;
   EXPECT_FALSE(recommend(c, hw, o).shard_optimizer_over_data);
+}
+
+// One CpAttention forward + backward of each strategy valid at this world
+// size, in fp32 and bf16, with and without segments: the tracked peak of the
+// call (communication and scratch) equals cp_attention_workspace exactly.
+TEST(PlanMemory, AttentionCallWorkspaceIsExactInFp32AndBf16) {
+  const int world = comm_world_size();
+  const int64_t B = 2, L = 40, H = 4, G = 2, D = 16, S = L * world;
+  struct Strategy {
+    CpStrategy strategy;
+    int ulysses;
+  };
+  std::vector<Strategy> strategies = {{CpStrategy::all_gather, 1}, {CpStrategy::ring, 1}};
+  if (H % world == 0) strategies.push_back({CpStrategy::ulysses, world});
+  if (world >= 4) strategies.push_back({CpStrategy::usp, 2});
+  for (const Strategy& st : strategies)
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (bool segments : {false, true}) {
+        const std::string what = std::string(name_of(st.strategy)) + " " + name_of(dtype) +
+                                 (segments ? " segments" : "");
+        Mesh mesh(1, world, st.ulysses, 1);
+        CpLayout layout(LayoutKind::contiguous, S, world, st.ulysses);
+        std::vector<int64_t> global_pos(B * S), pos(B * L);
+        std::vector<int32_t> global_seg(B * S), seg(B * L);
+        for (int64_t i = 0; i < B * S; ++i) global_pos[i] = i % S, global_seg[i] = int32_t(i % S / 24);
+        layout.shard(mesh.cp_rank(), global_pos.data(), pos.data(), B);
+        layout.shard(mesh.cp_rank(), global_seg.data(), seg.data(), B);
+        const size_t e = dtype_size(dtype);
+        std::vector<char> q(B * L * H * D * e), k(B * L * G * D * e), v(k.size()), o(q.size()), dout(q.size());
+        for (auto* t : {&q, &k, &v, &dout})  // any finite values (0x3f3f: about 0.75 in bf16 and fp32)
+          std::fill(t->begin(), t->end(), char(0x3f));
+        std::vector<float> lse(B * L * H), dq(B * L * H * D), dk(B * L * G * D), dv(dk.size());
+        AttentionArgs a;
+        a.q = TensorView(q.data(), dtype, {B, L, H, D});
+        a.k = TensorView(k.data(), dtype, {B, L, G, D});
+        a.v = TensorView(v.data(), dtype, {B, L, G, D});
+        a.q_pos = a.kv_pos = pos.data();
+        a.q_seg = a.kv_seg = seg.data();
+        a.mask = segments ? MaskSpec::parse("causal+segments") : MaskSpec::causal();
+        CpOptions options;
+        options.ring_chunk_tokens = 8;
+        auto attention = make_cp_attention(st.strategy, mesh, options);
+
+        const size_t before = MemoryTracker::global().current_total();
+        MemoryTracker::global().reset_peaks();
+        const TensorView o_v(o.data(), dtype, {B, L, H, D});
+        attention->forward(a, o_v, lse.data());
+        attention->backward(a, o_v, lse.data(), TensorView(dout.data(), dtype, {B, L, H, D}),
+                            TensorView(dq.data(), DType::f32, {B, L, H, D}),
+                            TensorView(dk.data(), DType::f32, {B, L, G, D}),
+                            TensorView(dv.data(), DType::f32, {B, L, G, D}));
+        const int64_t measured = int64_t(MemoryTracker::global().peak_total() - before);
+
+        CpCallShape shape;
+        shape.strategy = st.strategy;
+        shape.cp = world;
+        shape.ulysses = st.ulysses;
+        shape.B = B, shape.L = L, shape.H = H, shape.G = G, shape.D = D;
+        shape.segments = segments;
+        shape.threads = omp_get_max_threads();
+        shape.ring_chunk_tokens = options.ring_chunk_tokens;
+        shape.element_bytes = int64_t(e);
+        shape.mask = a.mask;
+        EXPECT_EQ(measured, cp_attention_workspace(shape).bytes) << what << " rank " << mesh.cp_rank();
+      }
 }

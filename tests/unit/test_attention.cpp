@@ -744,12 +744,13 @@ TEST(AttentionBf16, RejectsMixedInputDtypesAndBf16Gradients) {
 
 TEST(AttentionBf16, ScratchBytesFollowTheTilePath) {
   const int64_t b = kAttentionTile, D = 64;
-  EXPECT_EQ(attention_forward_scratch_bytes(D, 1, DType::f32), (b * b + 4 * b * D + 2 * b) * 4);
+  // fp32: s, then for each of 4 q blocks acc, m, l and a Q copy, then K, V copies.
+  EXPECT_EQ(attention_forward_scratch_bytes(D, 1, DType::f32), (b * b + 4 * (b * D + 2 * b) + 6 * b * D) * 4);
   set_attention_bf16_tile_path(AttentionTilePath::bf16_widened);
   EXPECT_EQ(attention_forward_scratch_bytes(D, 2, DType::bf16), 2 * attention_forward_scratch_bytes(D, 1, DType::f32));
   EXPECT_EQ(attention_backward_scratch_bytes(D, 1, DType::bf16), attention_backward_scratch_bytes(D, 1, DType::f32));
   set_attention_bf16_tile_path(AttentionTilePath::bf16_native);  // bf16 tile copies plus one bf16 P/dS tile
-  EXPECT_EQ(attention_forward_scratch_bytes(D, 1, DType::bf16), (b * b + b * D + 2 * b) * 4 + (3 * b * D + b * b) * 2);
+  EXPECT_EQ(attention_forward_scratch_bytes(D, 1, DType::bf16), (b * b + 4 * (b * D + 2 * b)) * 4 + (6 * b * D + b * b) * 2);
   EXPECT_EQ(attention_backward_scratch_bytes(D, 1, DType::bf16), (2 * b * b + 3 * b * D) * 4 + (4 * b * D + b * b) * 2);
   set_attention_bf16_tile_path(AttentionTilePath::f32);
 }

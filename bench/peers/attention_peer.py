@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""longctx's attention kernel against PyTorch's CPU scaled_dot_product_attention
+(its flash attention), forward and backward, at the same shapes, dtype (fp32 and
+bf16) and thread count (1 and 2), in the same run, one after the other. Prints
+one table: GFLOP/s of each (counted the same way: forward 4 D, backward 10 D per
+unmasked (q, kv) pair per head; causal), the ratio longctx / PyTorch, and each
+one's ratio to the GEMM longctx measures in the same run (oneDNN, same dtype and
+threads). Best of --reps calls after one warm-up, for both.
+
+PyTorch comes from PyPI into a virtual environment under the build directory,
+never a dependency of the C++ build: BUILD/peer when it exists, else
+scripts/python_env.sh makes BUILD/venv-peer (and exits non-zero when it
+cannot, e.g. without network).
+
+Usage: /usr/bin/python3 bench/peers/attention_peer.py [--build build] [--seq 8192]
+         [--heads 8] [--head-dim 128] [--threads 1,2] [--dtypes fp32,bf16]
+         [--reps 3] [--clock wall|cpu]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", default="build")
+    p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="cpu: process CPU seconds / threads, for both (steadier on a shared machine)")
+    p.add_argument("--sdpa", action="store_true", help=argparse.SUPPRESS)  # internal: run PyTorch, print JSON
+    p.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)      # with --sdpa
+    return p.parse_args(argv)
+
+
+def sdpa(a):
+    """One PyTorch measurement (run inside the PyTorch environment)."""
+    import torch
+    import torch.nn.functional as F
+
+    threads = int(a.threads)
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    q, k, v = (torch.randn(1, a.heads, a.seq, a.head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
+    pairs = a.heads * a.seq * (a.seq + 1) // 2
+
+    def now():
+        return time.process_time() / threads if a.clock == "cpu" else time.perf_counter()
+
+    fwd = bwd = float("inf")
+    for rep in range(a.reps + 1):  # the first is a warm-up
+        t0 = now()
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        t1 = now()
+        o.backward(torch.ones_like(o))
+        t2 = now()
+        q.grad = k.grad = v.grad = None
+        if rep > 0:
+            fwd, bwd = min(fwd, t1 - t0), min(bwd, t2 - t1)
+    print(json.dumps({"peer": f"torch {torch.__version__} SDPA ({torch.backends.cpu.get_cpu_capability()})",
+                      "fwd_gflops": 4 * a.head_dim * pairs / fwd / 1e9,
+                      "bwd_gflops": 10 * a.head_dim * pairs / bwd / 1e9}))
+
+
+def peer_python(build):
+    """The PyTorch environment: BUILD/peer if it exists, else scripts/python_env.sh."""
+    existing = os.path.join(build, "peer", "bin", "python")
+    if os.path.exists(existing):
+        return existing
+    made = subprocess.run([os.path.join(ROOT, "scripts", "python_env.sh"), "peer", "torch"],
+                          stdout=subprocess.PIPE, check=False, text=True)
+    if made.returncode != 0:
+        sys.exit("attention_peer.py: no PyTorch environment (scripts/python_env.sh failed; see above)")
+    return made.stdout.strip()
+
+
+def json_line(cmd, env=None):
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, check=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    a = parse_args(sys.argv[1:])
+    if a.sdpa:
+        return sdpa(a)
+    build = os.path.abspath(os.path.join(ROOT, a.build))
+    python = peer_python(build)
+    print(subprocess.run(["lscpu"], stdout=subprocess.PIPE, text=True).stdout.strip())
+    print("uptime:", subprocess.run(["uptime"], stdout=subprocess.PIPE, text=True).stdout.strip())
+    rows = []
+    for dtype in a.dtypes.split(","):
+        for threads in a.threads.split(","):
+            env = dict(os.environ, OMP_NUM_THREADS=threads)
+            shape = ["--seq", str(a.seq), "--heads", str(a.heads), "--head-dim", str(a.head_dim)]
+            ours = json_line([os.path.join(build, "longctx"), "bench", "attention", "--json", "--mask", "causal",
+                              "--dtype", dtype, "--threads", threads, "--reps", str(a.reps), "--clock", a.clock]
+                             + shape, env)
+            theirs = json_line([python, os.path.abspath(__file__), "--sdpa", "--dtype", dtype, "--threads", threads,
+                                "--reps", str(a.reps), "--clock", a.clock] + shape, env)
+            print(json.dumps(ours))
+            print(json.dumps(theirs))
+            rows.append((dtype, threads, ours, theirs))
+    gemm_of = lambda r: r[2]["gemm_gflops"]
+    print(f"\nS={a.seq} H=G={a.heads} D={a.head_dim} causal, B=1, best of {a.reps} after a warm-up, "
+          f"{a.clock} clock; GEMM: longctx's same-run oneDNN 2048^3 in the same dtype and threads")
+    print(f"longctx tile path ({rows[-1][0]}): {rows[-1][2]['tile_path']}; PyTorch: {rows[-1][3]['peer']}\n")
+    print("| dtype | threads | longctx fwd / bwd GFLOP/s | PyTorch fwd / bwd GFLOP/s | longctx / PyTorch fwd / bwd "
+          "| GEMM GFLOP/s | longctx / GEMM fwd / bwd | PyTorch / GEMM fwd / bwd |")
+    print("|---|---|---|---|---|---|---|---|")
+    for dtype, threads, ours, theirs in rows:
+        g = ours["gemm_gflops"]
+        print(f"| {dtype} | {threads} | {ours['fwd_best_gflops']:.1f} / {ours['bwd_best_gflops']:.1f} "
+              f"| {theirs['fwd_gflops']:.1f} / {theirs['bwd_gflops']:.1f} "
+              f"| {ours['fwd_best_gflops'] / theirs['fwd_gflops']:.2f} / {ours['bwd_best_gflops'] / theirs['bwd_gflops']:.2f} "
+              f"| {g:.1f} | {ours['fwd_best_gflops'] / g:.2f} / {ours['bwd_best_gflops'] / g:.2f} "
+              f"| {theirs['fwd_gflops'] / g:.2f} / {theirs['bwd_gflops'] / g:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
