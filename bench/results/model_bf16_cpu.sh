@@ -16,8 +16,9 @@ import json, subprocess, sys
 f, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 sh = lambda c: subprocess.run(["sh", "-c", c], capture_output=True, text=True).stdout.strip()
 print("# Training step in bf16 vs fp32 (`longctx bench model`, CPU)\n")
-print(f"Machine: {sh('lscpu | sed -n s/^Model\\ name:\\ *//p')}, {sh('nproc --all')} vCPUs; CPU flags of interest: "
-      f"{sh('grep -o -w -E \"avx2|avx512f|avx512_bf16|amx_bf16|amx_tile\" /proc/cpuinfo | sort -u | tr \"\\n\" \" \"') or 'none'}.")
+model = sh("lscpu | sed -n 's/^Model name: *//p'")
+flags = sh("grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\\n' ' '") or "none"
+print(f"Machine: {model}, {sh('nproc --all')} vCPUs; CPU flags of interest: {flags}.")
 print(f"Command: `bench/results/model_bf16_cpu.sh` (d512, 8 heads, 2 KV heads, 4 layers, S=16384, remat none, 1 rank x 2 threads).")
 print(f"Load before: `{sys.argv[3]}`; after: `{sys.argv[4]}`.\n")
 print("| dtype | step (s) | tokens/s | GEMM of its dtype (GFLOP/s) | MFU vs that GEMM | peak activations (MiB) |")
