@@ -167,8 +167,10 @@ int64_t planned(const RunConfig& c, const std::string& category) {
   hw.memory_bytes = int64_t{1} << 34;
   hw.memory_bandwidth = hw.p2p_bandwidth = hw.collective_bandwidth = hw.all_to_all_bandwidth = 1e9;
   hw.devices_per_node = 64;
-  for (const MemoryLine& m : plan_strategy(c, hw, PlanOptions{}).memory)
-    if (m.category == category) sum += m.bytes;
+  const StrategyPlan plan = plan_strategy(c, hw, PlanOptions{});
+  for (const std::vector<MemoryLine>* lines : {&plan.memory, &plan.offload_memory})
+    for (const MemoryLine& m : *lines)
+      if (m.category == category) sum += m.bytes;
   return sum;
 }
 
@@ -197,6 +199,7 @@ TEST(Offload, ABudgetThatFailsOnDevicePassesOffloadedWithIdenticalLosses) {
     EXPECT_LE(r.device_peak, size_t(budget)) << target;
     if (std::string(target) == "disk") {
       EXPECT_EQ(r.host_peak, 0u);
+      EXPECT_GT(planned(c, "disk"), 0);
       EXPECT_EQ(spill_files(c.offload_dir), 0u);  // removed at exit
     }
   }
