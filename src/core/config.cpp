@@ -127,6 +127,8 @@ const std::vector<ConfigKey>& config_keys() {
       {"out_proj", S("remat"), "custom remat: device (save) | remat | offload", SAVE(out_proj)},
       {"mlpwi", S("remat"), "custom remat: device (save) | remat | offload", SAVE(mlpwi)},
       {"mlpwo", S("remat"), "custom remat: device (save) | remat | offload", SAVE(mlpwo)},
+      {"offload_target", S("host"), "where `offload` tensors live: host|disk", ENUM(offload_target)},
+      {"offload_dir", S(""), "disk offload spill files; empty = <base_output_directory>/<run_name>/offload", F(offload_dir)},
       // attention
       {"attention_type", S("causal"), "full|causal|local|chunked", ENUM(attention_type)},
       {"sliding_window_size", I(0), "local: tokens each query sees (itself included)", F(sliding_window_size)},
@@ -167,8 +169,6 @@ const std::vector<ConfigKey>& config_keys() {
       // system
       {"device_memory_budget", I(0), "bytes (or \"8GiB\"); 0 = unlimited", F(device_memory_budget)},
       {"host_memory_budget", I(0), "host offload pool, bytes (or \"8GiB\"); 0 = unlimited", F(host_memory_budget)},
-      {"offload_target", S("host"), "where `offload` tensors live: host|disk", ENUM(offload_target)},
-      {"offload_dir", S(""), "disk offload spill files; empty = <base_output_directory>/<run_name>/offload", F(offload_dir)},
       {"peak_tflops_per_device", 0.0, "MFU denominator; 0 = measure fp32 GEMM at start-up", F(peak_tflops_per_device)},
       {"collective_timeout_seconds", I(600), "abort when a collective waits longer", F(collective_timeout_seconds)},
       {"num_threads", I(0), "OpenMP threads per rank; 0 = OpenMP default", F(num_threads)},

@@ -450,7 +450,8 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
 
 void require_memory_fits(const RunConfig& c, const Communicator& world) {
   const int64_t threads = c.num_threads > 0 ? c.num_threads : omp_get_max_threads();
-  const int64_t need = predicted_memory_bytes(c, threads);
+  int64_t host_pool = 0;  // on a CPU the host offload pool is this host's memory too
+  const int64_t need = predicted_memory_bytes(c, threads, &host_pool);
   // Ranks on this host share its memory: count them by host name.
   char host[256] = {};
   gethostname(host, sizeof host - 1);
@@ -463,8 +464,8 @@ void require_memory_fits(const RunConfig& c, const Communicator& world) {
   if (c.device_memory_budget > 0 && need > c.device_memory_budget)
     throw ConfigError("the run needs " + gib(need) + " per rank (predicted by the planner) but device_memory_budget is " +
                       gib(c.device_memory_budget) + ": see `longctx plan` for what fits");
-  if (host_memory > 0 && need > host_memory / local_ranks)
-    throw ConfigError("the run needs " + gib(need) + " per rank (predicted by the planner) but this host has " +
+  if (host_memory > 0 && need + host_pool > host_memory / local_ranks)
+    throw ConfigError("the run needs " + gib(need + host_pool) + " per rank (predicted by the planner) but this host has " +
                       gib(host_memory) + " for " + std::to_string(local_ranks) +
                       " rank(s): lower max_target_length or per_device_batch_size, raise ici_context_parallelism "
                       "or add hosts (`longctx plan` shows what fits)");

@@ -661,7 +661,7 @@ std::vector<int64_t> cp_sizes(const RunConfig& c, int64_t devices) {
 
 }  // namespace
 
-int64_t predicted_memory_bytes(const RunConfig& c, int64_t threads) {
+int64_t predicted_memory_bytes(const RunConfig& c, int64_t threads, int64_t* host_offload_bytes) {
   // Sizes the engine could not even count in 64 bits are refused first (in
   // double precision): the residual streams alone of one rank's tokens.
   const double tokens = double(c.per_device_batch_size) * double(c.max_target_length) / double(c.cp);
@@ -672,6 +672,7 @@ int64_t predicted_memory_bytes(const RunConfig& c, int64_t threads) {
                       "): lower max_target_length or per_device_batch_size, or raise ici_context_parallelism");
   StrategyPlan p;
   plan_memory(make_shape(c, c.dp * c.cp * c.tp, threads), p);
+  if (host_offload_bytes) *host_offload_bytes = p.offload_target == OffloadTarget::host ? p.offload_bytes : 0;
   return p.memory_total;
 }
 

@@ -141,8 +141,10 @@ std::vector<CommLine> attention_call_comm(const RunConfig& config, bool backward
 
 // Peak bytes per device that exactly this (validated) run allocates: the
 // memory plan_strategy reports, which needs no hardware profile. `threads`:
-// kernel threads per rank (per-thread attention scratch).
-int64_t predicted_memory_bytes(const RunConfig& config, int64_t threads);
+// kernel threads per rank (per-thread attention scratch). host_offload_bytes
+// (optional): the host offload pool's bytes (offload_target host), which are
+// not device memory.
+int64_t predicted_memory_bytes(const RunConfig& config, int64_t threads, int64_t* host_offload_bytes = nullptr);
 
 // The recommended configuration: the smallest cp that fits (searched only
 // when ici_data_parallelism is -1, i.e. the mesh is not pinned), the fastest
