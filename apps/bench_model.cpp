@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 #include <algorithm>
+#include <memory>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -30,6 +31,7 @@ const char* const kBenchModelUsage =
     "         [--layers L] [--threads T] [--remat none|minimal|save_context|full]\n"
     "         [--mask causal|full|local:W|...] [--dtype fp32|bf16] [--steps N] [--json]\n"
     "         [--d-model N] [--heads N] [--kv-heads N] [--head-dim N] [--mlp N] [--vocab N]\n"
+    "         [--offload-layer-inputs host|disk] [--offload-dir DIR]\n"
     "  defaults: configs/model/bench-512.yml's shape, S=16384, B=1, remat none, 2 timed steps\n";
 
 namespace {
@@ -40,6 +42,9 @@ struct BenchModelFlags {
   int64_t seq = 16384, batch = 1, steps = 2;
   int threads = 0;
   std::string remat = "none", mask = "causal";
+  // Offload the saved layer inputs (remat custom, decoder_layer_input:
+  // offload, nothing else saved): "" = no offload (remat as given).
+  std::string offload, offload_dir = "bench-offload";
   DType dtype = DType::f32;
   bool json = false;
 };
@@ -98,6 +103,8 @@ BenchModelFlags parse_flags(const Args& args) {
     else if (a == "--threads") f.threads = static_cast<int>(integer());
     else if (a == "--remat") f.remat = v;
     else if (a == "--mask") f.mask = v;
+    else if (a == "--offload-layer-inputs") f.offload = name_of(parse_enum<OffloadTarget>(v));
+    else if (a == "--offload-dir") f.offload_dir = v;
     else if (a == "--dtype") f.dtype = parse_enum<DType>(v);
     else if (a == "--layers" || a == "--d-model" || a == "--heads" || a == "--kv-heads" ||
              a == "--head-dim" || a == "--mlp" || a == "--vocab")
@@ -139,6 +146,14 @@ int run_bench_model(const Args& args) {
   const MaskSpec mask = MaskSpec::parse(f.mask);
   ModelOptions opt;
   opt.remat = parse_enum<RematPolicy>(f.remat);
+  if (!f.offload.empty()) {
+    if (opt.remat != RematPolicy::full)
+      throw ConfigError("bench model: --offload-layer-inputs needs --remat full (it offloads what full keeps)");
+    opt.remat = RematPolicy::custom;  // full, with the layer inputs offloaded
+    opt.custom_offload[static_cast<int>(SavePoint::decoder_layer_input)] = true;
+    opt.offload_target = parse_enum<OffloadTarget>(f.offload);
+    opt.offload_dir = f.offload_dir;
+  }
   opt.mask = mask;
   opt.dtype = f.dtype;
 
@@ -160,14 +175,33 @@ int run_bench_model(const Args& args) {
   LlamaModel model(c, opt, 0);
   model.zero_gradients();
   model.forward_backward(batch, 1.0f / N);  // warm-up: allocates the workspace
-  std::vector<double> step_seconds;
-  double loss = 0.0;
+  // With offload, the same model without it (remat full) runs in the same
+  // process, its steps alternating with the offloaded ones, so that both see
+  // the same machine load: the overhead is measured in one run.
+  std::unique_ptr<LlamaModel> baseline;
+  if (!f.offload.empty()) {
+    ModelOptions plain = opt;
+    plain.remat = RematPolicy::full;
+    plain.custom_offload = {};
+    baseline = std::make_unique<LlamaModel>(c, plain, 0);
+    baseline->forward_backward(batch, 1.0f / N);
+  }
+  std::vector<double> step_seconds, baseline_seconds;
+  double loss = 0.0, baseline_loss = 0.0;
   for (int64_t s = 0; s < f.steps; ++s) {
+    if (baseline) {
+      Timer t;
+      baseline_loss = baseline->forward_backward(batch, 1.0f / N).loss_sum / N;
+      baseline_seconds.push_back(t.seconds());
+    }
     Timer t;
     loss = model.forward_backward(batch, 1.0f / N).loss_sum / N;
     step_seconds.push_back(t.seconds());
   }
   const double best = *std::min_element(step_seconds.begin(), step_seconds.end());
+  const double baseline_best =
+      baseline ? *std::min_element(baseline_seconds.begin(), baseline_seconds.end()) : best;
+
   gemm_gflops = std::max(gemm_gflops, measure_gemm_gflops(f.dtype));
 
   const int64_t pairs = unmasked_pairs(c, mask, positions, B, S);
@@ -202,6 +236,10 @@ int run_bench_model(const Args& args) {
                         {"batch", B},
                         {"threads", threads},
                         {"remat", f.remat},
+                        {"offload_layer_inputs", f.offload.empty() ? "none" : f.offload},
+                        {"no_offload_step_seconds", baseline_seconds},
+                        {"offload_overhead", best / baseline_best - 1.0},
+                        {"offload_loss_identical", loss == baseline_loss},
                         {"dtype", name_of(f.dtype)},
                         {"gemm_implementation", f.dtype == DType::bf16 ? gemm_bf16_implementation(2048) : "dnnl_sgemm"},
                         {"mask", mask.to_string()},
@@ -227,13 +265,17 @@ int run_bench_model(const Args& args) {
               (long long)c.d_model, (long long)c.num_heads, (long long)c.num_kv_heads,
               (long long)c.head_dim, (long long)c.mlp_dim, (long long)c.num_layers,
               (long long)c.vocab_size, c.num_parameters() / 1e6);
-  std::printf("step: B=%lld S=%lld, mask %s, remat %s, %d threads, %s\n", (long long)B,
-              (long long)S, mask.to_string().c_str(), f.remat.c_str(), threads, name_of(f.dtype));
+  std::printf("step: B=%lld S=%lld, mask %s, remat %s%s, %d threads, %s\n", (long long)B, (long long)S,
+              mask.to_string().c_str(), f.remat.c_str(),
+              f.offload.empty() ? "" : (", layer inputs offloaded to " + f.offload).c_str(), threads, name_of(f.dtype));
   std::printf("%s GEMM reference (2048^3, same threads, best of before/after): %.1f GFLOP/s (%s)\n",
               name_of(f.dtype), gemm_gflops,
               f.dtype == DType::bf16 ? gemm_bf16_implementation(2048).c_str() : "dnnl_sgemm");
   std::printf("step time: best %.3f s of %lld (first timed %.3f s); loss %.4f\n", best,
               (long long)f.steps, step_seconds[0], loss);
+  if (baseline)
+    std::printf("offload overhead: best %.3f s vs %.3f s without offload (alternating steps; loss %s): %+.1f%%\n",
+                best, baseline_best, loss == baseline_loss ? "bit-identical" : "DIFFERS", 100.0 * (best / baseline_best - 1.0));
   std::printf("tokens/s: %.0f\n", N / best);
   std::printf("FLOPs/step: %.3e (6*N*tokens %.3e + attention 12*D*pairs %.3e)\n", flops,
               model_flops, attn_flops);

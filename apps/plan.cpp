@@ -114,6 +114,13 @@ json to_json(const StrategyPlan& p) {
             {"comm_seconds", p.comm_seconds}, {"hidden_comm_seconds", p.hidden_comm_seconds},
             {"step_seconds", p.step_seconds}, {"tokens_per_second_per_device", p.tokens_per_second},
             {"mfu", p.mfu}});
+  if (p.offload_bytes > 0) {
+    json off = json::array();
+    for (const MemoryLine& m : p.offload_memory) off.push_back({{"tier", m.category}, {"name", m.name}, {"bytes", m.bytes}});
+    j["offload"] = {{"target", name_of(p.offload_target)}, {"memory", off}, {"bytes", p.offload_bytes},
+                    {"moved_bytes_per_step", p.offload_moved_bytes}, {"bandwidth", p.offload_bandwidth},
+                    {"seconds", p.offload_seconds}, {"hidden_seconds", p.offload_hidden_seconds}};
+  }
   if (!p.advice.empty()) j["advice"] = p.advice;
   return j;
 }
@@ -157,6 +164,20 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
     for (const MemoryLine& m : p.memory)
       std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(),
                   human_bytes(double(m.bytes)).c_str());
+    if (p.offload_bytes > 0) {
+      std::printf("   offloaded to %s (not device memory): %s; moved per step %s (written after forward, read "
+                  "before backward)",
+                  name_of(p.offload_target), human_bytes(double(p.offload_bytes)).c_str(),
+                  human_bytes(double(p.offload_moved_bytes)).c_str());
+      if (p.offload_bandwidth > 0)
+        std::printf(" at %s/s: %s, %s hidden behind compute\n", human_bytes(p.offload_bandwidth).c_str(),
+                    seconds(p.offload_seconds).c_str(), seconds(p.offload_hidden_seconds).c_str());
+      else
+        std::printf(": the profile has no %s bandwidth, time not counted\n",
+                    p.offload_target == OffloadTarget::host ? "host_link" : "disk");
+      for (const MemoryLine& m : p.offload_memory)
+        std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(), human_bytes(double(m.bytes)).c_str());
+    }
     std::printf("   communication per device per step:\n");
     for (const CommLine& l : p.comm)
       std::printf("   %-14s %-8s %-38s %6lld calls  sent %10s  recv %10s  %9s%s\n", l.op.c_str(),

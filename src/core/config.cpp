@@ -47,10 +47,19 @@ std::optional<CpStrategy> parse_strategy_or_auto(const std::string& name) {
                     "|auto");
 }
 
-bool parse_save_choice(const std::string& v) {
-  if (v == "device") return true;
-  if (v == "remat") return false;
-  throw ConfigError("must be 'device' (save) or 'remat' (recompute), got '" + v + "'");
+// A custom remat key: device (save), remat (recompute) or offload (save
+// outside device memory); sets the point's save and offload flags.
+void parse_save_choice(const std::string& v, RunConfig& c, SavePoint point) {
+  const int i = static_cast<int>(point);
+  if (v != "device" && v != "remat" && v != "offload")
+    throw ConfigError("must be 'device' (save), 'remat' (recompute) or 'offload' (save off the device), got '" + v + "'");
+  c.remat_custom_save[i] = v != "remat";
+  c.remat_custom_offload[i] = v == "offload";
+}
+
+std::string save_choice_name(const RunConfig& c, SavePoint point) {
+  const int i = static_cast<int>(point);
+  return c.remat_custom_offload[i] ? "offload" : c.remat_custom_save[i] ? "device" : "remat";
 }
 
 }  // namespace
@@ -66,12 +75,8 @@ bool parse_save_choice(const std::string& v) {
     c.member = parse_enum<decltype(c.member)>(value_as<std::string>(v));                    \
   }
 #define SAVE(point)                                                                              \
-  [](const RunConfig& c) -> ConfigValue {                                                        \
-    return std::string(c.remat_custom_save[static_cast<int>(SavePoint::point)] ? "device" : "remat"); \
-  },                                                                                             \
-  [](RunConfig& c, const ConfigValue& v) {                                                       \
-    c.remat_custom_save[static_cast<int>(SavePoint::point)] = parse_save_choice(value_as<std::string>(v)); \
-  }
+  [](const RunConfig& c) -> ConfigValue { return save_choice_name(c, SavePoint::point); },        \
+  [](RunConfig& c, const ConfigValue& v) { parse_save_choice(value_as<std::string>(v), c, SavePoint::point); }
 #define STRATEGY                                                                          \
   [](const RunConfig& c) -> ConfigValue {                                                 \
     return std::string(c.cp_strategy ? name_of(*c.cp_strategy) : "auto");                \
@@ -116,12 +121,14 @@ const std::vector<ConfigKey>& config_keys() {
       {"dtype", S("float32"), "activations and matmul inputs: float32 | bfloat16 (fp32 accumulation)", ENUM(dtype)},
       {"weight_dtype", S("float32"), "master weights and AdamW moments: float32 (always)", ENUM(weight_dtype)},
       {"remat_policy", S("full"), "none|minimal|save_context|full|custom", ENUM(remat_policy)},
-      {"decoder_layer_input", S("device"), "custom remat: device (save) | remat", SAVE(decoder_layer_input)},
-      {"qkv_proj", S("remat"), "custom remat: device (save) | remat", SAVE(qkv_proj)},
-      {"context", S("remat"), "custom remat: device (save) | remat", SAVE(context)},
-      {"out_proj", S("remat"), "custom remat: device (save) | remat", SAVE(out_proj)},
-      {"mlpwi", S("remat"), "custom remat: device (save) | remat", SAVE(mlpwi)},
-      {"mlpwo", S("remat"), "custom remat: device (save) | remat", SAVE(mlpwo)},
+      {"decoder_layer_input", S("device"), "custom remat: device (save) | remat | offload", SAVE(decoder_layer_input)},
+      {"qkv_proj", S("remat"), "custom remat: device (save) | remat | offload", SAVE(qkv_proj)},
+      {"context", S("remat"), "custom remat: device (save) | remat | offload", SAVE(context)},
+      {"out_proj", S("remat"), "custom remat: device (save) | remat | offload", SAVE(out_proj)},
+      {"mlpwi", S("remat"), "custom remat: device (save) | remat | offload", SAVE(mlpwi)},
+      {"mlpwo", S("remat"), "custom remat: device (save) | remat | offload", SAVE(mlpwo)},
+      {"offload_target", S("host"), "where `offload` tensors live: host|disk", ENUM(offload_target)},
+      {"offload_dir", S(""), "disk offload spill files; empty = <base_output_directory>/<run_name>/offload", F(offload_dir)},
       // attention
       {"attention_type", S("causal"), "full|causal|local|chunked", ENUM(attention_type)},
       {"sliding_window_size", I(0), "local: tokens each query sees (itself included)", F(sliding_window_size)},
@@ -162,6 +169,7 @@ const std::vector<ConfigKey>& config_keys() {
       {"eval_first_bucket", I(1024), "eval: first position bucket [0, this), then doubling", F(eval_first_bucket)},
       // system
       {"device_memory_budget", I(0), "bytes (or \"8GiB\"); 0 = unlimited", F(device_memory_budget)},
+      {"host_memory_budget", I(0), "host offload pool, bytes (or \"8GiB\"); 0 = unlimited", F(host_memory_budget)},
       {"peak_tflops_per_device", 0.0, "MFU denominator; 0 = measure fp32 GEMM at start-up", F(peak_tflops_per_device)},
       {"collective_timeout_seconds", I(600), "abort when a collective waits longer", F(collective_timeout_seconds)},
       {"num_threads", I(0), "OpenMP threads per rank; 0 = OpenMP default", F(num_threads)},
@@ -290,7 +298,7 @@ ConfigValue convert(const ConfigKey& key, const YAML::Node& node, const std::str
         } else if constexpr (std::is_same_v<T, int64_t>) {
           long long i;
           if (YAML::convert<long long>::decode(node, i)) return static_cast<int64_t>(i);
-          if (std::string(key.name) == "device_memory_budget") return parse_bytes(text);
+          if (std::string(key.name).ends_with("_memory_budget")) return parse_bytes(text);
           // Accept integral floats such as 1e6.
           double d;
           if (YAML::convert<double>::decode(node, d) && std::isfinite(d) && d == std::floor(d) &&
@@ -487,6 +495,7 @@ RunConfig config_from(const std::map<std::string, ConfigValue>& given,
     c.checkpoint_dir = (fs::path(c.base_output_directory) / c.run_name / "checkpoints").string();
   if (c.metrics_file.empty())
     c.metrics_file = (fs::path(c.base_output_directory) / c.run_name / "metrics.jsonl").string();
+  if (c.offload_dir.empty()) c.offload_dir = (fs::path(c.base_output_directory) / c.run_name / "offload").string();
   for (const ConfigKey& k : config_keys())
     c.sources[k.name] = source_of.count(k.name) ? source_of.at(k.name) : given.count(k.name) ? "config" : "default";
   return c;
@@ -749,6 +758,7 @@ void validate_config(RunConfig& c, int64_t world) {
   require(c.progress_interval_seconds >= 0,
           "progress_interval_seconds must be >= 0 (0 = off; got " + std::to_string(c.progress_interval_seconds) + ")");
   require(c.device_memory_budget >= 0, "device_memory_budget must be >= 0 (0 = unlimited)");
+  require(c.host_memory_budget >= 0, "host_memory_budget must be >= 0 (0 = unlimited)");
   require(c.peak_tflops_per_device >= 0, "peak_tflops_per_device must be >= 0 (0 = measure)");
   require(c.collective_timeout_seconds >= 1, "collective_timeout_seconds must be >= 1");
   require(c.num_threads >= 0, "num_threads must be >= 0 (0 = OpenMP default)");

@@ -77,6 +77,10 @@ struct RunConfig {
   // custom remat: true = save ("device"), false = recompute ("remat"), in
   // SavePoint order: decoder_layer_input, qkv_proj, context, out_proj, mlpwi, mlpwo.
   CustomSave remat_custom_save = kDefaultCustomSave;
+  // custom remat: true where the key says `offload` (saved, outside device memory).
+  CustomOffload remat_custom_offload{};
+  OffloadTarget offload_target = OffloadTarget::host;  // offload_target
+  std::string offload_dir;  // offload_dir ("" = <base_output_directory>/<run_name>/offload)
 
   // ---- attention
   MaskKind attention_type = MaskKind::causal;  // attention_type
@@ -127,6 +131,7 @@ struct RunConfig {
 
   // ---- system
   int64_t device_memory_budget = 0;   // device_memory_budget (bytes; 0 = unlimited)
+  int64_t host_memory_budget = 0;     // host_memory_budget: the host offload pool (bytes; 0 = unlimited)
   double peak_tflops_per_device = 0;  // peak_tflops_per_device (0 = measure a GEMM at start-up)
   int64_t collective_timeout_seconds = 0;  // collective_timeout_seconds
   int64_t num_threads = 0;            // num_threads (0 = OpenMP default)
@@ -144,8 +149,8 @@ struct RunConfig {
   LayoutKind layout() const;
   // The attention mask of attention_type and its window.
   MaskSpec mask() const;
-  // save_set_for(remat_policy, remat_custom_save).
-  SaveSet save_set() const { return save_set_for(remat_policy, remat_custom_save); }
+  // save_set_for(remat_policy, remat_custom_save, remat_custom_offload).
+  SaveSet save_set() const { return save_set_for(remat_policy, remat_custom_save, remat_custom_offload); }
 
   // Every key with its value, derived from the fields.
   std::map<std::string, ConfigValue> values() const;

@@ -1,5 +1,6 @@
 #include "core/memory.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -11,7 +12,8 @@ namespace longctx {
 
 const char* mem_category_name(MemCategory c) {
   static const char* names[kNumMemCategories] = {"parameters",    "gradients",     "optimizer",
-                                                 "activations",   "communication", "scratch"};
+                                                 "activations",   "communication", "scratch",
+                                                 "host_offload"};
   return names[static_cast<int>(c)];
 }
 
@@ -35,6 +37,18 @@ MemoryTracker& MemoryTracker::global() {
 
 void MemoryTracker::on_allocate(MemCategory c, const std::string& name, size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
+  int i = static_cast<int>(c);
+  if (is_host_pool(c)) {
+    if (host_.budget != 0 && host_.current + bytes > host_.budget)
+      throw OutOfMemoryError("host_memory_budget exceeded: allocating " + format_bytes(bytes) + " for '" + name +
+                             "' on top of " + format_bytes(host_.current) + " in the host pool exceeds the budget of " +
+                             format_bytes(host_.budget));
+    current_[i] += bytes;
+    peak_[i] = std::max(peak_[i], current_[i]);
+    host_.current += bytes;
+    host_.peak = std::max(host_.peak, host_.current);
+    return;
+  }
   if (budget_ != 0 && current_total_ + bytes > budget_) {
     throw OutOfMemoryError("device_memory_budget exceeded: allocating " + format_bytes(bytes) +
                            " for '" + name + "' (" + mem_category_name(c) + ") on top of " +
@@ -42,7 +56,6 @@ void MemoryTracker::on_allocate(MemCategory c, const std::string& name, size_t b
                            format_bytes(peak_total_) + ") exceeds the budget of " +
                            format_bytes(budget_));
   }
-  int i = static_cast<int>(c);
   current_[i] += bytes;
   if (current_[i] > peak_[i]) peak_[i] = current_[i];
   current_total_ += bytes;
@@ -52,7 +65,12 @@ void MemoryTracker::on_allocate(MemCategory c, const std::string& name, size_t b
 void MemoryTracker::on_release(MemCategory c, size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   current_[static_cast<int>(c)] -= bytes;
-  current_total_ -= bytes;
+  (is_host_pool(c) ? host_.current : current_total_) -= bytes;
+}
+
+void MemoryTracker::set_host_budget(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  host_.budget = bytes;
 }
 
 void MemoryTracker::set_budget(size_t bytes) {
@@ -64,6 +82,7 @@ void MemoryTracker::reset_peaks() {
   std::lock_guard<std::mutex> lock(mu_);
   peak_ = current_;
   peak_total_ = current_total_;
+  host_.peak = host_.current;
 }
 
 std::string MemoryTracker::report() const {
@@ -74,6 +93,7 @@ std::string MemoryTracker::report() const {
            format_bytes(current_[i]) + " (peak " + format_bytes(peak_[i]) + ")\n";
   }
   out += "total " + format_bytes(current_total_) + " (peak " + format_bytes(peak_total_) + ")\n";
+  out += "host pool " + format_bytes(host_.current) + " (peak " + format_bytes(host_.peak) + ")\n";
   return out;
 }
 

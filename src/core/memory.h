@@ -3,6 +3,12 @@
 // process-wide MemoryTracker under a category, so that runs report current and
 // peak bytes per category and an optional budget (device_memory_budget) is
 // enforced at the allocation that would breach it.
+//
+// Two pools: device (every category but host_offload; device_memory_budget)
+// and host (host_offload: saved activations offloaded to the host tier,
+// src/model/offload.h; host_memory_budget). On this CPU backend both are
+// RAM; the host pool is the seam where a GPU backend puts pinned host memory
+// filled by asynchronous device-to-host copies.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -11,25 +17,32 @@
 
 namespace longctx {
 
-enum class MemCategory { parameters, gradients, optimizer, activations, communication, scratch };
-constexpr int kNumMemCategories = 6;
+enum class MemCategory { parameters, gradients, optimizer, activations, communication, scratch, host_offload };
+constexpr int kNumMemCategories = 7;
 const char* mem_category_name(MemCategory c);
+// host_offload is the host pool; all others are device memory.
+inline bool is_host_pool(MemCategory c) { return c == MemCategory::host_offload; }
 
 class MemoryTracker {
  public:
   static MemoryTracker& global();
 
   // Records an allocation; throws OutOfMemoryError naming `name`, the request,
-  // the peak and the budget when the budget would be exceeded.
+  // the peak and the budget when its pool's budget would be exceeded.
   void on_allocate(MemCategory c, const std::string& name, size_t bytes);
   void on_release(MemCategory c, size_t bytes);
 
-  void set_budget(size_t bytes);  // 0 = unlimited
+  void set_budget(size_t bytes);  // device pool; 0 = unlimited
   size_t budget() const { return budget_; }
+  void set_host_budget(size_t bytes);  // host pool; 0 = unlimited
+  size_t host_budget() const { return host_.budget; }
   size_t current(MemCategory c) const { return current_[static_cast<int>(c)]; }
   size_t peak(MemCategory c) const { return peak_[static_cast<int>(c)]; }
+  // Device pool totals (every category but host_offload).
   size_t current_total() const { return current_total_; }
   size_t peak_total() const { return peak_total_; }
+  size_t host_current() const { return host_.current; }
+  size_t host_peak() const { return host_.peak; }
   // Restarts peak measurement from the current usage.
   void reset_peaks();
   // One line per category: "parameters 1.2 MiB (peak 1.2 MiB)".
@@ -39,6 +52,7 @@ class MemoryTracker {
   mutable std::mutex mu_;
   std::array<size_t, kNumMemCategories> current_{}, peak_{};
   size_t current_total_ = 0, peak_total_ = 0, budget_ = 0;
+  struct Pool { size_t current = 0, peak = 0, budget = 0; } host_;
 };
 
 // 64-byte aligned, zero-initialised, tracked, move-only storage.

@@ -124,7 +124,8 @@ struct EnumNames<RematPolicy> {
 };
 
 // The tensors a custom policy saves or recomputes, in MaxText's key names
-// (each key is `device` = save or `remat` = recompute).
+// (each key is `device` = save, `remat` = recompute, or `offload` = save
+// outside device memory, in the offload_target tier; src/model/offload.h).
 enum class SavePoint { decoder_layer_input, qkv_proj, context, out_proj, mlpwi, mlpwo };
 constexpr int kNumSavePoints = 6;
 template <>
@@ -140,6 +141,20 @@ struct EnumNames<SavePoint> {
 // output only feeds the next layer's input, which is always kept).
 using CustomSave = std::array<bool, kNumSavePoints>;
 constexpr CustomSave kDefaultCustomSave{true, false, false, false, false, false};
+// true = the saved tensor is offloaded (only for points that are saved), in
+// SavePoint order. mlpwo is never stored, so offloading it changes nothing.
+using CustomOffload = std::array<bool, kNumSavePoints>;
+
+// offload_target: where offloaded saved tensors live between a layer's
+// forward and its backward. host: a separately budgeted RAM pool
+// (host_memory_budget); disk: spill files in offload_dir.
+enum class OffloadTarget { host, disk };
+template <>
+struct EnumNames<OffloadTarget> {
+  static constexpr const char* what = "offload_target";
+  static constexpr std::array<std::pair<OffloadTarget, const char*>, 2> names{
+      {{OffloadTarget::host, "host"}, {OffloadTarget::disk, "disk"}}};
+};
 
 // What a layer keeps for backward besides its input. The model allocates its
 // activation buffers from it (src/model/llama.h activation_table) and the
@@ -149,8 +164,14 @@ struct SaveSet {
   bool context = false;   // attention output and its LSE   [N, H D / tp], [N, H / tp]
   bool out_proj = false;  // residual after attention, x2   [N, d]
   bool mlpwi = false;     // gate/up projection output      [N, 2 F / tp]
+  // Which saved tensors (decoder_layer_input = the residual stream x) leave
+  // device memory between forward and backward; custom policy only.
+  CustomOffload offload{};
+  bool offloaded(SavePoint p) const { return offload[static_cast<int>(p)]; }
 };
-// ConfigError when custom does not save decoder_layer_input.
-SaveSet save_set_for(RematPolicy policy, const CustomSave& custom = kDefaultCustomSave);
+// ConfigError when custom does not save decoder_layer_input. `offload` is
+// used by the custom policy only.
+SaveSet save_set_for(RematPolicy policy, const CustomSave& custom = kDefaultCustomSave,
+                     const CustomOffload& offload = {});
 
 }  // namespace longctx

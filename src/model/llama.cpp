@@ -12,6 +12,7 @@
 #include "core/timer.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
+#include "model/offload.h"
 #include "model/progress.h"
 
 namespace longctx {
@@ -65,7 +66,7 @@ struct Workspace {
 
   void* at(Activation a, int64_t layer = 0) const {
     const std::vector<Buffer>& v = bufs[static_cast<int>(a)];
-    return v[v.size() > 1 ? layer : 0].data();
+    return v[v.size() > 1 ? layer % v.size() : 0].data();  // offloaded: staging slot layer % slots
   }
   float* f32(Activation a, int64_t layer = 0) const {
     check_shape(dtype[static_cast<int>(a)] == DType::f32, "model: an fp32 buffer was expected");
@@ -102,6 +103,7 @@ struct LlamaModel::Impl {
 
   std::unique_ptr<CpAttention> attention;
   std::unique_ptr<Workspace> ws;
+  std::unique_ptr<ActivationOffload> offload;  // null: nothing offloaded
   size_t peak_bytes = 0;
   StepProfile profile;
   const Batch* batch = nullptr;  // the batch of the current call
@@ -193,7 +195,9 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
   m.rope = RopeParams{c.rope_theta, c.rope_llama3_scaling, c.rope_scaling_factor,
                       c.rope_low_freq_factor, c.rope_high_freq_factor,
                       c.rope_original_max_position};
-  m.save = save_set_for(options.remat, options.custom_save);
+  m.save = save_set_for(options.remat, options.custom_save, options.custom_offload);
+  if (std::find(m.save.offload.begin(), m.save.offload.end(), true) != m.save.offload.end())
+    m.offload = std::make_unique<ActivationOffload>(m.save, c.num_layers, options.offload_target, options.offload_dir);
   m.impl = options.impl;
   m.mask = options.mask;
   m.loss_chunk_rows = options.loss_chunk_rows;
@@ -606,6 +610,8 @@ std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig
   // consumers, the LSE, RoPE tables and the loss chunk's logits.
   const DType act = dtype, f32 = DType::f32;
   auto set = [&](Activation a, const char* name, int64_t elements, DType type, int64_t copies = 1) {
+    const int point = offload_save_point(a);
+    if (point >= 0 && kept.offload[point]) copies = std::min(copies, offload_staging_slots(a));
     table[static_cast<int>(a)] = {name, elements, copies, type};
   };
   set(Activation::x, "x (layer input)", Nr * d, act, L + 1);
@@ -657,6 +663,12 @@ static Workspace& workspace_for(LlamaModel::Impl& m, const LlamaConfig& c, int64
     }
   }
   w->loss_rows = table[static_cast<int>(Activation::loss_hidden)].elements / c.d_model;
+  for (int a = 0; a < kNumActivations && m.offload && training; ++a) {
+    if (!m.offload->offloads(static_cast<Activation>(a))) continue;
+    std::vector<void*> slots;
+    for (const Buffer& buf : w->bufs[a]) slots.push_back(buf.data());
+    m.offload->bind(static_cast<Activation>(a), table[a].name, std::move(slots), static_cast<size_t>(table[a].bytes()));
+  }
   m.ws = std::move(w);
   return *m.ws;
 }
@@ -699,9 +711,13 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
     rope_table(m.rope, m.D, b.positions, N, w.f32(Activation::rope_cos), w.f32(Activation::rope_sin));
     embedding_forward(b.tokens + s.r0, Nr, s.param(m.embed), m.V, s.x(0));
   });
+  // Offload (training only: evaluation keeps nothing for backward).
+  ActivationOffload* off = training ? m.offload.get() : nullptr;
   for (int64_t l = 0; l < m.L; ++l) {
     publish_step_position(StepPass::forward, l);
+    if (off) off->before_forward(l);
     s.forward_layer(l);
+    if (off) off->after_forward(l);
   }
 
   LossStats out;
@@ -722,8 +738,10 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
 
   for (int64_t l = m.L - 1; l >= 0; --l) {
     publish_step_position(StepPass::backward, l);
+    if (off) off->before_backward(l);
     s.backward_layer(l);
   }
+  if (off) off->finish();
   s.elementwise([&] {
     embedding_backward(b.tokens + s.r0, Nr, mat(w.f32(Activation::d_resid), Nr, m.d), s.grad(m.embed), m.V);
   });

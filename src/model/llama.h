@@ -43,6 +43,11 @@ struct ModelOptions {
   RematPolicy remat = RematPolicy::full;
   // Used only when remat == custom (core/vocabulary.h).
   CustomSave custom_save = kDefaultCustomSave;
+  // Used only when remat == custom: the saved tensors kept off the device
+  // between forward and backward, and where (src/model/offload.h).
+  CustomOffload custom_offload{};
+  OffloadTarget offload_target = OffloadTarget::host;
+  std::string offload_dir;  // disk spill files
   // Attention mask over global positions (causal, sliding window, chunked).
   // When a Batch carries segment ids, same_segment is AND-ed in.
   MaskSpec mask = MaskSpec::causal();
@@ -106,8 +111,9 @@ struct NamedTensor {
 // The activation buffers one forward/backward allocates for `tokens` local
 // tokens (B * S_local) of this tp rank: what the remat policy trades against
 // compute. The model allocates exactly these (each `copies` times, one per
-// layer when saved); the planner counts the same table. With sequence
-// parallelism the rows marked N_r are N / tp (this rank's tokens), else N.
+// layer when saved, a few staging slots when offloaded: src/model/offload.h);
+// the planner counts the same table. With sequence parallelism the rows
+// marked N_r are N / tp (this rank's tokens), else N.
 enum class Activation {
   x,            // residual stream, one per layer + 1       [N_r, d]
   qkv,          // q, k (after RoPE), v                      [N, (H+2G) D / tp]

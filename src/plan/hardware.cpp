@@ -91,6 +91,8 @@ const std::vector<Field>& fields() {
       {"latency", &H::latency, nullptr},
       {"inter_node_bandwidth", &H::inter_node_bandwidth, nullptr},
       {"inter_node_latency", &H::inter_node_latency, nullptr},
+      {"host_link_bandwidth", &H::host_link_bandwidth, nullptr},
+      {"disk_bandwidth", &H::disk_bandwidth, nullptr},
   };
   return f;
 }

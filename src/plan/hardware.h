@@ -58,6 +58,12 @@ struct HardwareProfile {
   double inter_node_bandwidth = 0;  // bytes/s per device across nodes (0: one node only)
   double inter_node_latency = 0;
 
+  // Offload tiers of saved activations (src/model/offload.h), bytes/s one
+  // way per device: device <-> host memory, and to/from the disk the spill
+  // files are on. 0 = unknown (the planner then counts no time for moves).
+  double host_link_bandwidth = 0;
+  double disk_bandwidth = 0;
+
   // Measured attention efficiency per head dim (cpu-local); the kernel's
   // rate depends on it. Empty = attention_efficiency for every head dim.
   std::map<int64_t, double> attention_efficiency_per_head_dim;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "core/offload_store.h"
 #include "core/timer.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
@@ -28,6 +30,36 @@ namespace {
 // ---- measuring the cpu-local profile ---------------------------------------------------
 
 // Streaming triad a = b + s c over arrays far larger than the caches: bytes/s.
+// Bytes per second one way through each offload tier, as the model uses it:
+// put then get of 8 blocks of 16 MiB through an OffloadStore. Not in the
+// quick profile train makes on the fly (it picks a strategy, and must not
+// take host_memory_budget for itself).
+struct OffloadRates {
+  double host = 0, disk = 0;
+  std::string what, dir;
+};
+OffloadRates measure_offload() {
+  const size_t block = size_t{16} << 20;
+  const int blocks = 8;
+  OffloadRates r;
+  r.what = "8 blocks of 16 MiB";
+  r.dir = (std::filesystem::temp_directory_path() / "longctx-measure-offload").string();
+  std::vector<char> data(block, 1), back(block);
+  auto rate = [&](OffloadTarget target) {
+    OffloadStore store(target, r.dir);
+    Timer t;
+    for (int i = 0; i < blocks; ++i) store.put(i, "measure", data.data(), block);
+    for (int i = 0; i < blocks; ++i) store.get(i, back.data());
+    store.wait_all();
+    return 2.0 * double(block) * blocks / t.seconds();
+  };
+  r.host = rate(OffloadTarget::host);
+  r.disk = rate(OffloadTarget::disk);
+  std::error_code ec;
+  std::filesystem::remove(r.dir, ec);
+  return r;
+}
+
 double measure_memory_bandwidth(bool quick) {
   const int64_t n = int64_t{quick ? 8 : 32} << 20;  // 3 x 32 or 3 x 128 MiB
   std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
@@ -349,6 +381,8 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
   LinkNumbers links{bw, 1e-6, bw, bw};
   if (P > 1) links = measure_links(world, quick);
 
+  const OffloadRates offload = quick ? OffloadRates{} : measure_offload();
+
   HardwareProfile h;
   h.name = "cpu-local";
   const int threads = omp_get_max_threads();
@@ -374,6 +408,8 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
   h.collective_bandwidth = links.collective_bandwidth;
   h.all_to_all_bandwidth = links.all_to_all_bandwidth;
   h.latency = links.latency;
+  h.host_link_bandwidth = offload.host;
+  h.disk_bandwidth = offload.disk;
   const std::string how = " (" + std::to_string(P) + " ranks x " + std::to_string(threads) + " threads)";
   const std::string n = std::to_string(gemm_n);
   h.sources = {
@@ -403,6 +439,10 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
        "measured: each kernel alone on random data (d=512, F=1536), each call moving " +
            std::string(quick ? "128" : "256") + " MiB (from memory, as in a step), bytes as the planner "
            "counts them (elementwise_kernels), per second" + how},
+      {"host_link_bandwidth", quick ? "not measured in the quick profile" : "measured: the host offload tier (src/core/offload_store.h, a memcpy into the host "
+                              "pool on its thread), bytes one way per second, put + get of " + offload.what + how},
+      {"disk_bandwidth", quick ? "not measured in the quick profile" : "measured: the disk offload tier, spill files with CRC-32 written and read back in " +
+                             offload.dir + " (the page cache included, as in a run), " + offload.what + how},
       {"p2p_bandwidth", P > 1 ? "measured: MPI ping-pong between ranks 0 and 1" : "placeholder (one rank)"},
       {"latency", P > 1 ? "measured: 8-byte MPI ping-pong, one way" : "placeholder (one rank)"},
       {"all_to_all_bandwidth", P > 1 ? "measured: MPI all-to-all, bytes sent to others per second per rank"
@@ -415,7 +455,8 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
 
 void require_memory_fits(const RunConfig& c, const Communicator& world) {
   const int64_t threads = c.num_threads > 0 ? c.num_threads : omp_get_max_threads();
-  const int64_t need = predicted_memory_bytes(c, threads);
+  int64_t host_pool = 0;  // on a CPU the host offload pool is this host's memory too
+  const int64_t need = predicted_memory_bytes(c, threads, &host_pool);
   // Ranks on this host share its memory: count them by host name.
   char host[256] = {};
   gethostname(host, sizeof host - 1);
@@ -428,8 +469,8 @@ void require_memory_fits(const RunConfig& c, const Communicator& world) {
   if (c.device_memory_budget > 0 && need > c.device_memory_budget)
     throw ConfigError("the run needs " + gib(need) + " per rank (predicted by the planner) but device_memory_budget is " +
                       gib(c.device_memory_budget) + ": see `longctx plan` for what fits");
-  if (host_memory > 0 && need > host_memory / local_ranks)
-    throw ConfigError("the run needs " + gib(need) + " per rank (predicted by the planner) but this host has " +
+  if (host_memory > 0 && need + host_pool > host_memory / local_ranks)
+    throw ConfigError("the run needs " + gib(need + host_pool) + " per rank (predicted by the planner) but this host has " +
                       gib(host_memory) + " for " + std::to_string(local_ranks) +
                       " rank(s): lower max_target_length or per_device_batch_size, raise ici_context_parallelism "
                       "or add hosts (`longctx plan` shows what fits)");

@@ -11,6 +11,7 @@
 #include "cp/cp_attention.h"
 #include "kernels/attention.h"
 #include "model/llama.h"
+#include "model/offload.h"
 #include "plan/mask_pairs.h"
 #include "train/optimizer.h"
 
@@ -43,6 +44,7 @@ struct Shape {
   MaskSpec mask;
   LayoutKind layout;
   SaveSet save;
+  OffloadTarget offload_target;
   LlamaConfig model;
   int64_t params_local;  // fp32 parameters on this device
   // shard_optimizer_over_data (ZeRO-1) over the dp x cp replicas: the piece
@@ -111,6 +113,7 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.mask = c.mask();
   s.layout = c.layout();
   s.save = c.save_set();
+  s.offload_target = c.offload_target;
   s.params_local = parameters_per_tp_rank(m, c.tp);
   s.segments = c.packing;
   const int64_t replicas = s.dp * s.cp;
@@ -151,6 +154,12 @@ void add_memory(StrategyPlan& p, const char* category, const std::string& name, 
   if (bytes > 0) p.memory.push_back({category, name, bytes});
 }
 
+// Items of activation a the offload tier holds per step (0: not offloaded).
+int64_t offloaded_items(const Shape& s, Activation a) {
+  const int point = offload_save_point(a);
+  return point >= 0 && s.save.offload[point] ? offload_stored_items(a, s.L) : 0;
+}
+
 void plan_memory(const Shape& s, StrategyPlan& p) {
   const int64_t P = s.params_local;
   add_memory(p, "parameters", "model parameters (fp32)", P * 4);
@@ -178,6 +187,37 @@ void plan_memory(const Shape& s, StrategyPlan& p) {
     add_memory(p, "communication", "attention workspace (peak of one call): " + ws.what, ws.bytes);
 
   for (const MemoryLine& m : p.memory) p.memory_total += m.bytes;
+
+  p.offload_target = s.offload_target;
+  const auto table = activation_table(s.model, s.tp, s.save, s.N, true, 0, s.dtype, s.sp);
+  for (int i = 0; i < kNumActivations; ++i) {
+    const int64_t items = offloaded_items(s, static_cast<Activation>(i));
+    if (items == 0) continue;
+    p.offload_memory.push_back({name_of(s.offload_target), std::string(table[i].name) + " x" + str(items),
+                                items * table[i].bytes()});
+    p.offload_bytes += items * table[i].bytes();
+  }
+  p.offload_moved_bytes = 2 * p.offload_bytes;  // each item written once and read once
+}
+
+// Offload moves (src/model/offload.h): item l of each offloaded tensor is
+// written while layer l + 1 runs forward and read while layer l + 1 runs
+// backward, so each layer's moves hide behind one layer's forward (taken as
+// 1/3 of its compute) or backward (2/3); the rest is exposed. On a CPU the
+// mover shares memory bandwidth with compute, which this does not count.
+void plan_offload_time(const Shape& s, const HardwareProfile& hw, StrategyPlan& p) {
+  p.offload_bandwidth = s.offload_target == OffloadTarget::host ? hw.host_link_bandwidth : hw.disk_bandwidth;
+  if (p.offload_bytes == 0 || p.offload_bandwidth <= 0) return;
+  const auto table = activation_table(s.model, s.tp, s.save, s.N, true, 0, s.dtype, s.sp);
+  const double layer_seconds = p.compute_seconds / double(s.L);
+  for (int64_t l = 0; l < s.L; ++l) {
+    int64_t bytes = 0;  // of layer l's items
+    for (int i = 0; i < kNumActivations; ++i)
+      if (l < offloaded_items(s, static_cast<Activation>(i))) bytes += table[i].bytes();
+    const double move = double(bytes) / p.offload_bandwidth;
+    p.offload_seconds += 2 * move;
+    p.offload_hidden_seconds += std::min(move, layer_seconds / 3) + std::min(move, 2 * layer_seconds / 3);
+  }
 }
 
 // ---- FLOPs, pair and tile counts ------------------------------------------------------
@@ -419,7 +459,8 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   p.hidden_comm_seconds = hidden;
   for (CommLine& c : p.comm)
     if (c.axis == "ring" && ring_comm_total > 0) c.hidden_seconds = c.seconds * hidden / ring_comm_total;
-  p.step_seconds = p.compute_seconds + p.comm_seconds - hidden;
+  plan_offload_time(s, hw, p);
+  p.step_seconds = p.compute_seconds + p.comm_seconds - hidden + p.offload_seconds - p.offload_hidden_seconds;
   p.tokens_per_second = tokens / p.step_seconds;
   p.mfu = p.model_flops / p.step_seconds / peak;
 }
@@ -653,7 +694,7 @@ std::vector<int64_t> cp_sizes(const RunConfig& c, int64_t devices) {
 
 }  // namespace
 
-int64_t predicted_memory_bytes(const RunConfig& c, int64_t threads) {
+int64_t predicted_memory_bytes(const RunConfig& c, int64_t threads, int64_t* host_offload_bytes) {
   // Sizes the engine could not even count in 64 bits are refused first (in
   // double precision): the residual streams alone of one rank's tokens.
   const double tokens = double(c.per_device_batch_size) * double(c.max_target_length) / double(c.cp);
@@ -664,6 +705,7 @@ int64_t predicted_memory_bytes(const RunConfig& c, int64_t threads) {
                       "): lower max_target_length or per_device_batch_size, or raise ici_context_parallelism");
   StrategyPlan p;
   plan_memory(make_shape(c, c.dp * c.cp * c.tp, threads), p);
+  if (host_offload_bytes) *host_offload_bytes = p.offload_target == OffloadTarget::host ? p.offload_bytes : 0;
   return p.memory_total;
 }
 

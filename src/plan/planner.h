@@ -58,6 +58,20 @@ struct StrategyPlan {
   std::vector<CommLine> comm;
   int64_t comm_bytes_sent = 0;
 
+  // Saved activations offloaded (remat_policy custom, a point set to
+  // `offload`; src/model/offload.h): what the offload_target tier holds (not
+  // in memory_total, which is device memory), the bytes moved per step
+  // (written after a layer's forward, read before its backward), their time
+  // at the tier's bandwidth (0 when the profile has none) and how much of it
+  // hides behind the compute of the layer it overlaps.
+  OffloadTarget offload_target = OffloadTarget::host;
+  std::vector<MemoryLine> offload_memory;  // category "host" or "disk"
+  int64_t offload_bytes = 0;
+  int64_t offload_moved_bytes = 0;
+  double offload_bandwidth = 0;  // bytes/s of the tier (hw host_link_bandwidth or disk_bandwidth)
+  double offload_seconds = 0;
+  double offload_hidden_seconds = 0;
+
   // Per device per step.
   double model_flops = 0;     // 6 N tokens + attention (what MFU counts)
   double hardware_flops = 0;  // model_flops + rematerialisation
@@ -70,7 +84,7 @@ struct StrategyPlan {
   double elementwise_seconds = 0;   // norms, RoPE, SwiGLU, residuals, cross-entropy, optimizer step
   double comm_seconds = 0;          // all transfers
   double hidden_comm_seconds = 0;   // overlapped with compute
-  double step_seconds = 0;          // compute + exposed communication
+  double step_seconds = 0;          // compute + exposed communication and offload moves
   double tokens_per_second = 0;     // per device
   double mfu = 0;                   // model_flops / step_seconds / peak
 
@@ -127,8 +141,10 @@ std::vector<CommLine> attention_call_comm(const RunConfig& config, bool backward
 
 // Peak bytes per device that exactly this (validated) run allocates: the
 // memory plan_strategy reports, which needs no hardware profile. `threads`:
-// kernel threads per rank (per-thread attention scratch).
-int64_t predicted_memory_bytes(const RunConfig& config, int64_t threads);
+// kernel threads per rank (per-thread attention scratch). host_offload_bytes
+// (optional): the host offload pool's bytes (offload_target host), which are
+// not device memory.
+int64_t predicted_memory_bytes(const RunConfig& config, int64_t threads, int64_t* host_offload_bytes = nullptr);
 
 // The recommended configuration: the smallest cp that fits (searched only
 // when ici_data_parallelism is -1, i.e. the mesh is not pinned), the fastest

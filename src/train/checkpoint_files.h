@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/crc32.h"  // crc32, used by the manifest
 #include "core/error.h"
 
 namespace longctx {
@@ -21,8 +22,6 @@ struct TrainState {
   int64_t data_cursor = 0;    // sequences consumed (global)
   int64_t init_weights_seed = 0;  // the only RNG state: init and synthetic data are pure functions of it
 };
-
-uint32_t crc32(const void* data, size_t bytes, uint32_t crc = 0);
 
 struct HostTensor {
   std::vector<int64_t> shape;

@@ -77,6 +77,9 @@ ModelOptions model_options_from_config(const RunConfig& c, const Mesh& mesh) {
   ModelOptions o;
   o.remat = c.remat_policy;
   o.custom_save = c.remat_custom_save;
+  o.custom_offload = c.remat_custom_offload;
+  o.offload_target = c.offload_target;
+  o.offload_dir = c.offload_dir;
   o.mask = c.mask();
   o.cp_strategy = c.strategy();
   o.mesh = &mesh;
@@ -90,6 +93,7 @@ void apply_system_settings(const RunConfig& c) {
   if (c.num_threads > 0) omp_set_num_threads(static_cast<int>(c.num_threads));
   set_gemm_thread_count_independent(c.deterministic_across_thread_counts);
   MemoryTracker::global().set_budget(static_cast<size_t>(c.device_memory_budget));
+  MemoryTracker::global().set_host_budget(static_cast<size_t>(c.host_memory_budget));
   set_collective_timeout_seconds(static_cast<double>(c.collective_timeout_seconds));
 }
 
