@@ -39,14 +39,14 @@ int run_eval(const Args& args) {
   if (json_path.has_parent_path()) fs::create_directories(json_path.parent_path());
   std::ofstream(json_path) << eval_json(r, config);
   if (!fs::exists(json_path)) throw ConfigError("eval_output '" + json_path.string() + "' cannot be written");
-  std::printf("eval: %s on %lld sequences from #%lld of %s %s (S=%lld, %s, cp=%lld, tp=%lld, dp=%lld)\n%s",
+  std::printf("eval: %s on %lld sequences from #%lld of %s %s (S=%lld, %s, cp=%lld, tp=%lld, dp=%lld, fsdp=%lld)\n%s",
               r.weights.c_str(), static_cast<long long>(r.sequences), static_cast<long long>(r.first_sequence),
               name_of(config.dataset_type),
               config.dataset_type == DatasetType::synthetic ? "data"
               : config.eval_dataset_path.empty()            ? config.dataset_path.c_str()
                                                             : config.eval_dataset_path.c_str(),
               static_cast<long long>(config.max_target_length), name_of(config.strategy()),
-              static_cast<long long>(config.cp), static_cast<long long>(config.tp), static_cast<long long>(config.dp),
+              static_cast<long long>(config.cp), static_cast<long long>(config.tp), static_cast<long long>(config.dp), static_cast<long long>(config.fsdp),
               eval_table(r).c_str());
   // The plot: best effort (matplotlib may be missing); the JSON is the result.
   const fs::path png = fs::path(json_path).replace_extension(".png");

@@ -1,21 +1,32 @@
 #pragma once
-// The device mesh: world = dp x cp x tp, with cp = ulysses x ring.
+// The device mesh: world = dp x fsdp x cp x tp, with cp = ulysses x ring.
 //
-// Rank order (world rank), tp fastest, then ulysses, then ring, then dp:
-//   world_rank = ((dp_rank * ring + ring_rank) * ulysses + ulysses_rank) * tp + tp_rank
+// Rank order (world rank), tp fastest, then ulysses, then ring, then fsdp, then dp:
+//   world_rank = (((dp_rank * fsdp + fsdp_rank) * ring + ring_rank) * ulysses + ulysses_rank) * tp + tp_rank
 //   cp_rank    = ring_rank * ulysses + ulysses_rank
 // so tensor-parallel peers are neighbours (cheapest links), and the ulysses
 // ranks of one ring position are adjacent.
 //
+// dp and fsdp both split the batch (data_rank = dp_rank * fsdp + fsdp_rank);
+// they differ in what the ranks hold. FSDP ranks hold 1/fsdp of every
+// parameter, its gradient and AdamW moments (src/model/sharded_parameters.h);
+// with fsdp_over_context the cp ranks, which hold the same weights and see
+// other tokens of the same sequences, shard them too: the shard group is then
+// fsdp x cp. dp ranks hold full replicas of their shard.
+//
 // Sub-communicators (each rank is in exactly one of each kind):
-//   dp()        same (cp_rank, tp_rank), varying dp_rank          size dp
-//   cp()        same (dp_rank, tp_rank), varying cp_rank          size cp  (rank = cp_rank)
-//   ulysses()   same (dp, ring, tp), varying ulysses_rank         size ulysses
-//   ring()      same (dp, ulysses, tp), varying ring_rank         size ring
-//   tp()        same (dp, cp), varying tp_rank                    size tp
-//   replicas()  same tp_rank: every rank holding the same parameter
-//               shard (dp x cp); gradients are all-reduced here     size dp*cp
-//               (reduce-scattered with shard_optimizer_over_data)
+//   dp()        same (fsdp, cp, tp), varying dp_rank              size dp
+//   cp()        same (dp, fsdp, tp), varying cp_rank              size cp  (rank = cp_rank)
+//   ulysses()   same (dp, fsdp, ring, tp), varying ulysses_rank   size ulysses
+//   ring()      same (dp, fsdp, ulysses, tp), varying ring_rank   size ring
+//   tp()        same (dp, fsdp, cp), varying tp_rank              size tp
+//   shards()    the parameter shard group: same (dp, tp), varying fsdp_rank
+//               (and cp_rank with fsdp_over_context)              size fsdp (x cp)
+//   replicas()  ranks holding the same parameter shard: same tp rank and
+//               shard; gradients are all-reduced here (reduce-scattered
+//               with shard_optimizer_over_data)                   size dp (x cp without fsdp_over_context)
+//   data()      same tp_rank: every rank of another slice of the batch; loss
+//               sums are reduced here                             size dp*fsdp*cp
 //
 // Strategies all_gather, ulysses and ring use cp() as one group; usp uses
 // ulysses() for its all-to-all and ring() for its ring.
@@ -26,6 +37,7 @@
 // all: one-rank runs and unit tests take the same code path as many ranks.
 // The Mesh must outlive every object (e.g. a CpAttention) that uses its
 // communicators.
+#include <array>
 #include <string>
 
 #include "comm/communicator.h"
@@ -37,13 +49,16 @@ struct MeshShape {
   int cp = 1;       // ici_context_parallelism
   int ulysses = 1;  // ici_context_usp_ulysses_parallelism; must divide cp
   int tp = 1;       // ici_tensor_parallelism
+  int fsdp = 1;     // ici_fsdp_parallelism
+  bool fsdp_over_context = false;  // the cp ranks shard the parameters too
   int ring() const { return ulysses > 0 ? cp / ulysses : 0; }
-  int world() const { return dp * cp * tp; }
-  std::string to_string() const;  // "dp=1 cp=4 (ulysses=2 x ring=2) tp=1"
+  int world() const { return dp * fsdp * cp * tp; }
+  int shard_group() const { return fsdp * (fsdp_over_context ? cp : 1); }
+  std::string to_string() const;  // "dp=1 fsdp=2 cp=4 (ulysses=2 x ring=2) tp=1"
 };
 
 // Throws ConfigError naming the sizes when an axis is < 1, ulysses does not
-// divide cp, or dp * cp * tp != world_size.
+// divide cp, or dp * fsdp * cp * tp != world_size.
 void validate_mesh(const MeshShape& shape, int world_size);
 
 class Mesh {
@@ -59,6 +74,9 @@ class Mesh {
   const MeshShape& shape() const { return shape_; }
   int world_rank() const { return world_.rank(); }
   int dp_rank() const { return dp_rank_; }
+  int fsdp_rank() const { return fsdp_rank_; }
+  // Which slice of the global batch this rank reads (dp * fsdp slices).
+  int data_rank() const { return dp_rank_ * shape_.fsdp + fsdp_rank_; }
   int cp_rank() const { return cp_rank_; }
   int ulysses_rank() const { return ulysses_rank_; }
   int ring_rank() const { return ring_rank_; }
@@ -70,7 +88,9 @@ class Mesh {
   const Communicator& ulysses() const { return ulysses_; }
   const Communicator& ring() const { return ring_; }
   const Communicator& tp() const { return tp_; }
+  const Communicator& shards() const { return shards_; }
   const Communicator& replicas() const { return replicas_; }
+  const Communicator& data() const { return data_; }
 
   // Sum of the counters of every sub-communicator above (world included).
   CommCounters total_counters() const;
@@ -79,8 +99,9 @@ class Mesh {
  private:
   MeshShape shape_;
   // In this order: each is computed from the ones before it.
-  int tp_rank_ = 0, ulysses_rank_ = 0, ring_rank_ = 0, dp_rank_ = 0, cp_rank_ = 0;
-  Communicator world_, dp_, cp_, ulysses_, ring_, tp_, replicas_;
+  int tp_rank_ = 0, ulysses_rank_ = 0, ring_rank_ = 0, fsdp_rank_ = 0, dp_rank_ = 0, cp_rank_ = 0;
+  Communicator world_, dp_, cp_, ulysses_, ring_, tp_, shards_, replicas_, data_;
+  std::array<const Communicator*, 9> all() const;
 };
 
 }  // namespace longctx

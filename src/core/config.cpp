@@ -135,7 +135,9 @@ const std::vector<ConfigKey>& config_keys() {
       {"chunk_attn_window_size", I(0), "chunked: causal attention within blocks of this size", F(chunk_attn_window_size)},
       {"attention_kernel", S("fast"), "fast|reference (float64, for tests)", ENUM(attention_kernel)},
       // parallelism
-      {"ici_data_parallelism", I(1), "dp; -1 = world size / (cp * tp)", F(dp)},
+      {"ici_data_parallelism", I(1), "dp; -1 = world size / (fsdp * cp * tp)", F(dp)},
+      {"ici_fsdp_parallelism", I(1), "fsdp: data-parallel ranks that shard parameters, gradients, moments; -1 = fill", F(fsdp)},
+      {"fsdp_over_context", false, "the cp ranks shard parameters, gradients and moments too (FSDP group fsdp x cp)", F(fsdp_over_context)},
       {"ici_context_parallelism", I(1), "cp: ranks that split each sequence", F(cp)},
       {"ici_context_usp_ulysses_parallelism", I(1), "usp: all-to-all factor of cp", F(cp_ulysses)},
       {"ici_tensor_parallelism", I(1), "tp (Megatron)", F(tp)},
@@ -148,7 +150,7 @@ const std::vector<ConfigKey>& config_keys() {
       {"document_separator", S(""), "text: split files at this string; empty = one document per file", F(document_separator)},
       {"packing", true, "pack documents with segment ids (document mask) or concatenate", F(packing)},
       {"max_target_length", I(1024), "tokens per sequence", F(max_target_length)},
-      {"per_device_batch_size", I(1), "sequences per dp replica per step", F(per_device_batch_size)},
+      {"per_device_batch_size", I(1), "sequences per data rank (dp x fsdp) per step", F(per_device_batch_size)},
       // optimisation
       {"steps", I(20), "optimizer steps", F(steps)},
       {"learning_rate", 3e-4, "peak learning rate", F(learning_rate)},
@@ -627,19 +629,24 @@ void validate_config(RunConfig& c, int64_t world) {
   require(c.cp >= 1, "ici_context_parallelism must be >= 1 (got " + str(c.cp) + ")");
   require(c.tp >= 1, "ici_tensor_parallelism must be >= 1 (got " + str(c.tp) + ")");
   require(c.dp >= 1 || c.dp == -1, "ici_data_parallelism must be >= 1 or -1 (fill), got " + str(c.dp));
+  require(c.fsdp >= 1 || c.fsdp == -1, "ici_fsdp_parallelism must be >= 1 or -1 (fill), got " + str(c.fsdp));
+  require(c.dp != -1 || c.fsdp != -1, "only one of ici_data_parallelism and ici_fsdp_parallelism may be -1 (fill)");
   // Products of config sizes are checked: 4611686018427387904 * 4 wrapped to 0.
   const int64_t cp_tp = checked_mul(c.cp, c.tp, "ici_context_parallelism * ici_tensor_parallelism");
-  if (c.dp == -1) {
-    require(world % cp_tp == 0,
-            "ici_data_parallelism=-1 needs the world size (" + str(world) +
-                ") divisible by ici_context_parallelism * ici_tensor_parallelism (" + str(cp_tp) + ")");
-    c.dp = world / cp_tp;
+  if (c.dp == -1 || c.fsdp == -1) {
+    const int64_t other = c.dp == -1 ? c.fsdp : c.dp;
+    const char* fill = c.dp == -1 ? "ici_data_parallelism" : "ici_fsdp_parallelism";
+    const int64_t rest = checked_mul(other, cp_tp, "the mesh axes");
+    require(world % rest == 0, std::string(fill) + "=-1 needs the world size (" + str(world) +
+                                   ") divisible by the product of the other axes (" + str(rest) + ")");
+    (c.dp == -1 ? c.dp : c.fsdp) = world / rest;
   }
-  const int64_t mesh = checked_mul(c.dp, cp_tp, "ici_data_parallelism * ici_context_parallelism * ici_tensor_parallelism");
-  require(mesh == world,
-          "ici_data_parallelism * ici_context_parallelism * ici_tensor_parallelism = " + str(c.dp) + " * " +
-              str(c.cp) + " * " + str(c.tp) + " = " + str(mesh) +
-              " must equal the number of ranks (" + str(world) + ")");
+  const int64_t mesh = checked_mul(checked_mul(c.dp, c.fsdp, "ici_data_parallelism * ici_fsdp_parallelism"), cp_tp,
+                                   "ici_data_parallelism * ici_fsdp_parallelism * ici_context_parallelism * "
+                                   "ici_tensor_parallelism");
+  require(mesh == world, "ici_data_parallelism * ici_fsdp_parallelism * ici_context_parallelism * "
+                         "ici_tensor_parallelism = " + str(c.dp) + " * " + str(c.fsdp) + " * " + str(c.cp) + " * " +
+                             str(c.tp) + " = " + str(mesh) + " must equal the number of ranks (" + str(world) + ")");
 
   // ---- strategy
   require(c.cp_strategy.has_value(), "context_parallel_strategy=auto must be resolved by the planner before validation");
@@ -744,11 +751,12 @@ void validate_config(RunConfig& c, int64_t world) {
   require(c.eval_steps >= 1, "eval_steps must be >= 1 (got " + str(c.eval_steps) + ")");
   require(c.eval_first_bucket >= 1, "eval_first_bucket must be >= 1 (got " + str(c.eval_first_bucket) + ")");
   if (c.shard_optimizer_over_data) {
-    // Each of the dp x cp replicas owns a contiguous piece of at least one element.
-    const int64_t tp_params = parameters_per_tp_rank(m, c.tp);
-    require(tp_params >= c.dp * c.cp,  // <= the world size: no overflow
-            "shard_optimizer_over_data needs at least one parameter per replica (dp * cp = " + str(c.dp * c.cp) +
-                ", parameters per tp rank = " + str(tp_params) + ")");
+    // Each replica of the parameter shard owns a contiguous piece of at least one element.
+    const int64_t group = c.shard_group(), replicas = c.dp * (c.fsdp_over_context ? 1 : c.cp);
+    const int64_t shard = parameter_shard_elements(m, c.tp, group);
+    require(shard >= replicas,  // <= the world size: no overflow
+            "shard_optimizer_over_data needs at least one parameter per replica (replicas = " + str(replicas) +
+                ", parameters per shard = " + str(shard) + ")");
   }
 
   // ---- run and system

@@ -88,8 +88,14 @@ struct RunConfig {
   int64_t chunk_attn_window_size = 0; // chunk_attn_window_size (chunked)
   KernelImpl attention_kernel = KernelImpl::fast;  // attention_kernel
 
-  // ---- parallelism (dp x cp x tp == world size; cp = ulysses x ring)
+  // ---- parallelism (dp x fsdp x cp x tp == world size; cp = ulysses x ring)
   int64_t dp = 1;                     // ici_data_parallelism (-1 in the file = fill the rest)
+  // ici_fsdp_parallelism (-1 = fill; only one of dp and fsdp): more data
+  // ranks (the batch is split over dp x fsdp) that shard the parameters,
+  // gradients and AdamW moments among themselves (src/model/sharded_parameters.h).
+  int64_t fsdp = 1;
+  // fsdp_over_context: the cp ranks shard them too (shard group fsdp x cp).
+  bool fsdp_over_context = false;
   int64_t cp = 1;                     // ici_context_parallelism
   int64_t cp_ulysses = 1;             // ici_context_usp_ulysses_parallelism (usp only; 1 otherwise)
   int64_t tp = 1;                     // ici_tensor_parallelism
@@ -107,7 +113,7 @@ struct RunConfig {
   std::string document_separator;     // document_separator ("" = one document per file)
   bool packing = true;                // packing
   int64_t max_target_length = 0;      // max_target_length (tokens per sequence)
-  int64_t per_device_batch_size = 1;  // per_device_batch_size (sequences per dp replica per step)
+  int64_t per_device_batch_size = 1;  // per_device_batch_size (sequences per data rank, dp x fsdp, per step)
 
   // ---- optimisation
   int64_t steps = 0;                  // steps
@@ -140,6 +146,10 @@ struct RunConfig {
   // The ring factor of cp (the mesh's ring axis, src/comm/mesh.h): cp for
   // all_gather/ring/ulysses (their group is all of cp), cp / ulysses for usp.
   int64_t ring() const { return cp / cp_ulysses; }
+  // Ranks that read different sequences of a global batch.
+  int64_t data_parallelism() const { return dp * fsdp; }
+  // Ranks among which each parameter is sharded (1: replicated).
+  int64_t shard_group() const { return fsdp * (fsdp_over_context ? cp : 1); }
   // The resolved strategy (ConfigError while it is still "auto").
   CpStrategy strategy() const;
   // The ulysses (all-to-all) degree of the strategy: cp for ulysses, the

@@ -50,6 +50,38 @@ int64_t parameters_per_tp_rank(const LlamaConfig& c, int64_t tp) {
                      "the parameter count");
 }
 
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+std::vector<ParameterUnit> parameter_units(const LlamaConfig& c, int64_t tp, int64_t shards) {
+  const std::vector<ParameterSpec> specs = parameter_table(c);
+  std::vector<ParameterUnit> units;
+  auto add = [&](int first, int count) {
+    ParameterUnit u;
+    u.first_param = first;
+    u.num_params = count;
+    u.begin = units.empty() ? 0 : units.back().begin + units.back().elements;
+    for (int i = first; i < first + count; ++i) u.elements += specs[static_cast<size_t>(i)].local_elements(tp);
+    u.block = ceil_div(u.elements, shards);
+    u.shard_begin = units.empty() ? 0 : units.back().shard_begin + units.back().block;
+    units.push_back(u);
+  };
+  constexpr int kPerLayer = 9;  // parameter_table: norm, q, k, v, o, norm, gate, up, down
+  add(0, 1);                    // the embedding
+  for (int64_t l = 0; l < c.num_layers; ++l) add(1 + static_cast<int>(l) * kPerLayer, kPerLayer);
+  add(1 + static_cast<int>(c.num_layers) * kPerLayer, c.tie_embeddings ? 1 : 2);
+  return units;
+}
+
+int64_t parameter_shard_elements(const LlamaConfig& c, int64_t tp, int64_t shards) {
+  LlamaConfig one = c;
+  one.num_layers = 1;
+  const std::vector<ParameterUnit> u = parameter_units(one, tp, shards);
+  return checked_add(u[0].block + u[2].block, checked_mul(u[1].block, c.num_layers, "the shard's layer elements"),
+                     "the shard's elements");
+}
+
 int64_t LlamaConfig::num_parameters() const { return parameters_per_tp_rank(*this, 1); }
 
 }  // namespace longctx

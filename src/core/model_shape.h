@@ -52,7 +52,24 @@ struct ParameterSpec {
 // and up (adjacent), down; the final norm; the LM head unless tied.
 std::vector<ParameterSpec> parameter_table(const LlamaConfig& config);
 
-// Parameters one tp rank holds: the length of the model's flat buffers.
+// Parameters one tp rank holds: the length of the model's flat vector.
 int64_t parameters_per_tp_rank(const LlamaConfig& config, int64_t tp);
+
+// FSDP's units: what is gathered at once. The tp rank's flat vector (table
+// order) is cut into the embedding, each layer, and the head (the final norm,
+// plus the LM head unless tied). Over a shard group of R ranks each unit is
+// cut into R blocks of ceil(elements / R) (the last one zero-padded), and
+// rank r keeps block r of every unit, in unit order: its shard. R = 1 gives
+// the flat vector itself (block = elements).
+struct ParameterUnit {
+  int first_param = 0, num_params = 0;  // in parameter_table order
+  int64_t begin = 0, elements = 0;      // in the tp rank's flat vector
+  int64_t block = 0;                    // ceil(elements / R): one rank's part
+  int64_t shard_begin = 0;              // where this rank's block starts in its shard
+};
+std::vector<ParameterUnit> parameter_units(const LlamaConfig& config, int64_t tp, int64_t shards);
+// Elements of one rank's shard: the sum of the units' blocks (without
+// enumerating the layers, like parameters_per_tp_rank).
+int64_t parameter_shard_elements(const LlamaConfig& config, int64_t tp, int64_t shards);
 
 }  // namespace longctx

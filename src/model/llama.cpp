@@ -13,6 +13,7 @@
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "model/offload.h"
+#include "model/sharded_parameters.h"
 #include "model/progress.h"
 
 namespace longctx {
@@ -94,9 +95,7 @@ struct LlamaModel::Impl {
   DType dtype;  // activations and GEMM operands
   bool seq_parallel = false;  // residual stream sharded over tp along the tokens (llama.h)
 
-  Buffer param_buf, grad_buf;  // flat, [total]
-  Buffer compute_weights;      // bf16 copy of param_buf (dtype bf16 only), same offsets
-  int64_t total = 0;
+  std::unique_ptr<ShardedParameters> store;  // parameters, gradients, FSDP gathers
   struct LayerIdx { int attn_norm, q, o, mlp_norm, gate, down; };
   std::vector<LayerIdx> layer;  // indices into params_/grads_ (k, v follow q; up follows gate)
   int embed = -1, final_norm = -1, lm_head = -1;
@@ -226,11 +225,8 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
   m.embed = index_of("model.embed_tokens.weight");
   m.final_norm = index_of("model.norm.weight");
   m.lm_head = c.tie_embeddings ? m.embed : index_of("lm_head.weight");
-  m.total = parameters_per_tp_rank(c, tp);
-  m.param_buf = Buffer(MemCategory::parameters, "model parameters", m.total * 4);
-  m.grad_buf = Buffer(MemCategory::gradients, "model gradients", m.total * 4);
-  if (const int64_t bytes = compute_weight_copy_bytes(m.total, m.dtype))
-    m.compute_weights = Buffer(MemCategory::parameters, "bf16 compute copy of the parameters", bytes);
+  m.store = std::make_unique<ShardedParameters>(c, tp, m.mesh->shards(), m.dtype);
+  const bool whole = m.store->shards() == 1;  // views into the flat vector exist only unsharded
   int64_t offset = 0;
   for (const ParameterSpec& s : specs) {
     const auto [r, k] = s.local_shape(tp);
@@ -241,9 +237,10 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
     p.split_offset = s.split == TpSplit::dim0   ? m.tp_rank * r
                      : s.split == TpSplit::dim1 ? m.tp_rank * k
                                                 : 0;
+    p.offset = offset;
     NamedTensor g = p;
-    float* pp = m.param_buf.as<float>() + offset;
-    float* gp = m.grad_buf.as<float>() + offset;
+    float* pp = whole ? m.store->params().data() + offset : nullptr;
+    float* gp = whole ? m.store->grads().data() + offset : nullptr;
     p.local = k == 0 ? TensorView(pp, DType::f32, {r}) : TensorView(pp, DType::f32, {r, k});
     g.local = k == 0 ? TensorView(gp, DType::f32, {r}) : TensorView(gp, DType::f32, {r, k});
     params_.push_back(p);
@@ -255,34 +252,47 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
 
 LlamaModel::~LlamaModel() = default;
 
-std::span<float> LlamaModel::flat_parameters() const {
-  return {impl_->param_buf.as<float>(), static_cast<size_t>(impl_->total)};
-}
-std::span<float> LlamaModel::flat_gradients() const {
-  return {impl_->grad_buf.as<float>(), static_cast<size_t>(impl_->total)};
+std::span<float> LlamaModel::flat_parameters() const { return impl_->store->params(); }
+std::span<float> LlamaModel::flat_gradients() const { return impl_->store->grads(); }
+int64_t LlamaModel::shards() const { return impl_->store->shards(); }
+int64_t LlamaModel::tp() const { return impl_->tp; }
+std::vector<ShardSegment> LlamaModel::shard_segments() const { return impl_->store->segments(); }
+std::vector<float> LlamaModel::unshard(std::span<const float> shard) const { return impl_->store->unshard(shard); }
+void LlamaModel::reshard(std::span<const float> flat, std::span<float> shard) const {
+  impl_->store->reshard(flat, shard);
 }
 
 void LlamaModel::init(uint64_t seed) {
-  for (const NamedTensor& p : params_) {
-    float* data = p.local.f32();
-    if (p.local.rank == 1) {  // norm weights
-      std::fill_n(data, p.local.numel(), 1.0f);
-      continue;
-    }
-    const uint64_t key = splitmix64(seed ^ name_hash(p.name));
-    const int64_t rows = p.local.dim(0), cols = p.local.dim(1), full_cols = p.full_shape[1];
-    const int64_t row0 = p.split == TpSplit::dim0 ? p.split_offset : 0;
-    const int64_t col0 = p.split == TpSplit::dim1 ? p.split_offset : 0;
+  // A unit at a time: its full values, of which this rank keeps its block.
+  ShardedParameters& store = *impl_->store;
+  std::vector<float> values;
+  for (size_t u = 0; u < store.units().size(); ++u) {
+    const ParameterUnit& unit = store.units()[u];
+    values.assign(static_cast<size_t>(unit.elements), 0.0f);
+    for (int i = unit.first_param; i < unit.first_param + unit.num_params; ++i) {
+      const NamedTensor& p = params_[static_cast<size_t>(i)];
+      float* data = values.data() + (p.offset - unit.begin);
+      if (p.local.rank == 1) {  // norm weights
+        std::fill_n(data, p.local.numel(), 1.0f);
+        continue;
+      }
+      const uint64_t key = splitmix64(seed ^ name_hash(p.name));
+      const int64_t rows = p.local.dim(0), cols = p.local.dim(1), full_cols = p.full_shape[1];
+      const int64_t row0 = p.split == TpSplit::dim0 ? p.split_offset : 0;
+      const int64_t col0 = p.split == TpSplit::dim1 ? p.split_offset : 0;
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t k = 0; k < cols; ++k)
-        data[r * cols + k] =
-            kInitStd * normal_sample(key, static_cast<uint64_t>((row0 + r) * full_cols + col0 + k));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < cols; ++k)
+          data[r * cols + k] =
+              kInitStd * normal_sample(key, static_cast<uint64_t>((row0 + r) * full_cols + col0 + k));
+    }
+    store.keep_block(static_cast<int>(u), values.data(), store.params());
   }
 }
 
 void LlamaModel::zero_gradients() {
-  std::memset(impl_->grad_buf.data(), 0, impl_->grad_buf.size());
+  const std::span<float> g = impl_->store->grads();
+  std::fill(g.begin(), g.end(), 0.0f);
 }
 
 size_t LlamaModel::peak_activation_bytes() const { return impl_->peak_bytes; }
@@ -316,14 +326,11 @@ struct Step {
   int64_t r0;  // the first of them in the batch
 
   bool bf16_compute() const { return m.dtype == DType::bf16; }
-  float* param(int i) const { return P[i].local.f32(); }  // fp32 master (norms, embedding lookup)
-  float* grad(int i) const { return Gr[i].local.f32(); }
-  // Weight i as a GEMM operand: its bf16 copy (same offset) or the master.
-  const void* weight(int i) const {
-    if (!bf16_compute()) return param(i);
-    const int64_t offset = param(i) - m.param_buf.as<float>();
-    return m.compute_weights.as<bf16>() + offset;
-  }
+  // Parameter i while its unit is gathered (model/sharded_parameters.h).
+  float* param(int i) const { return m.store->param(i); }  // fp32 master (norms, embedding lookup)
+  float* grad(int i) const { return m.store->grad(i); }
+  // Weight i as a GEMM operand: its bf16 copy or the master.
+  const void* weight(int i) const { return m.store->weight(i); }
   // Activation a of layer l as [N, cols] (or rows [r0, r0 + rows)), in its dtype.
   TensorView act(Activation a, int64_t l, int64_t cols) const { return w.rows(a, l, cols, 0, N); }
   const void* ptr(Activation a, int64_t l = 0) const { return w.at(a, l); }
@@ -639,9 +646,6 @@ std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig
   return table;
 }
 
-int64_t compute_weight_copy_bytes(int64_t parameters, DType dtype) {
-  return dtype == DType::bf16 ? parameters * static_cast<int64_t>(sizeof(bf16)) : 0;
-}
 
 // Allocates (or reuses) the activation workspace for this batch size.
 static Workspace& workspace_for(LlamaModel::Impl& m, const LlamaConfig& c, int64_t N, bool training) {
@@ -687,44 +691,74 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
   const int64_t Nr = m.seq_parallel ? N / m.tp : N;
   Step s{m, P, Gr, w, b, N, Nr, m.seq_parallel ? m.tp_rank * Nr : 0};
   m.profile = StepProfile{};
+  // FSDP (model/sharded_parameters.h): a unit's weights are used only
+  // between gather and release, the next unit's prefetched meanwhile; its
+  // gradients accumulate from begin_gradients to reduce_gradients. With one
+  // shard these do nothing. This order is the schedule gathered_peak_bytes()
+  // counts.
+  ShardedParameters& st = *m.store;
+  st.reset();  // nothing left from a call that threw
+  const int embed_unit = 0, head_unit = static_cast<int>(m.L) + 1;
+  auto layer_unit = [](int64_t l) { return static_cast<int>(l) + 1; };
+  const bool tied = c.tie_embeddings, sharded = st.shards() > 1;
   // Sequence parallelism: each tp rank adds only its rows' share to the
   // gradients of the tp-replicated parameters (norms, embedding, LM head),
-  // all-reduced over tp at the end; until then only tp rank 0 keeps what was
-  // accumulated before this call, so that it counts once.
-  auto for_each_replicated_gradient = [&](auto&& f) {
-    for (const NamedTensor& g : Gr)
-      if (g.split == TpSplit::none) f(g.local.f32(), g.local.numel());
+  // which are then all-reduced over tp: sharded, per unit before its
+  // reduce-scatter (each use starts from zero); unsharded, at the end, and
+  // until then only tp rank 0 keeps what was accumulated before this call,
+  // so that it counts once.
+  auto all_reduce_replicated = [&](int first, int count) {
+    for (int i = first; i < first + count; ++i)
+      if (Gr[static_cast<size_t>(i)].split == TpSplit::none) m.tp_all_reduce(st.grad(i), Gr[static_cast<size_t>(i)].local.numel());
   };
-  if (training && m.seq_parallel && m.tp_rank != 0)
-    for_each_replicated_gradient([](float* g, int64_t n) { std::fill_n(g, n, 0.0f); });
+  auto reduce_unit = [&](int u) {
+    const ParameterUnit& unit = st.units()[static_cast<size_t>(u)];
+    if (sharded && m.seq_parallel) all_reduce_replicated(unit.first_param, unit.num_params);
+    st.reduce_gradients(u);
+  };
+  if (training && m.seq_parallel && !sharded && m.tp_rank != 0)
+    for (const NamedTensor& g : Gr)
+      if (g.split == TpSplit::none) std::fill_n(g.local.f32(), g.local.numel(), 0.0f);
 
+  st.gather(embed_unit);
+  st.prefetch(layer_unit(0));
   s.elementwise([&] {
-    // The bf16 weights of this call: rounded from the masters, which the
-    // optimizer may have changed since the last one.
-    if (m.dtype == DType::bf16) {
-      const float* master = m.param_buf.as<float>();
-      bf16* copy = m.compute_weights.as<bf16>();
-      constexpr int64_t kBlock = 1 << 16;
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < m.total; i += kBlock) round_to_bf16(master + i, copy + i, std::min(kBlock, m.total - i));
-    }
+    // The bf16 weights of this call (unsharded: gathered units round their own).
+    st.refresh_compute_copy();
     rope_table(m.rope, m.D, b.positions, N, w.f32(Activation::rope_cos), w.f32(Activation::rope_sin));
     embedding_forward(b.tokens + s.r0, Nr, s.param(m.embed), m.V, s.x(0));
   });
+  st.release(embed_unit);
   // Offload (training only: evaluation keeps nothing for backward).
   ActivationOffload* off = training ? m.offload.get() : nullptr;
   for (int64_t l = 0; l < m.L; ++l) {
     publish_step_position(StepPass::forward, l);
+    st.gather(layer_unit(l));
+    st.prefetch(l + 1 < m.L ? layer_unit(l + 1) : head_unit);
     if (off) off->before_forward(l);
     s.forward_layer(l);
     if (off) off->after_forward(l);
+    st.release(layer_unit(l));
   }
 
   LossStats out;
   if (training) std::memset(w.f32(Activation::d_resid), 0, w.size(Activation::d_resid));
   publish_step_position(StepPass::loss);
+  st.gather(head_unit);
+  if (tied) st.gather(embed_unit);
+  if (training) {
+    st.prefetch(layer_unit(m.L - 1));
+    st.begin_gradients(head_unit);
+    if (tied) st.begin_gradients(embed_unit);
+  }
   std::vector<double> local_losses(m.seq_parallel && token_losses ? Nr : 0);
   out.loss_sum = s.loss_head(training, grad_scale, m.seq_parallel && token_losses ? local_losses.data() : token_losses);
+  if (training) {
+    reduce_unit(head_unit);
+    if (tied) reduce_unit(embed_unit);
+  }
+  st.release(head_unit);
+  if (tied) st.release(embed_unit);
   if (m.seq_parallel) {  // the loss of the other ranks' rows
     m.tp_all_reduce(&out.loss_sum, 1);
     if (token_losses) m.tp_all_gather(local_losses.data(), token_losses, Nr * static_cast<int64_t>(sizeof(double)));
@@ -738,14 +772,21 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
 
   for (int64_t l = m.L - 1; l >= 0; --l) {
     publish_step_position(StepPass::backward, l);
+    st.gather(layer_unit(l));
+    if (l > 0) st.prefetch(layer_unit(l - 1));
+    st.begin_gradients(layer_unit(l));
     if (off) off->before_backward(l);
     s.backward_layer(l);
+    reduce_unit(layer_unit(l));
+    st.release(layer_unit(l));
   }
   if (off) off->finish();
+  st.begin_gradients(embed_unit);
   s.elementwise([&] {
     embedding_backward(b.tokens + s.r0, Nr, mat(w.f32(Activation::d_resid), Nr, m.d), s.grad(m.embed), m.V);
   });
-  if (m.seq_parallel) for_each_replicated_gradient([&](float* g, int64_t n) { m.tp_all_reduce(g, n); });
+  reduce_unit(embed_unit);
+  if (m.seq_parallel && !sharded) all_reduce_replicated(0, static_cast<int>(Gr.size()));
   m.batch = nullptr;
   return out;
 }

@@ -34,6 +34,7 @@
 #include "cp/cp_attention.h"
 #include "kernels/attention.h"
 #include "core/model_shape.h"
+#include "model/sharded_parameters.h"
 
 namespace longctx {
 
@@ -98,14 +99,17 @@ struct StepProfile {
   double total() const { return matmul + attention + loss + elementwise + tp_comm; }
 };
 
-// A parameter (or its gradient): this rank's shard as a contiguous view into
-// the model's flat buffer, with what a checkpoint needs to gather/scatter it.
+// A parameter (or its gradient): this tp rank's shard, with what a checkpoint
+// needs to gather/scatter it. `local` is a view into the model's flat buffer
+// when the parameters are not FSDP-sharded (shards() == 1); sharded, its data
+// is null (the shape stays) and the values are reached through unshard().
 struct NamedTensor {
   std::string name;              // Hugging Face name, e.g. model.layers.0.self_attn.q_proj.weight
   TensorView local;              // this rank's shard, contiguous, [rows, cols] or [n]
   std::array<int64_t, 2> full_shape{};  // unsharded shape (rank from local.rank)
   TpSplit split = TpSplit::none;
   int64_t split_offset = 0;      // first row (dim0) or column (dim1) of the shard in the full tensor
+  int64_t offset = 0;            // where `local` starts in the tp rank's flat vector
 };
 
 // The activation buffers one forward/backward allocates for `tokens` local
@@ -151,9 +155,6 @@ std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig
                                                                bool training, int64_t loss_chunk_rows = 0,
                                                                DType dtype = DType::f32,
                                                                bool sequence_parallel = false);
-// Bytes of the compute copy of `parameters` fp32 master weights: a bf16 copy
-// for dtype bf16 (refreshed at each forward), none for fp32.
-int64_t compute_weight_copy_bytes(int64_t parameters, DType dtype);
 
 class LlamaModel {
  public:
@@ -168,13 +169,25 @@ class LlamaModel {
   const LlamaConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
 
-  // Same order and names in both; views into flat_parameters()/flat_gradients().
+  // Same order and names in both (parameter_table order); views into
+  // flat_parameters()/flat_gradients() when shards() == 1.
   const std::vector<NamedTensor>& parameters() const { return params_; }
   const std::vector<NamedTensor>& gradients() const { return grads_; }
-  // Every local parameter / gradient in one contiguous fp32 array, for the
-  // optimizer and a single gradient all-reduce.
+  // This rank's parameters / gradients in one contiguous fp32 array, for the
+  // optimizer and a single gradient all-reduce: the tp rank's flat vector,
+  // or with FSDP its shard (model/sharded_parameters.h; padding included).
   std::span<float> flat_parameters() const;
   std::span<float> flat_gradients() const;
+  // Ranks the parameters are sharded over (Mesh::shards(); 1 = not sharded).
+  int64_t shards() const;
+  int64_t tp() const;  // the tensor-parallel degree of the mesh
+  // Where each parameter lies in flat_parameters().
+  std::vector<ShardSegment> shard_segments() const;
+  // A vector in flat_parameters()' layout (parameters, gradients, moments)
+  // as the tp rank's full flat vector (NamedTensor::offset), collective over
+  // the shard group; and back (local).
+  std::vector<float> unshard(std::span<const float> shard) const;
+  void reshard(std::span<const float> flat, std::span<float> shard) const;
 
   // Deterministic and independent of the mesh: element i of each FULL tensor
   // is a function of (seed, name, i) only. Linear weights ~ N(0, 0.02), norm

@@ -298,26 +298,22 @@ std::string hf_config_json(const LlamaConfig& c, int64_t max_position_embeddings
 
 std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const AdamW& optimizer,
                             const TrainState& state, const RunConfig& config, const Mesh& mesh) {
-  // Gather (collective over tp on every rank), then rank 0 writes.
-  // The moments of this tp rank's whole flat vector: the replicas' pieces
-  // gathered first when the optimizer is sharded (ZeRO-1).
+  // Gather (collective on every rank), then rank 0 writes. This tp rank's
+  // flat vectors: the replicas' ZeRO-1 pieces of the moments gathered first,
+  // then the FSDP shards of everything.
   const auto& params = model.parameters();
-  const float* flat = model.flat_parameters().data();
-  std::vector<float> full_m, full_v;
-  const float* m_all = optimizer.exp_avg().data();
-  const float* v_all = optimizer.exp_avg_sq().data();
-  if (optimizer.sharded()) {
-    full_m = gather_pieces(optimizer.exp_avg(), optimizer.piece(), model.flat_parameters().size(), mesh);
-    full_v = gather_pieces(optimizer.exp_avg_sq(), optimizer.piece(), model.flat_parameters().size(), mesh);
-    m_all = full_m.data();
-    v_all = full_v.data();
-  }
+  const size_t n = model.flat_parameters().size();
+  auto moments = [&](std::span<float> piece) {
+    return model.unshard(optimizer.sharded() ? gather_pieces(piece, optimizer.piece(), n, mesh)
+                                             : std::vector<float>(piece.begin(), piece.end()));
+  };
+  const std::vector<float> flat = model.unshard(model.flat_parameters());
+  const std::vector<float> m_all = moments(optimizer.exp_avg()), v_all = moments(optimizer.exp_avg_sq());
   std::vector<HostTensor> weights, exp_avg, exp_avg_sq;
   for (const NamedTensor& p : params) {
-    const size_t off = static_cast<size_t>(p.local.f32() - flat);
-    weights.push_back(gather_full(p, p.local.f32(), mesh));
-    exp_avg.push_back(gather_full(p, m_all + off, mesh));
-    exp_avg_sq.push_back(gather_full(p, v_all + off, mesh));
+    weights.push_back(gather_full(p, flat.data() + p.offset, mesh));
+    exp_avg.push_back(gather_full(p, m_all.data() + p.offset, mesh));
+    exp_avg_sq.push_back(gather_full(p, v_all.data() + p.offset, mesh));
   }
   // Never write NaN/Inf: a run that diverged must not replace (and then
   // prune) the good checkpoints. Every rank holds the gathered tensors, so
@@ -537,19 +533,24 @@ TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& op
   }
   const TrainState state = files.train.state;
   const int64_t optimizer_step = files.train.optimizer_step;
-  // 3. Only now touch the model and optimizer.
-  // The moments: this tp rank's shards, then only this replica's piece of them.
-  const float* flat = model.flat_parameters().data();
-  const FlatPiece& piece = optimizer.piece();
-  std::vector<float> full_m(model.flat_parameters().size()), full_v(full_m.size());
+  // 3. Only now touch the model and optimizer: this tp rank's flat
+  // vectors, then its FSDP shard of them, then this replica's ZeRO-1 piece
+  // of the moments.
+  const size_t n = model.flat_parameters().size();
+  const int64_t flat_size = parameters_per_tp_rank(model.config(), model.tp());
+  std::vector<float> flat(static_cast<size_t>(flat_size)), flat_m(flat.size()), flat_v(flat.size());
   for (const NamedTensor& p : params) {
-    const size_t off = static_cast<size_t>(p.local.f32() - flat);
-    take_shard(p, weights.at(p.name), p.local.f32());
-    take_shard(p, moments.at(p.name + ".exp_avg"), full_m.data() + off);
-    take_shard(p, moments.at(p.name + ".exp_avg_sq"), full_v.data() + off);
+    take_shard(p, weights.at(p.name), flat.data() + p.offset);
+    take_shard(p, moments.at(p.name + ".exp_avg"), flat_m.data() + p.offset);
+    take_shard(p, moments.at(p.name + ".exp_avg_sq"), flat_v.data() + p.offset);
   }
-  std::copy_n(full_m.data() + piece.begin, piece.size, optimizer.exp_avg().data());
-  std::copy_n(full_v.data() + piece.begin, piece.size, optimizer.exp_avg_sq().data());
+  model.reshard(flat, model.flat_parameters());
+  const FlatPiece& piece = optimizer.piece();
+  std::vector<float> shard(n);
+  model.reshard(flat_m, shard);
+  std::copy_n(shard.data() + piece.begin, piece.size, optimizer.exp_avg().data());
+  model.reshard(flat_v, shard);
+  std::copy_n(shard.data() + piece.begin, piece.size, optimizer.exp_avg_sq().data());
   optimizer.set_step(optimizer_step);
   return state;
 }
@@ -558,8 +559,11 @@ void load_hf_parameters(const std::string& dir, LlamaModel& model) {
   auto bad = [&](const std::string& why) { return DataError("load_parameters_path '" + dir + "': " + why); };
   const HfWeights files(dir);  // headers only
   match_model_tensors(model.parameters(), shapes_of(files.tensors()), {""}, bad);
-  // One tensor in memory at a time (widened to fp32), of which this rank keeps its shard.
-  for (const NamedTensor& p : model.parameters()) take_shard(p, files.read(p.name), p.local.f32());
+  // One tensor in memory at a time (widened to fp32), of which this tp rank
+  // keeps its shard, into the flat vector; then this rank's FSDP shard of that.
+  std::vector<float> flat(static_cast<size_t>(parameters_per_tp_rank(model.config(), model.tp())));
+  for (const NamedTensor& p : model.parameters()) take_shard(p, files.read(p.name), flat.data() + p.offset);
+  model.reshard(flat, model.flat_parameters());
 }
 
 namespace {

@@ -40,7 +40,7 @@ EvalResult evaluate(const RunConfig& c, const Mesh& mesh) {
                                              : c.load_parameters_path;
   if (!c.load_parameters_path.empty()) load_hf_parameters(c.load_parameters_path, model);
 
-  const int64_t global_batch = c.per_device_batch_size * c.dp;
+  const int64_t global_batch = c.per_device_batch_size * c.data_parallelism();
   r.sequences = c.eval_steps * global_batch;
   r.first_sequence = c.eval_dataset_path.empty() ? std::max<int64_t>(0, data.num_sequences() - r.sequences) : 0;
   r.buckets = position_buckets(c.max_target_length, c.eval_first_bucket);
@@ -54,7 +54,7 @@ EvalResult evaluate(const RunConfig& c, const Mesh& mesh) {
   std::vector<double> token_losses;
   for (int64_t step = 0; step < c.eval_steps; ++step) {
     const LocalBatch batch = make_local_batch(data, r.first_sequence + step * global_batch, c.per_device_batch_size,
-                                              c.dp, mesh.dp_rank(), layout, mesh.cp_rank(), mask);
+                                              c.data_parallelism(), mesh.data_rank(), layout, mesh.cp_rank(), mask);
     token_losses.assign(batch.tokens.size(), 0.0);
     model.forward(batch.view(), token_losses.data());
     for (size_t i = 0; i < token_losses.size(); ++i) {
@@ -64,8 +64,8 @@ EvalResult evaluate(const RunConfig& c, const Mesh& mesh) {
       sums[2 * b + 1] += batch.weights[i];
     }
   }
-  // Every dp x cp replica holds other tokens; the tp ranks of one hold the same ones.
-  mesh.replicas().all_reduce_sum(sums.data(), sums.size());
+  // Every dp x fsdp x cp rank holds other tokens; the tp ranks of one hold the same ones.
+  mesh.data().all_reduce_sum(sums.data(), sums.size());
   for (size_t b = 0; b < r.buckets.size(); ++b) {
     r.buckets[b].loss_sum = sums[2 * b];
     r.buckets[b].tokens = sums[2 * b + 1];

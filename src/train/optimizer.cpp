@@ -57,14 +57,11 @@ AdamW::AdamW(const LlamaModel& model, const RunConfig& c, const Mesh& mesh)
       piece_(piece_for(model, c, mesh, sharded_)),
       m_(MemCategory::optimizer, "adamw.exp_avg", piece_.size * sizeof(float)),
       v_(MemCategory::optimizer, "adamw.exp_avg_sq", piece_.size * sizeof(float)) {
-  const float* flat = model.flat_parameters().data();
-  const auto& params = model.parameters();
   const size_t lo = piece_.begin, hi = piece_.begin + piece_.size;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const size_t b = static_cast<size_t>(params[i].local.f32() - flat);
-    const size_t e = b + static_cast<size_t>(params[i].local.numel());
+  for (const ShardSegment& s : model.shard_segments()) {
+    const size_t b = static_cast<size_t>(s.shard_begin), e = b + static_cast<size_t>(s.size);
     const size_t from = std::max(b, lo), to = std::min(e, hi);
-    if (from < to) segments_.push_back({from - lo, to - from, i});
+    if (from < to) segments_.push_back({from - lo, to - from, static_cast<size_t>(s.param)});
   }
 }
 
@@ -76,11 +73,11 @@ void AdamW::reduce_gradients(LlamaModel& model, double loss_sums[2]) {
     reps.reduce_scatter_sum(grads.data(), staging_.as<float>(), piece_.block);
     std::copy_n(staging_.as<float>(), piece_.block, grads.data() + piece_.begin);
     if (piece_.tail > 0) reps.all_reduce_sum(grads.data() + grads.size() - piece_.tail, piece_.tail);
-    reps.all_reduce_sum(loss_sums, 2);
   } else if (reps.size() > 1) {
     reps.all_reduce_sum(grads.data(), grads.size());
-    reps.all_reduce_sum(loss_sums, 2);
   }
+  // Every slice of the batch: the replicas and, with FSDP, the shard group.
+  if (mesh_.data().size() > 1) mesh_.data().all_reduce_sum(loss_sums, 2);
 }
 
 double AdamW::gradient_norm(const LlamaModel& model) const {
@@ -93,6 +90,7 @@ double AdamW::gradient_norm(const LlamaModel& model) const {
     sum_sq += sum_of_squares(g + s.begin, s.size);
   }
   if (sharded_) mesh_.replicas().all_reduce_sum(&sum_sq, 1);
+  if (model.shards() > 1) mesh_.shards().all_reduce_sum(&sum_sq, 1);  // FSDP: the other shards
   if (mesh_.shape().tp > 1) mesh_.tp().all_reduce_sum(&sum_sq, 1);
   return std::sqrt(sum_sq);
 }

@@ -70,6 +70,8 @@ MeshShape mesh_shape_from_config(const RunConfig& c) {
   s.cp = static_cast<int>(c.cp);
   s.ulysses = static_cast<int>(c.cp_strategy == CpStrategy::usp ? c.cp_ulysses : 1);
   s.tp = static_cast<int>(c.tp);
+  s.fsdp = static_cast<int>(c.fsdp);
+  s.fsdp_over_context = c.fsdp_over_context;
   return s;
 }
 
@@ -101,7 +103,8 @@ Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), m
   const RunConfig& c = config_;
   apply_system_settings(c);
   const MeshShape want = mesh_shape_from_config(c), got = mesh_.shape();
-  if (want.dp != got.dp || want.cp != got.cp || want.ulysses != got.ulysses || want.tp != got.tp)
+  if (want.dp != got.dp || want.fsdp != got.fsdp || want.cp != got.cp || want.ulysses != got.ulysses ||
+      want.tp != got.tp || want.fsdp_over_context != got.fsdp_over_context)
     throw ConfigError("the mesh (" + got.to_string() + ") differs from the config's (" + want.to_string() + ")");
   data_ = std::make_unique<Dataset>(load_corpus(c), c.max_target_length, c.packing);
   const int cp = static_cast<int>(c.cp), ulysses = mesh_.shape().ulysses;
@@ -147,8 +150,8 @@ StepMetrics Trainer::train_step() {
   const RunConfig& c = config_;
   Timer timer;
   publish_step_position(StepPass::batch);
-  const int64_t dp = c.dp, dp_rank = mesh_.dp_rank();
-  LocalBatch batch = make_local_batch(*data_, state_.data_cursor, c.per_device_batch_size, dp, dp_rank, *layout_,
+  const int64_t dp = c.data_parallelism();
+  LocalBatch batch = make_local_batch(*data_, state_.data_cursor, c.per_device_batch_size, dp, mesh_.data_rank(), *layout_,
                                       mesh_.cp_rank(), mask_);
   if (batch.global_target_tokens == 0) throw DataError("a global batch has no target tokens (all padding)");
 
@@ -204,11 +207,10 @@ void Trainer::run(std::FILE* out, std::FILE* progress) {
     if (!metrics) throw ConfigError("metrics_file '" + c.metrics_file + "' cannot be opened for writing");
   }
   if (log) {
-    std::fprintf(out, "model %lld parameters | mesh dp=%lld cp=%lld (%s, %s) tp=%lld | S=%lld x %lld seq/replica | "
+    std::fprintf(out, "model %lld parameters | mesh %s (%s, %s) | S=%lld x %lld seq/data rank | "
                  "%lld sequences per epoch | peak %.3f TFLOP/s/dev (%s)\n",
-                 static_cast<long long>(c.model.num_parameters()), static_cast<long long>(c.dp),
-                 static_cast<long long>(c.cp), name_of(c.strategy()), name_of(layout_->kind()),
-                 static_cast<long long>(c.tp), static_cast<long long>(c.max_target_length),
+                 static_cast<long long>(c.model.num_parameters()), mesh_.shape().to_string().c_str(),
+                 name_of(c.strategy()), name_of(layout_->kind()), static_cast<long long>(c.max_target_length),
                  static_cast<long long>(c.per_device_batch_size), static_cast<long long>(data_->num_sequences()),
                  peak_tflops_, c.peak_tflops_per_device > 0 ? "given" : "measured fp32 GEMM");
     std::fflush(out);

@@ -188,7 +188,9 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
       last_replica = mesh.replicas().rank() + 1 == mesh.replicas().size();
       mesh.reset_counters();
       for (int s = 0; s < kSteps; ++s) trainer.train_step();
-      replicas = mesh.replicas().counters()[CommOp::all_reduce].bytes_sent;
+      // The planner's dp axis: gradients over the replicas, loss sums over every data rank.
+      replicas = mesh.replicas().counters()[CommOp::all_reduce].bytes_sent +
+                 mesh.data().counters()[CommOp::all_reduce].bytes_sent;
       rs = mesh.replicas().counters()[CommOp::reduce_scatter].bytes_sent;
       ag = mesh.replicas().counters()[CommOp::all_gather].bytes_sent;
       tp = mesh.tp().counters()[CommOp::all_reduce].bytes_sent;

@@ -236,7 +236,8 @@ TEST(Config, SizeProductsAreOverflowChecked) {
   };
   using I = int64_t;
   std::string e = rule({{"ici_data_parallelism", I(4611686018427387904)}, {"ici_context_parallelism", I(4)}}, 4);
-  EXPECT_NE(e.find("ici_data_parallelism * ici_context_parallelism * ici_tensor_parallelism overflows int64"),
+  EXPECT_NE(e.find("ici_data_parallelism * ici_fsdp_parallelism * ici_context_parallelism * ici_tensor_parallelism "
+                   "overflows int64"),
             std::string::npos) << e;
   e = rule({{"ici_data_parallelism", I(-1)}, {"ici_context_parallelism", I(4611686018427387904)},
             {"ici_tensor_parallelism", I(4)}}, 4);

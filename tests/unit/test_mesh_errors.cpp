@@ -57,7 +57,7 @@ TEST(ConfigErrors, UlyssesDegreeVersusHeads) {
 }
 
 TEST(ConfigErrors, MeshProductMustEqualWorld) {
-  expect_rule("selftest --cp 3", "dp x cp x tp = 1 x 3 x 1 = 3 but the job has 2 ranks");
+  expect_rule("selftest --cp 3", "dp x fsdp x cp x tp = 1 x 1 x 3 x 1 = 3 but the job has 2 ranks");
 }
 
 // Memory is checked against the planner's prediction before anything is

@@ -1,0 +1,262 @@
+#include "model/sharded_parameters.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace longctx {
+
+namespace {
+
+// One use of units in the model's schedule (sharded_parameters.h): the units
+// whose weights (and gradients) it needs at once.
+struct Use {
+  std::vector<int> units;
+  bool weights = true, grads = false;
+};
+
+std::vector<Use> schedule(int64_t layers, bool tied, bool training) {
+  const int embed = 0, head = static_cast<int>(layers) + 1;
+  auto layer = [](int64_t l) { return static_cast<int>(l) + 1; };
+  std::vector<Use> uses;
+  uses.push_back({{embed}});
+  for (int64_t l = 0; l < layers; ++l) uses.push_back({{layer(l)}});
+  Use loss{{head}, true, training};
+  if (tied) loss.units.push_back(embed);
+  uses.push_back(loss);
+  if (!training) return uses;
+  for (int64_t l = layers - 1; l >= 0; --l) uses.push_back({{layer(l)}, true, true});
+  uses.push_back({{embed}, false, true});
+  return uses;
+}
+
+}  // namespace
+
+int64_t compute_weight_copy_bytes(int64_t parameters, DType dtype) {
+  return dtype == DType::bf16 ? parameters * static_cast<int64_t>(sizeof(bf16)) : 0;
+}
+
+std::array<int64_t, 2> gathered_peak_bytes(const LlamaConfig& c, int64_t tp, int64_t shards, DType compute,
+                                           bool training) {
+  if (shards <= 1) return {0, 0};
+  // Layers are alike: two of them show every transition of the schedule.
+  LlamaConfig small = c;
+  small.num_layers = std::min<int64_t>(c.num_layers, 2);
+  const std::vector<ParameterUnit> units = parameter_units(small, tp, shards);
+  const int64_t copy16 = compute == DType::bf16 ? 2 : 0;  // bytes per element of the bf16 copy
+  auto full = [&](int u) { return units[static_cast<size_t>(u)].block * shards; };
+  const std::vector<Use> uses = schedule(small.num_layers, c.tie_embeddings, training);
+  std::array<int64_t, 2> peak{0, 0};
+  for (size_t i = 0; i < uses.size(); ++i) {
+    int64_t params = 0, grads = 0;
+    for (int u : uses[i].units) {
+      if (uses[i].weights) params += full(u) * (4 + copy16);
+      if (uses[i].grads) grads += full(u) * 4;
+    }
+    // The next use's fp32 weights, in flight (its first unit: the model
+    // prefetches one unit; a second, the tied embedding, is gathered when used).
+    if (i + 1 < uses.size() && uses[i + 1].weights) {
+      const int next = uses[i + 1].units[0];
+      if (std::find(uses[i].units.begin(), uses[i].units.end(), next) == uses[i].units.end())
+        params += full(next) * 4;
+    }
+    peak[0] = std::max(peak[0], params);
+    peak[1] = std::max(peak[1], grads);
+  }
+  return peak;
+}
+
+struct ShardedParameters::Resident {
+  Buffer weights;  // fp32, [R * block]
+  Buffer compute;  // bf16 copy, when the compute dtype is bf16
+  Buffer grads;    // fp32, [R * block], between begin_gradients and reduce_gradients
+  Request request; // the prefetch's all-gather
+};
+
+ShardedParameters::ShardedParameters(const LlamaConfig& c, int64_t tp, const Communicator& shards, DType compute)
+    : comm_(shards), R_(shards.size()), rank_(shards.rank()), compute_(compute),
+      units_(parameter_units(c, tp, R_)) {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const ParameterUnit& unit = units_[u];
+    unit_of_.resize(static_cast<size_t>(unit.first_param + unit.num_params), static_cast<int>(u));
+  }
+  const std::vector<ParameterSpec> specs = parameter_table(c);
+  offsets_.resize(specs.size());
+  for (const ParameterUnit& unit : units_) {
+    int64_t off = 0;
+    for (int p = unit.first_param; p < unit.first_param + unit.num_params; ++p) {
+      offsets_[static_cast<size_t>(p)] = off;
+      off += specs[static_cast<size_t>(p)].local_elements(tp);
+    }
+  }
+  shard_elements_ = units_.back().shard_begin + units_.back().block;
+  const bool sharded = R_ > 1;
+  param_shard_ = Buffer(MemCategory::parameters, sharded ? "model parameters (FSDP shard)" : "model parameters",
+                        static_cast<size_t>(shard_elements_) * 4);
+  grad_shard_ = Buffer(MemCategory::gradients, sharded ? "model gradients (FSDP shard)" : "model gradients",
+                       static_cast<size_t>(shard_elements_) * 4);
+  if (const int64_t bytes = sharded ? 0 : compute_weight_copy_bytes(shard_elements_, compute))
+    compute_copy_ = Buffer(MemCategory::parameters, "bf16 compute copy of the parameters", static_cast<size_t>(bytes));
+  resident_.resize(units_.size());
+}
+
+ShardedParameters::~ShardedParameters() { reset(); }
+
+std::vector<ShardSegment> ShardedParameters::segments() const {
+  std::vector<ShardSegment> out;
+  for (const ParameterUnit& unit : units_) {
+    const int64_t lo = rank_ * unit.block, hi = std::min(lo + unit.block, unit.elements);
+    for (int p = unit.first_param; p < unit.first_param + unit.num_params; ++p) {
+      const int64_t b = offset_in_unit(p);
+      const int64_t e = p + 1 < unit.first_param + unit.num_params ? offset_in_unit(p + 1) : unit.elements;
+      const int64_t from = std::max(b, lo), to = std::min(e, hi);
+      if (from < to) out.push_back({unit.shard_begin + from - lo, to - from, p});
+    }
+  }
+  return out;
+}
+
+void ShardedParameters::prefetch(int u) {
+  if (R_ == 1 || resident_[static_cast<size_t>(u)]) return;
+  if (prefetching_ >= 0) finish_prefetch();
+  auto r = std::make_unique<Resident>();
+  const ParameterUnit& unit = units_[static_cast<size_t>(u)];
+  r->weights = Buffer(MemCategory::parameters, "FSDP gathered unit (fp32)", static_cast<size_t>(unit.block * R_) * 4);
+  r->request = comm_.iall_gather(param_shard_.as<float>() + unit.shard_begin, r->weights.data(),
+                                 static_cast<size_t>(unit.block) * 4);
+  Request* request = &r->request;
+  resident_[static_cast<size_t>(u)] = std::move(r);
+  prefetching_ = u;
+  // Open MPI moves a non-blocking collective only inside MPI calls: the
+  // helper thread makes them while this thread computes.
+  if (!worker_) worker_ = std::make_unique<CommWorker>();
+  worker_->start([this, request] { return comm_.test(*request); });
+}
+
+void ShardedParameters::finish_prefetch() {
+  worker_->finish(comm_, CommOp::all_gather);
+  prefetching_ = -1;
+}
+
+void ShardedParameters::gather(int u) {
+  if (R_ == 1) return;
+  auto& r = resident_[static_cast<size_t>(u)];
+  const ParameterUnit& unit = units_[static_cast<size_t>(u)];
+  if (prefetching_ == u) {
+    finish_prefetch();
+  } else if (!r) {
+    r = std::make_unique<Resident>();
+    r->weights = Buffer(MemCategory::parameters, "FSDP gathered unit (fp32)", static_cast<size_t>(unit.block * R_) * 4);
+    comm_.all_gather(param_shard_.as<float>() + unit.shard_begin, r->weights.data(),
+                     static_cast<size_t>(unit.block) * 4);
+  }
+  if (compute_ == DType::bf16 && !r->compute.data()) {
+    r->compute = Buffer(MemCategory::parameters, "FSDP gathered unit (bf16 compute copy)",
+                        static_cast<size_t>(unit.block * R_) * sizeof(bf16));
+    round_to_bf16(r->weights.as<float>(), r->compute.as<bf16>(), unit.elements);
+  }
+}
+
+void ShardedParameters::release(int u) {
+  if (R_ == 1 || prefetching_ == u) return;
+  auto& r = resident_[static_cast<size_t>(u)];
+  if (!r) return;
+  r->weights = Buffer();
+  r->compute = Buffer();
+  if (!r->grads.data()) r.reset();
+}
+
+void ShardedParameters::begin_gradients(int u) {
+  if (R_ == 1) return;
+  auto& r = resident_[static_cast<size_t>(u)];
+  if (!r) r = std::make_unique<Resident>();  // gradients without weights: the embedding's backward
+  const ParameterUnit& unit = units_[static_cast<size_t>(u)];
+  r->grads = Buffer(MemCategory::gradients, "FSDP unit gradients (fp32)", static_cast<size_t>(unit.block * R_) * 4);
+}
+
+void ShardedParameters::reduce_gradients(int u) {
+  if (R_ == 1) return;
+  auto& r = resident_[static_cast<size_t>(u)];
+  const ParameterUnit& unit = units_[static_cast<size_t>(u)];
+  // This rank's block of the sum is added to its shard: adding the shard
+  // into our own block first lets the reduce-scatter write straight into it.
+  float* mine = r->grads.as<float>() + rank_ * unit.block;
+  float* shard = grad_shard_.as<float>() + unit.shard_begin;
+  for (int64_t i = 0; i < unit.block; ++i) mine[i] += shard[i];
+  comm_.reduce_scatter_sum(r->grads.as<float>(), shard, static_cast<size_t>(unit.block));
+  r->grads = Buffer();
+  if (!r->weights.data()) r.reset();
+}
+
+void ShardedParameters::reset() {
+  if (prefetching_ >= 0) {
+    worker_->abandon();
+    // A collective cannot be cancelled: wait for it (watched by the
+    // collective timeout), as the other ranks posted it too.
+    auto& r = resident_[static_cast<size_t>(prefetching_)];
+    if (r && r->request.active()) comm_.wait(r->request);
+    prefetching_ = -1;
+  }
+  for (auto& r : resident_) r.reset();
+}
+
+void ShardedParameters::refresh_compute_copy() {
+  if (!compute_copy_.data()) return;
+  const float* master = param_shard_.as<float>();
+  bf16* copy = compute_copy_.as<bf16>();
+  constexpr int64_t kBlock = 1 << 16;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < shard_elements_; i += kBlock)
+    round_to_bf16(master + i, copy + i, std::min(kBlock, shard_elements_ - i));
+}
+
+float* ShardedParameters::param(int p) const {
+  const ParameterUnit& unit = units_[static_cast<size_t>(unit_of(p))];
+  if (R_ == 1) return param_shard_.as<float>() + unit.begin + offset_in_unit(p);
+  const auto& r = resident_[static_cast<size_t>(unit_of(p))];
+  check_shape(r && r->weights.data() && prefetching_ != unit_of(p), "FSDP: a parameter was used outside gather/release");
+  return r->weights.as<float>() + offset_in_unit(p);
+}
+
+const void* ShardedParameters::weight(int p) const {
+  if (compute_ != DType::bf16) return param(p);
+  const ParameterUnit& unit = units_[static_cast<size_t>(unit_of(p))];
+  if (R_ == 1) return compute_copy_.as<bf16>() + unit.begin + offset_in_unit(p);
+  const auto& r = resident_[static_cast<size_t>(unit_of(p))];
+  check_shape(r && r->compute.data(), "FSDP: a weight was used outside gather/release");
+  return r->compute.as<bf16>() + offset_in_unit(p);
+}
+
+float* ShardedParameters::grad(int p) const {
+  const ParameterUnit& unit = units_[static_cast<size_t>(unit_of(p))];
+  if (R_ == 1) return grad_shard_.as<float>() + unit.begin + offset_in_unit(p);
+  const auto& r = resident_[static_cast<size_t>(unit_of(p))];
+  check_shape(r && r->grads.data(), "FSDP: a gradient was used outside begin_gradients/reduce_gradients");
+  return r->grads.as<float>() + offset_in_unit(p);
+}
+
+std::vector<float> ShardedParameters::unshard(std::span<const float> shard) const {
+  const ParameterUnit& last = units_.back();
+  std::vector<float> flat(static_cast<size_t>(last.begin + last.elements));
+  std::vector<float> all;
+  for (const ParameterUnit& unit : units_) {
+    all.resize(static_cast<size_t>(unit.block * R_));
+    comm_.all_gather(shard.data() + unit.shard_begin, all.data(), static_cast<size_t>(unit.block) * 4);
+    std::copy_n(all.data(), unit.elements, flat.data() + unit.begin);
+  }
+  return flat;
+}
+
+void ShardedParameters::reshard(std::span<const float> flat, std::span<float> shard) const {
+  for (size_t u = 0; u < units_.size(); ++u) keep_block(static_cast<int>(u), flat.data() + units_[u].begin, shard);
+}
+
+void ShardedParameters::keep_block(int u, const float* unit_values, std::span<float> shard) const {
+  const ParameterUnit& unit = units_[static_cast<size_t>(u)];
+  const int64_t lo = rank_ * unit.block, n = std::clamp<int64_t>(unit.elements - lo, 0, unit.block);
+  std::copy_n(unit_values + lo, n, shard.data() + unit.shard_begin);
+  std::fill_n(shard.data() + unit.shard_begin + n, unit.block - n, 0.0f);
+}
+
+}  // namespace longctx
