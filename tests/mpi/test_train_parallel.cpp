@@ -16,8 +16,12 @@
 
 #include "core/memory.h"
 #include "train/trainer.h"
+#include "train_run.h"
 
 using namespace longctx;
+using longctx::test::RunResult;
+using longctx::test::rel;
+using longctx::test::shared_temp_dir;
 
 namespace {
 
@@ -40,10 +44,6 @@ std::map<std::string, ConfigValue> tiny_values(int64_t dp, int64_t cp, int64_t t
           {"metrics_file", std::string("/dev/null")}, {"num_threads", int64_t(1)}};
 }
 
-struct RunResult {
-  double loss0 = 0, grad_norm0 = 0, loss_last = 0;
-};
-
 // d_model 33: the flat parameter count (42603 at tp=1, 29931 at tp=2) is odd,
 // so every replica count here leaves a tail for the last piece.
 std::map<std::string, ConfigValue> sharded_values(int64_t dp, int64_t cp, int64_t tp, const std::string& strategy,
@@ -54,26 +54,7 @@ std::map<std::string, ConfigValue> sharded_values(int64_t dp, int64_t cp, int64_
   return v;
 }
 
-RunResult train(const RunConfig& c, const Mesh& mesh) {
-  Trainer t(c, mesh);
-  RunResult r;
-  StepMetrics m = t.train_step();
-  r.loss0 = m.loss;
-  r.grad_norm0 = m.grad_norm;
-  for (int i = 1; i < kSteps; ++i) r.loss_last = t.train_step().loss;
-  return r;
-}
-
-// One directory name for all ranks of the job: rank 0's pid names it.
-std::filesystem::path shared_temp_dir(const std::string& prefix) {
-  int rank = 0;
-  rank = comm_world_rank();
-  long long id = rank == 0 ? static_cast<long long>(::getpid()) : 0;
-  Communicator::world("temp dir").broadcast(&id, sizeof id, 0);
-  return std::filesystem::temp_directory_path() / (prefix + std::to_string(id));
-}
-
-double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
+RunResult train(const RunConfig& c, const Mesh& mesh) { return test::train(c, mesh, kSteps); }
 
 using ValuesFor = std::function<std::map<std::string, ConfigValue>(int64_t dp, int64_t cp, int64_t tp,
                                                                      const std::string& strategy, int64_t ulysses)>;
