@@ -90,7 +90,7 @@ std::string seconds(double s) {
 }
 
 json to_json(const StrategyPlan& p) {
-  json j = {{"strategy", name_of(p.strategy)}, {"dp", p.dp}, {"cp", p.cp}, {"ulysses", p.ulysses},
+  json j = {{"strategy", name_of(p.strategy)}, {"dp", p.dp}, {"fsdp", p.fsdp}, {"cp", p.cp}, {"ulysses", p.ulysses},
             {"ring", p.ring}, {"tp", p.tp}, {"remat_policy", name_of(p.remat_policy)}, {"valid", p.valid}};
   if (!p.valid) {
     j["invalid_reason"] = p.invalid_reason;
@@ -138,11 +138,12 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
               c.model_name.empty() ? "model" : c.model_name.c_str(),
               (long long)c.max_target_length, (long long)c.per_device_batch_size,
               name_of(c.attention_type), name_of(c.layout()), name_of(c.dtype), name_of(c.remat_policy),
-              c.shard_optimizer_over_data ? ", optimizer sharded over dp x cp (ZeRO-1)" : "");
+              c.shard_optimizer_over_data ? ", optimizer sharded over its replicas (ZeRO-1)" : "");
   if (any)
-    std::printf("      %lld x %s (%s each): dp %lld x cp %lld x tp %lld\n\n", (long long)r.devices,
-                r.hardware.c_str(), human_bytes(double(any->device_memory)).c_str(),
-                (long long)any->dp, (long long)any->cp, (long long)any->tp);
+    std::printf("      %lld x %s (%s each): dp %lld x fsdp %lld%s x cp %lld x tp %lld\n\n", (long long)r.devices,
+                r.hardware.c_str(), human_bytes(double(any->device_memory)).c_str(), (long long)any->dp,
+                (long long)any->fsdp, c.fsdp_over_context ? " (parameters sharded over fsdp x cp)" : "",
+                (long long)any->cp, (long long)any->tp);
   std::printf("%-12s %10s %6s %12s %10s %10s %10s %10s %8s %12s %6s\n", "strategy", "memory", "fits",
               "comm sent", "compute", "comm", "hidden", "step", "imbal.", "tok/s/dev", "MFU");
   for (const StrategyPlan& p : r.candidates) {

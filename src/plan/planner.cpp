@@ -46,10 +46,15 @@ struct Shape {
   SaveSet save;
   OffloadTarget offload_target;
   LlamaConfig model;
-  int64_t params_local;  // fp32 parameters on this device
-  // shard_optimizer_over_data (ZeRO-1) over the dp x cp replicas: the piece
-  // of the last replica (it also takes the remainder), which the device
-  // stands for.
+  int64_t params_local;  // fp32 parameters of the tp rank (its flat vector)
+  // FSDP (src/model/sharded_parameters.h): the shard group's size, this
+  // device's shard of the flat vector (params_local when not sharded), the
+  // ranks that hold the same shard (gradients summed there) and the ranks
+  // that read other tokens (loss sums).
+  int64_t fsdp, shards, shard, replicas, data_ranks;
+  bool fsdp_over_context;
+  // shard_optimizer_over_data (ZeRO-1) over the replicas: the piece of the
+  // last replica (it also takes the remainder), which the device stands for.
   bool zero1;
   FlatPiece piece;
   int64_t threads;       // kernel threads per device (per-thread attention scratch)
@@ -94,7 +99,10 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.U = c.ulysses_degree();
   s.R = c.cp / s.U;
   s.devices = devices;
-  s.dp = devices / (c.cp * c.tp);
+  // dp x fsdp fill devices / (cp x tp); an axis at -1 takes what the other leaves.
+  const int64_t data = devices / (c.cp * c.tp);
+  s.fsdp = c.fsdp == -1 ? data / std::max<int64_t>(c.dp, 1) : c.fsdp;
+  s.dp = data / s.fsdp;
   const LlamaConfig& m = c.model;
   s.model = m;
   s.d = m.d_model;
@@ -115,11 +123,15 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.save = c.save_set();
   s.offload_target = c.offload_target;
   s.params_local = parameters_per_tp_rank(m, c.tp);
+  s.fsdp_over_context = c.fsdp_over_context;
+  s.shards = s.fsdp * (s.fsdp_over_context ? s.cp : 1);
+  s.shard = parameter_shard_elements(m, c.tp, s.shards);
+  s.replicas = s.dp * (s.fsdp_over_context ? 1 : s.cp);
+  s.data_ranks = s.dp * s.fsdp * s.cp;
   s.segments = c.packing;
-  const int64_t replicas = s.dp * s.cp;
-  s.zero1 = c.shard_optimizer_over_data && replicas > 1;
-  s.piece = s.zero1 ? flat_piece(s.params_local, static_cast<int>(replicas), static_cast<int>(replicas - 1))
-                    : flat_piece(s.params_local, 1, 0);
+  s.zero1 = c.shard_optimizer_over_data && s.replicas > 1;
+  s.piece = s.zero1 ? flat_piece(s.shard, static_cast<int>(s.replicas), static_cast<int>(s.replicas - 1))
+                    : flat_piece(s.shard, 1, 0);
   return s;
 }
 
@@ -161,13 +173,21 @@ int64_t offloaded_items(const Shape& s, Activation a) {
 }
 
 void plan_memory(const Shape& s, StrategyPlan& p) {
-  const int64_t P = s.params_local;
-  add_memory(p, "parameters", "model parameters (fp32)", P * 4);
-  add_memory(p, "parameters", "bf16 compute copy of the parameters", compute_weight_copy_bytes(P, s.dtype));
-  add_memory(p, "gradients", "model gradients (fp32)", P * 4);
+  const bool sharded = s.shards > 1;
+  const std::string shard = sharded ? ", FSDP shard 1/" + str(s.shards) : "";
+  add_memory(p, "parameters", "model parameters (fp32" + shard + ")", s.shard * 4);
+  if (!sharded)
+    add_memory(p, "parameters", "bf16 compute copy of the parameters", compute_weight_copy_bytes(s.shard, s.dtype));
+  add_memory(p, "gradients", "model gradients (fp32" + shard + ")", s.shard * 4);
+  // The gathered units in use at the peak (the schedule of sharded_parameters.h).
+  const auto gathered = gathered_peak_bytes(s.model, s.tp, s.shards, s.dtype, true);
+  add_memory(p, "parameters",
+             std::string("FSDP gathered units in flight (fp32") + (s.dtype == DType::bf16 ? " + bf16 copy)" : ")"),
+             gathered[0]);
+  add_memory(p, "gradients", "FSDP unit gradients before their reduce-scatter (fp32)", gathered[1]);
   add_memory(p, "optimizer",
-             s.zero1 ? "AdamW moments (fp32), ZeRO-1 piece 1/" + str(s.dp * s.cp)
-                     : std::string("AdamW first and second moments (fp32)"),
+             s.zero1 ? "AdamW moments (fp32), ZeRO-1 piece 1/" + str(s.replicas) + shard
+                     : "AdamW first and second moments (fp32" + shard + ")",
              kAdamWMoments * int64_t(s.piece.size) * 4);
 
   // The model's own activation table: per layer when the policy saves a
@@ -456,9 +476,19 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   p.attention_seconds = attention_s;
   p.elementwise_seconds = memory_s;
   p.compute_seconds = matmul_s + memory_s + attention_s;
-  p.hidden_comm_seconds = hidden;
-  for (CommLine& c : p.comm)
+  // FSDP: each unit's all-gather is prefetched behind the previous use's
+  // compute, all but the first (the embedding's); reduce-scatters block.
+  double gathers = 0;
+  for (const CommLine& c : p.comm)
+    if (c.axis == "fsdp" && c.op == "all_gather") gathers += c.seconds;
+  const double uses = double(2 * s.L + 2);
+  const double fsdp_hidden = std::min(gathers * (uses - 1) / uses, p.compute_seconds);
+  for (CommLine& c : p.comm) {
     if (c.axis == "ring" && ring_comm_total > 0) c.hidden_seconds = c.seconds * hidden / ring_comm_total;
+    if (c.axis == "fsdp" && c.op == "all_gather" && gathers > 0) c.hidden_seconds = c.seconds * fsdp_hidden / gathers;
+  }
+  hidden += fsdp_hidden;
+  p.hidden_comm_seconds = hidden;
   plan_offload_time(s, hw, p);
   p.step_seconds = p.compute_seconds + p.comm_seconds - hidden + p.offload_seconds - p.offload_hidden_seconds;
   p.tokens_per_second = tokens / p.step_seconds;
@@ -498,8 +528,8 @@ int64_t device_memory(const RunConfig& c, const HardwareProfile& hw, const PlanO
 
 int64_t devices_of(const RunConfig& c, const PlanOptions& o) {
   if (o.devices > 0) return o.devices;
-  if (c.dp == -1) return c.cp * c.tp;
-  return c.dp * c.cp * c.tp;
+  // An axis at -1 (fill) counts as 1: the smallest mesh of this shape.
+  return std::max<int64_t>(c.dp, 1) * std::max<int64_t>(c.fsdp, 1) * c.cp * c.tp;
 }
 
 // The strategy/factorization candidates at cp: (strategy, ulysses degree).
@@ -542,7 +572,6 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
   if (devices % (c.cp * c.tp) != 0)
     throw ConfigError(str(devices) + " devices are not divisible by ici_context_parallelism x "
                       "ici_tensor_parallelism = " + str(c.cp * c.tp));
-  p.dp = devices / (c.cp * c.tp);
   if (c.model.num_heads % c.tp != 0 || c.model.num_kv_heads % c.tp != 0 || c.model.mlp_dim % c.tp != 0)
     throw ConfigError("ici_tensor_parallelism=" + str(c.tp) +
                       " must divide the query heads, KV heads and base_mlp_dim");
@@ -553,6 +582,8 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
     return p;
   }
   const Shape s = make_shape(c, devices, threads_of(c, &hw));
+  p.dp = s.dp;
+  p.fsdp = s.fsdp;
   plan_memory(s, p);
   p.fits = p.memory_total <= p.device_memory;
 
@@ -596,6 +627,8 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
     std::map<int64_t, int64_t> calls_by_elements;
     for (const ParameterSpec& t : parameter_table(s.model))
       if (t.split == TpSplit::none) ++calls_by_elements[t.local_elements(s.tp)];
+    // FSDP reduces them per use: the tied embedding twice (loss head, embedding backward).
+    if (s.shards > 1 && s.model.tie_embeddings) ++calls_by_elements[s.model.vocab_size * s.d];
     for (const auto& [elements, calls] : calls_by_elements)
       add_collective(p, hw, "all_reduce", "tp", s.tp, 1,
                      "gradients of tp-replicated parameters of " + str(elements) + " elements (fp32)", elements * 4,
@@ -604,24 +637,45 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
     add_collective(p, hw, "all_reduce", "tp", s.tp, 1, "layer outputs and input gradients", s.N * s.d * 4,
                    tp_calls);
   }
-  // Gradients are summed over every rank holding the same parameters (dp x cp):
-  // all-reduced, or (ZeRO-1) reduce-scattered in equal blocks, the remainder
-  // all-reduced, and the updated parameter pieces all-gathered the same way.
-  const int64_t replicas = s.dp * s.cp;
+  // FSDP (src/model/sharded_parameters.h): every unit's blocks all-gathered
+  // before its use (forward: the embedding, each layer, the head, and the
+  // embedding again for a tied LM head; backward: each layer again) and its
+  // gradients reduce-scattered after (the head, each layer, the embedding,
+  // and the embedding's loss-head part too when tied).
+  if (s.shards > 1) {
+    LlamaConfig one = s.model;
+    one.num_layers = 1;
+    const std::vector<ParameterUnit> units = parameter_units(one, s.tp, s.shards);
+    const int64_t embed = units[0].block * 4, layer = units[1].block * 4, head = units[2].block * 4;
+    const int64_t tied = s.model.tie_embeddings ? 1 : 0;
+    const int64_t span = s.fsdp_over_context ? s.tp : s.tp * s.cp;  // rank stride of the group
+    add_collective(p, hw, "all_gather", "fsdp", s.shards, span, "layer weights (fp32)", layer, 2 * s.L);
+    add_collective(p, hw, "all_gather", "fsdp", s.shards, span, "embedding weights (fp32)", embed, 1 + tied);
+    add_collective(p, hw, "all_gather", "fsdp", s.shards, span, "head weights (fp32)", head, 1);
+    add_collective(p, hw, "reduce_scatter", "fsdp", s.shards, span, "layer gradients (fp32)", layer, s.L);
+    add_collective(p, hw, "reduce_scatter", "fsdp", s.shards, span, "embedding gradients (fp32)", embed, 1 + tied);
+    add_collective(p, hw, "reduce_scatter", "fsdp", s.shards, span, "head gradients (fp32)", head, 1);
+    add_collective(p, hw, "all_reduce", "fsdp", s.shards, span, "gradient norm pieces (fp64)", 8, 1);
+  }
+  // Gradients are summed over every rank holding the same shard (the
+  // replicas): all-reduced, or (ZeRO-1) reduce-scattered in equal blocks, the
+  // remainder all-reduced, and the updated parameter pieces all-gathered the same way.
+  const int64_t rstride = s.devices / std::max<int64_t>(s.replicas, 1);
   if (s.zero1) {
-    add_collective(p, hw, "reduce_scatter", "dp", replicas, s.tp, "gradient pieces (fp32)", int64_t(s.piece.block) * 4, 1);
-    add_collective(p, hw, "all_reduce", "dp", replicas, s.tp, "gradient tail (fp32)", int64_t(s.piece.tail) * 4, 1);
-    add_collective(p, hw, "all_gather", "dp", replicas, s.tp, "updated parameter pieces (fp32)",
+    add_collective(p, hw, "reduce_scatter", "dp", s.replicas, rstride, "gradient pieces (fp32)", int64_t(s.piece.block) * 4, 1);
+    add_collective(p, hw, "all_reduce", "dp", s.replicas, rstride, "gradient tail (fp32)", int64_t(s.piece.tail) * 4, 1);
+    add_collective(p, hw, "all_gather", "dp", s.replicas, rstride, "updated parameter pieces (fp32)",
                    int64_t(s.piece.block) * 4, 1);
-    add_collective(p, hw, "all_gather", "dp", replicas, s.tp, "updated parameter tail (fp32)", int64_t(s.piece.tail) * 4, 1);
+    add_collective(p, hw, "all_gather", "dp", s.replicas, rstride, "updated parameter tail (fp32)",
+                   int64_t(s.piece.tail) * 4, 1);
   } else {
-    add_collective(p, hw, "all_reduce", "dp", replicas, s.tp, "gradients (fp32)", s.params_local * 4, 1);
+    add_collective(p, hw, "all_reduce", "dp", s.replicas, rstride, "gradients (fp32)", s.shard * 4, 1);
   }
   // The trainer's small reductions (src/train/trainer.cpp, optimizer.cpp):
-  // loss and weight sums over the replicas, the squared gradient norm over
+  // loss and weight sums over every data rank, the squared gradient norm over
   // tp (and first over the replicas' pieces with ZeRO-1).
-  add_collective(p, hw, "all_reduce", "dp", replicas, s.tp, "loss sums (2 x fp64)", 16, 1);
-  if (s.zero1) add_collective(p, hw, "all_reduce", "dp", replicas, s.tp, "gradient norm pieces (fp64)", 8, 1);
+  add_collective(p, hw, "all_reduce", "dp", s.data_ranks, s.tp, "loss sums (2 x fp64)", 16, 1);
+  if (s.zero1) add_collective(p, hw, "all_reduce", "dp", s.replicas, rstride, "gradient norm pieces (fp64)", 8, 1);
   add_collective(p, hw, "all_reduce", "tp", s.tp, 1, "gradient norm (fp64)", 8, 1);
   for (const CommLine& line : p.comm) p.comm_bytes_sent += line.bytes_sent;
   plan_time(s, hw, w, c.dtype, fwd_calls, p);
@@ -704,7 +758,7 @@ int64_t predicted_memory_bytes(const RunConfig& c, int64_t threads, int64_t* hos
                       str(c.max_target_length) + " tokens over cp=" + str(c.cp) +
                       "): lower max_target_length or per_device_batch_size, or raise ici_context_parallelism");
   StrategyPlan p;
-  plan_memory(make_shape(c, c.dp * c.cp * c.tp, threads), p);
+  plan_memory(make_shape(c, c.dp * c.fsdp * c.cp * c.tp, threads), p);
   if (host_offload_bytes) *host_offload_bytes = p.offload_target == OffloadTarget::host ? p.offload_bytes : 0;
   return p.memory_total;
 }

@@ -33,7 +33,7 @@ struct MemoryLine {
 // the counters' conventions in src/comm/communicator.h.
 struct CommLine {
   std::string op;
-  std::string axis;  // mesh axis: cp, ulysses, ring, tp, dp (replicas)
+  std::string axis;  // mesh axis: cp, ulysses, ring, tp, fsdp (the shard group), dp (replicas, data ranks)
   std::string what;  // e.g. "K,V forward"
   int64_t calls = 0;
   int64_t bytes_sent = 0;
@@ -45,7 +45,7 @@ struct CommLine {
 // The prediction for one strategy and factorization at one mesh.
 struct StrategyPlan {
   CpStrategy strategy = CpStrategy::all_gather;
-  int64_t dp = 1, cp = 1, ulysses = 1, ring = 1, tp = 1;
+  int64_t dp = 1, fsdp = 1, cp = 1, ulysses = 1, ring = 1, tp = 1;
   RematPolicy remat_policy = RematPolicy::full;
   bool valid = true;
   std::string invalid_reason;  // the rule this factorization breaks

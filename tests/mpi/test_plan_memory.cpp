@@ -13,7 +13,11 @@
 //   bytes exactly, the tracker's activation peak exactly, and the saved layer
 //   inputs 1/tp of the same run's without it;
 // - one attention call of each strategy, fp32 and bf16: the tracked peak
-//   equals cp_attention_workspace exactly.
+//   equals cp_attention_workspace exactly;
+// - FSDP (fsdp > 1 or fsdp_over_context): the parameter, gradient and
+//   optimizer peaks and the activation peak exactly, the shard group's
+//   all-gather, reduce-scatter and all-reduce bytes and the replicas' and
+//   data ranks' bytes exactly.
 #include <gtest/gtest.h>
 
 #include <omp.h>
@@ -44,6 +48,9 @@ struct Case {
   int64_t d_model = 32;
   std::string dtype = "float32";
   bool sequence_parallel = false;
+  int64_t fsdp = 1;
+  bool over_context = false;  // fsdp_over_context
+  bool tied = false;          // logits_via_embedding
 };
 
 std::string describe(const Case& k) {
@@ -56,6 +63,8 @@ std::string describe(const Case& k) {
   if (k.shard) out += " ZeRO-1 d=" + std::to_string(k.d_model);
   if (k.dtype != "float32") out += " " + k.dtype;
   if (k.sequence_parallel) out += " seq-parallel";
+  if (k.fsdp > 1 || k.over_context) out += " fsdp=" + std::to_string(k.fsdp) + (k.over_context ? " over cp" : "");
+  if (k.tied) out += " tied";
   return out;
 }
 
@@ -73,7 +82,9 @@ RunConfig config_for(const Case& k) {
       {"peak_tflops_per_device", 1.0},     {"enable_checkpointing", false},
       {"metrics_file", std::string("/dev/null")}, {"num_threads", int64_t(1)},
       {"shard_optimizer_over_data", k.shard}, {"dtype", k.dtype},
-      {"tensor_sequence_parallelism", k.sequence_parallel}};
+      {"tensor_sequence_parallelism", k.sequence_parallel},
+      {"ici_fsdp_parallelism", k.fsdp},    {"fsdp_over_context", k.over_context},
+      {"logits_via_embedding", k.tied}};
   return config_from_values(v);
 }
 
@@ -336,4 +347,64 @@ TEST(PlanMemory, AttentionCallWorkspaceIsExactInFp32AndBf16) {
         shape.mask = a.mask;
         EXPECT_EQ(measured, cp_attention_workspace(shape).bytes) << what << " rank " << mesh.cp_rank();
       }
+}
+
+TEST(PlanMemory, FsdpPeaksAndBytesMatchRealStepsExactly) {
+  const int world = comm_world_size(), rank = comm_world_rank();
+  // {strategy, dp, cp, U, tp, seq, batch, remat, packing, ZeRO-1, d_model, dtype, sp, fsdp, over cp, tied}
+  std::vector<Case> fsdp_cases;
+  fsdp_cases.push_back({"all_gather", 1, 1, 1, 1, 256, 1, "full", false, false, 33, "float32", false, world});
+  if (world >= 2)
+    fsdp_cases.push_back({"ring", 1, 2, 1, 1, 256, 1, "none", true, false, 33, "bfloat16", false, world / 2, true});
+  if (world >= 4) {
+    fsdp_cases.push_back({"ulysses", 1, 2, 1, 1, 256, 1, "minimal", false, false, 32, "float32", false, world / 2,
+                          true, true});
+    fsdp_cases.push_back({"all_gather", 2, 1, 1, 1, 256, 1, "full", false, true, 33, "float32", false, world / 2,
+                          false, true});
+  }
+  if (world == 8)
+    fsdp_cases.push_back({"ring", 1, 2, 1, 2, 256, 2, "save_context", false, false, 32, "float32", true, 2, true});
+  for (const Case& k : fsdp_cases) {
+    const std::string what = describe(k);
+    RunConfig c = config_for(k);
+    validate_config(c, world);
+    const StrategyPlan plan = plan_strategy(c, any_profile(), PlanOptions{});
+    ASSERT_TRUE(plan.valid) << what << ": " << plan.invalid_reason;
+    Mesh mesh(mesh_shape_from_config(c));
+    MemoryTracker& t = MemoryTracker::global();
+    const size_t p0 = t.current(MemCategory::parameters), g0 = t.current(MemCategory::gradients),
+                 o0 = t.current(MemCategory::optimizer), a0 = t.current(MemCategory::activations);
+    t.reset_peaks();
+    int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
+    CommCounters shards, replicas, data;
+    bool last_replica = false;
+    {
+      Trainer trainer(c, mesh);
+      mesh.reset_counters();
+      for (int s = 0; s < kSteps; ++s) trainer.train_step();
+      params = int64_t(t.peak(MemCategory::parameters) - p0);
+      grads = int64_t(t.peak(MemCategory::gradients) - g0);
+      optimizer = int64_t(t.current(MemCategory::optimizer) - o0);
+      activations = int64_t(t.peak(MemCategory::activations) - a0);
+      shards = mesh.shards().counters();
+      replicas = mesh.replicas().counters();
+      data = mesh.data().counters();
+      last_replica = mesh.replicas().rank() + 1 == mesh.replicas().size();
+    }
+    if (rank == 0)
+      std::printf("  %-70s parameters %lld gradients %lld optimizer %lld bytes\n", what.c_str(), (long long)params,
+                  (long long)grads, (long long)optimizer);
+    EXPECT_EQ(params, predicted_memory(plan, "parameters")) << what << " rank " << rank;
+    EXPECT_EQ(grads, predicted_memory(plan, "gradients")) << what << " rank " << rank;
+    if (last_replica) EXPECT_EQ(optimizer, predicted_memory(plan, "optimizer")) << what << " rank " << rank;
+    EXPECT_EQ(activations, predicted_memory(plan, "activations")) << what << " rank " << rank;
+    for (CommOp op : {CommOp::all_gather, CommOp::reduce_scatter, CommOp::all_reduce})
+      EXPECT_EQ(shards[op].bytes_sent, kSteps * predicted_bytes(plan, comm_op_name(op), "fsdp"))
+          << what << " rank " << rank << " " << comm_op_name(op);
+    EXPECT_GT(shards[CommOp::all_gather].bytes_sent, 0) << what;
+    EXPECT_EQ(replicas[CommOp::all_reduce].bytes_sent + data[CommOp::all_reduce].bytes_sent,
+              kSteps * predicted_all_reduce(plan, "dp")) << what << " rank " << rank;
+    EXPECT_EQ(replicas[CommOp::reduce_scatter].bytes_sent, kSteps * predicted_bytes(plan, "reduce_scatter", "dp"))
+        << what << " rank " << rank;
+  }
 }
