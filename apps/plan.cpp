@@ -196,7 +196,7 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
                 rec.strategy == CpStrategy::usp
                     ? (" ici_context_usp_ulysses_parallelism=" + std::to_string(rec.ulysses)).c_str()
                     : "",
-                name_of(rec.remat_policy), rec.shard_optimizer_over_data ? " shard_optimizer_over_data=true" : "",
+                name_of(rec.remat_policy), rec.levers.empty() ? "" : ("\n  memory levers: " + rec.levers).c_str(),
                 rec.reason.c_str());
   else
     std::printf("none: %s\n", rec.reason.c_str());
@@ -341,6 +341,7 @@ int run_plan(const Args& args) {
       j["recommendation"].update({{"strategy", name_of(rec.strategy)}, {"cp", rec.cp}, {"ulysses", rec.ulysses},
                                   {"remat_policy", name_of(rec.remat_policy)},
                                   {"shard_optimizer_over_data", rec.shard_optimizer_over_data},
+                                  {"levers", rec.levers},
                                   {"plan", to_json(rec.plan)}});
     j["plan_seconds"] = elapsed;
     std::printf("%s\n", j.dump(2).c_str());

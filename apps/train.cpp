@@ -58,17 +58,13 @@ void resolve_auto_strategy(RunConfig& config, const Communicator& world) {
   options.devices = world.size();
   PlanRecommendation r = recommend(config, hw, options);
   if (!r.found) throw ConfigError("context_parallel_strategy=auto: the planner found no configuration that fits: " + r.reason);
-  config.cp_strategy = r.strategy;
-  config.cp = r.cp;
-  config.cp_ulysses = r.strategy == CpStrategy::usp ? r.ulysses : 1;
-  config.remat_policy = r.remat_policy;
-  config.shard_optimizer_over_data = r.shard_optimizer_over_data;
+  config = r.config;
   if (rank == 0) {
     std::printf("auto: context_parallel_strategy=%s ici_context_parallelism=%lld%s remat_policy=%s%s (%s)\n"
                 "  why: %s\n",
                 name_of(r.strategy), static_cast<long long>(r.cp),
                 r.strategy == CpStrategy::usp ? (" ici_context_usp_ulysses_parallelism=" + std::to_string(r.ulysses)).c_str() : "",
-                name_of(r.remat_policy), r.shard_optimizer_over_data ? " shard_optimizer_over_data=true" : "",
+                name_of(r.remat_policy), r.levers.empty() ? "" : (", levers: " + r.levers).c_str(),
                 source.c_str(), r.reason.c_str());
     std::fflush(stdout);
   }

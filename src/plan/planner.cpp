@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -737,9 +738,9 @@ std::string reason_for(const RunConfig& c, const StrategyPlan& best,
 }
 
 // Candidate cp sizes: the configured one when the mesh is pinned, else every
-// divisor of devices / tp (dp fills the rest).
+// divisor of devices / tp (dp or fsdp, whichever is -1, fills the rest).
 std::vector<int64_t> cp_sizes(const RunConfig& c, int64_t devices) {
-  if (c.dp != -1) return {c.cp};
+  if (c.dp != -1 && c.fsdp != -1) return {c.cp};
   std::vector<int64_t> out;
   for (int64_t cp = 1; cp <= devices / c.tp; ++cp)
     if ((devices / c.tp) % cp == 0 && devices % c.tp == 0) out.push_back(cp);
@@ -768,53 +769,116 @@ std::vector<CommLine> attention_call_comm(const RunConfig& c, bool backward, int
   return comm_lines(CpCallTraffic(call_shape(s)).transfers(backward, cp_rank));
 }
 
-PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
-  const int64_t devices = devices_of(c, o);
-  PlanOptions opts = o;
-  opts.devices = devices;
-  // Remat policies to try: the configured one, then (only if nothing fits)
-  // the ones that save less; at each, the configured optimizer sharding,
-  // then ZeRO-1 (it moves the same bytes, so it comes before more recompute).
+namespace {
+
+// One rung of the memory ladder: a lever added to the ones before it.
+struct Rung {
+  std::string what;  // "key=value ...", as a user would set it
+  std::string why;   // what it saves
+  RunConfig config;
+};
+
+// The levers in the reference's order for tight memory (MaxText): shard
+// first (ZeRO-1, then FSDP: the dp ranks and the cp ranks shard the
+// parameters; then sequence parallelism over tp), then move saved tensors
+// off the device (the saved activations, then the layer inputs; optimizer
+// state and parameters cannot be offloaded yet), and recompute last: at each
+// heavier remat policy, every lever above with the tensors it still saves
+// offloaded. Each rung keeps the rungs before it.
+std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw) {
+  std::vector<Rung> ladder{{"", "", c}};
+  auto add = [&](const std::string& what, const std::string& why, const std::function<void(RunConfig&)>& f) {
+    RunConfig k = ladder.back().config;
+    f(k);
+    ladder.push_back({what, why, k});
+  };
+  if (!c.shard_optimizer_over_data)
+    add("shard_optimizer_over_data=true", "AdamW moments sharded over the replicas (ZeRO-1)",
+        [](RunConfig& k) { k.shard_optimizer_over_data = true; });
+  if (c.dp > 1 || (c.cp > 1 && !c.fsdp_over_context) || c.dp == -1)
+    add("ici_fsdp_parallelism=" + std::string(c.dp == -1 ? "-1" : str(c.dp * c.fsdp)) +
+            " ici_data_parallelism=1 fsdp_over_context=true",
+        "parameters, gradients and moments sharded over the dp and cp ranks (FSDP)", [](RunConfig& k) {
+          k.fsdp = k.dp == -1 ? -1 : k.dp * k.fsdp;
+          k.dp = 1;
+          k.fsdp_over_context = true;
+        });
+  if (c.tp > 1 && !c.tp_sequence_parallel)
+    add("tensor_sequence_parallelism=true", "layer inputs and norms sharded over tp",
+        [](RunConfig& k) { k.tp_sequence_parallel = true; });
+  const bool host = hw.host_link_bandwidth > 0 || c.offload_target == OffloadTarget::disk;
   std::vector<RematPolicy> remats{c.remat_policy};
   bool past = false;
   for (RematPolicy r : kRematLadder) {
     if (past) remats.push_back(r);
     past = past || c.remat_policy == r;
   }
-  std::vector<bool> shardings{c.shard_optimizer_over_data};
-  if (!c.shard_optimizer_over_data) shardings.push_back(true);
-  for (RematPolicy remat : remats)
-    for (bool shard : shardings) {
-      RunConfig k = c;
-      k.shard_optimizer_over_data = shard;
-      for (int64_t cp : cp_sizes(c, devices)) {
-        std::vector<StrategyPlan> plans = plans_at(k, hw, opts, cp, remat);
-        const StrategyPlan* best = fastest_fitting(plans);
-        if (!best) continue;
-        PlanRecommendation r;
-        r.found = true;
-        r.strategy = best->strategy;
-        r.cp = best->cp;
-        r.ulysses = best->ulysses;
-        r.remat_policy = remat;
-        r.shard_optimizer_over_data = shard;
-        r.plan = *best;
-        r.reason = reason_for(k, *best, plans);
-        if (cp != cp_sizes(c, devices).front())
-          r.reason = "cp=" + str(cp) + " is the smallest that fits; " + r.reason;
-        if (remat != c.remat_policy)
-          r.reason += std::string("; remat_policy=") + name_of(remat) + " because nothing fits with " +
-                      name_of(c.remat_policy);
-        if (shard != c.shard_optimizer_over_data)
-          r.reason += "; shard_optimizer_over_data=true because nothing fits without it";
-        return r;
-      }
+  for (size_t i = 0; i < remats.size(); ++i) {
+    if (i > 0)
+      add(std::string("remat_policy=") + name_of(remats[i]), "recomputes more in backward", [&](RunConfig& k) {
+        k.remat_policy = remats[i];
+        k.remat_custom_offload = {};
+      });
+    if (!host || remats[i] == RematPolicy::custom) continue;
+    // Offload what this policy saves: the activations, then the layer inputs.
+    const SaveSet saved = save_set_for(remats[i]);
+    const CustomSave keep{true, saved.qkv, saved.context, saved.out_proj, saved.mlpwi, false};
+    auto offload = [&](bool inputs) {
+      return [keep, inputs, target = c.offload_target](RunConfig& k) {
+        k.remat_policy = RematPolicy::custom;
+        k.remat_custom_save = keep;
+        k.remat_custom_offload = keep;
+        k.remat_custom_offload[0] = inputs;
+        k.offload_target = target;
+      };
+    };
+    const std::string target = std::string(" offload_target=") + name_of(c.offload_target);
+    if (saved.qkv || saved.context || saved.out_proj || saved.mlpwi)
+      add("remat_policy=custom (" + std::string(name_of(remats[i])) + "'s saved tensors: offload)" + target,
+          "saved activations moved off the device between forward and backward", offload(false));
+    add("remat_policy=custom (" + std::string(name_of(remats[i])) + "'s saved tensors and decoder_layer_input: offload)" +
+            target,
+        "layer inputs moved off the device too", offload(true));
+  }
+  return ladder;
+}
+
+}  // namespace
+
+PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
+  const int64_t devices = devices_of(c, o);
+  PlanOptions opts = o;
+  opts.devices = devices;
+  std::string added;  // the levers applied so far, with why
+  for (const Rung& rung : memory_ladder(c, hw)) {
+    if (!rung.what.empty()) added += "; " + rung.what + " (" + rung.why + ")";
+    const RunConfig& k = rung.config;
+    for (int64_t cp : cp_sizes(k, devices)) {
+      std::vector<StrategyPlan> plans = plans_at(k, hw, opts, cp, k.remat_policy);
+      const StrategyPlan* best = fastest_fitting(plans);
+      if (!best) continue;
+      PlanRecommendation r;
+      r.found = true;
+      r.strategy = best->strategy;
+      r.cp = best->cp;
+      r.ulysses = best->ulysses;
+      r.remat_policy = k.remat_policy;
+      r.shard_optimizer_over_data = k.shard_optimizer_over_data;
+      r.config = with_candidate(k, cp, best->strategy, best->ulysses, k.remat_policy);
+      r.levers = added.empty() ? "" : added.substr(2);
+      r.plan = *best;
+      r.reason = reason_for(k, *best, plans);
+      if (cp != cp_sizes(c, devices).front())
+        r.reason = "cp=" + str(cp) + " is the smallest that fits; " + r.reason;
+      if (!added.empty()) r.reason += "; nothing fits with fewer memory levers (added in MaxText's order, listed apart)";
+      return r;
     }
+  }
   PlanRecommendation none;
   none.reason = "nothing fits on " + str(devices) + " devices with tp=" + str(c.tp) +
-                " at any cp and remat policy" +
-                std::string(c.shard_optimizer_over_data ? "" : ", with or without shard_optimizer_over_data") +
-                ": raise ici_tensor_parallelism, add devices or shorten max_target_length";
+                " at any cp, with every memory lever (ZeRO-1, FSDP over dp and cp, sequence parallelism, "
+                "activation and layer-input offload, every remat policy): raise ici_tensor_parallelism, add "
+                "devices or shorten max_target_length";
   return none;
 }
 

@@ -97,6 +97,9 @@ struct PlanRecommendation {
   int64_t cp = 1, ulysses = 1;
   RematPolicy remat_policy = RematPolicy::full;
   bool shard_optimizer_over_data = false;  // ZeRO-1, tried when nothing fits without it
+  // The run to start: the config with the strategy, cp and every memory lever applied.
+  RunConfig config;
+  std::string levers;  // the levers added to the config, with why ("" = none)
   std::string reason;  // one line, in the users' terms
   StrategyPlan plan;
 };
@@ -148,9 +151,10 @@ int64_t predicted_memory_bytes(const RunConfig& config, int64_t threads, int64_t
 
 // The recommended configuration: the smallest cp that fits (searched only
 // when ici_data_parallelism is -1, i.e. the mesh is not pinned), the fastest
-// strategy there, the configured remat policy unless nothing fits with it,
-// without shard_optimizer_over_data (unless configured) unless nothing fits
-// without it.
+// strategy there, with the fewest memory levers that make it fit, added in
+// MaxText's order (planner.cpp memory_ladder): ZeRO-1, FSDP over the dp and
+// cp ranks, sequence parallelism, offload of the saved activations, then of
+// the layer inputs, and heavier remat policies last.
 PlanRecommendation recommend(const RunConfig& config, const HardwareProfile& hw,
                              const PlanOptions& options = {});
 

@@ -273,7 +273,7 @@ TEST(PlanMemory, ZeroOneShrinksTheMomentsAndIsRecommendedOnlyWhenNeeded) {
   PlanRecommendation r = recommend(c, hw, o);
   ASSERT_TRUE(r.found) << r.reason;
   EXPECT_TRUE(r.shard_optimizer_over_data);
-  EXPECT_NE(r.reason.find("shard_optimizer_over_data=true"), std::string::npos) << r.reason;
+  EXPECT_NE(r.levers.find("shard_optimizer_over_data=true"), std::string::npos) << r.levers;
   PlanReport report = make_plan(c, hw, o);
   bool advised = false;
   for (const StrategyPlan& p : report.candidates)

@@ -1,0 +1,124 @@
+// The planner's memory ladder (recommend): when a run does not fit, the
+// levers come in MaxText's order, each only when the ones before it are not
+// enough: ZeRO-1, FSDP over the dp and cp ranks, sequence parallelism,
+// offload of the saved activations, then of the layer inputs, and heavier
+// remat last. For each rung the test builds the config by hand, plans it,
+// and gives the device exactly that rung's memory: the recommendation must
+// use exactly the levers up to that rung.
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+
+#include "core/config.h"
+#include "plan/hardware.h"
+#include "plan/planner.h"
+
+namespace longctx {
+namespace {
+
+HardwareProfile profile() {
+  HardwareProfile h;
+  h.name = "levers";
+  h.peak_flops_fp32 = h.peak_flops_bf16 = 1e12;
+  h.memory_bytes = int64_t{1} << 40;
+  h.memory_bandwidth = 1e11;
+  h.p2p_bandwidth = h.collective_bandwidth = h.all_to_all_bandwidth = 1e10;
+  h.host_link_bandwidth = 1e10;
+  h.devices_per_node = 8;
+  h.threads_per_device = 1;
+  return h;
+}
+
+// dp 2 x cp 2 x tp 2, remat minimal (it saves activations besides the layer inputs).
+RunConfig base() {
+  RunConfig c = config_from_values({});
+  c.model.vocab_size = 32000;  // large parameters next to the activations
+  c.model.d_model = 256;
+  c.model.num_heads = 4;
+  c.model.num_kv_heads = 2;
+  c.model.head_dim = 64;
+  c.model.mlp_dim = 1024;
+  c.model.num_layers = 4;
+  c.max_target_length = 8192;
+  c.dp = 2;
+  c.cp = 2;
+  c.tp = 2;
+  c.remat_policy = RematPolicy::minimal;
+  c.packing = false;
+  c.cp_strategy = CpStrategy::ring;
+  return c;
+}
+
+// The smallest memory of any strategy at the config's cp.
+int64_t least_memory(const RunConfig& c, const HardwareProfile& hw) {
+  int64_t least = std::numeric_limits<int64_t>::max();
+  for (CpStrategy s : {CpStrategy::all_gather, CpStrategy::ring}) {
+    RunConfig k = c;
+    k.cp_strategy = s;
+    const StrategyPlan p = plan_strategy(k, hw, PlanOptions{});
+    if (p.valid) least = std::min(least, p.memory_total);
+  }
+  return least;
+}
+
+TEST(PlanLevers, EachRungIsAddedOnlyWhenTheOnesBeforeDoNotFit) {
+  HardwareProfile hw = profile();
+  // The rungs, by hand.
+  std::vector<std::pair<std::string, RunConfig>> rungs;
+  RunConfig k = base();
+  rungs.push_back({"", k});
+  k.shard_optimizer_over_data = true;
+  rungs.push_back({"shard_optimizer_over_data=true", k});
+  k.fsdp = 2, k.dp = 1, k.fsdp_over_context = true;
+  rungs.push_back({"fsdp_over_context=true", k});
+  k.tp_sequence_parallel = true;
+  rungs.push_back({"tensor_sequence_parallelism=true", k});
+  k.remat_policy = RematPolicy::custom;
+  k.remat_custom_save = {true, true, false, true, true, false};  // minimal saves qkv_proj, out_proj, mlpwi
+  k.remat_custom_offload = {false, true, false, true, true, false};
+  rungs.push_back({"minimal's saved tensors: offload", k});
+  k.remat_custom_offload[0] = true;
+  rungs.push_back({"minimal's saved tensors and decoder_layer_input: offload", k});
+
+  int64_t previous = std::numeric_limits<int64_t>::max();
+  std::string levers_before;
+  for (size_t i = 0; i < rungs.size(); ++i) {
+    const auto& [lever, config] = rungs[i];
+    const int64_t need = least_memory(config, hw);
+    ASSERT_LT(need, previous) << "rung " << i << " (" << lever << ") saves nothing";
+    previous = need;
+    hw.memory_bytes = need;  // fits this rung, not the one before
+    RunConfig asked = base();
+    asked.cp_strategy = std::nullopt;
+    const PlanRecommendation r = recommend(asked, hw, PlanOptions{8, 0});
+    ASSERT_TRUE(r.found) << "rung " << i << ": " << r.reason;
+    EXPECT_EQ(r.plan.memory_total, need) << "rung " << i;
+    // Every lever so far, in order, and nothing after.
+    size_t at = 0;
+    for (size_t j = 1; j <= i; ++j) {
+      const size_t found = r.levers.find(rungs[j].first, at);
+      EXPECT_NE(found, std::string::npos) << "rung " << i << " lacks " << rungs[j].first << ": " << r.levers;
+      if (found != std::string::npos) at = found;
+    }
+    if (i + 1 < rungs.size())
+      EXPECT_EQ(r.levers.find(rungs[i + 1].first), std::string::npos) << "rung " << i << ": " << r.levers;
+    EXPECT_EQ(r.levers.find("remat_policy=save_context"), std::string::npos) << "remat comes last: " << r.levers;
+    EXPECT_EQ(r.config.shard_optimizer_over_data, config.shard_optimizer_over_data) << "rung " << i;
+    EXPECT_EQ(r.config.fsdp_over_context, config.fsdp_over_context) << "rung " << i;
+    EXPECT_EQ(r.config.tp_sequence_parallel, config.tp_sequence_parallel) << "rung " << i;
+    EXPECT_EQ(r.config.remat_custom_offload, config.remat_custom_offload) << "rung " << i;
+  }
+  // Below the last rung only heavier remat helps, and it comes with every lever.
+  hw.memory_bytes = previous - 1;
+  RunConfig asked = base();
+  asked.cp_strategy = std::nullopt;
+  const PlanRecommendation r = recommend(asked, hw, PlanOptions{8, 0});
+  if (r.found) {
+    EXPECT_NE(r.levers.find("remat_policy="), std::string::npos) << r.levers;
+    EXPECT_TRUE(r.config.fsdp_over_context && r.config.tp_sequence_parallel && r.config.shard_optimizer_over_data);
+  }
+}
+
+}  // namespace
+}  // namespace longctx
