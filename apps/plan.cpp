@@ -121,6 +121,12 @@ json to_json(const StrategyPlan& p) {
                     {"moved_bytes_per_step", p.offload_moved_bytes}, {"bandwidth", p.offload_bandwidth},
                     {"seconds", p.offload_seconds}, {"hidden_seconds", p.offload_hidden_seconds}};
   }
+  if (p.host_state_bytes > 0) {
+    json st = json::array();
+    for (const MemoryLine& m : p.host_state) st.push_back({{"name", m.name}, {"bytes", m.bytes}});
+    j["host_state"] = {{"memory", st}, {"bytes", p.host_state_bytes}, {"moved_bytes_per_step", p.host_state_moved_bytes},
+                       {"seconds", p.host_state_seconds}, {"hidden_seconds", p.host_state_hidden_seconds}};
+  }
   if (!p.advice.empty()) j["advice"] = p.advice;
   return j;
 }
@@ -177,6 +183,13 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
         std::printf(": the profile has no %s bandwidth, time not counted\n",
                     p.offload_target == OffloadTarget::host ? "host_link" : "disk");
       for (const MemoryLine& m : p.offload_memory)
+        std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(), human_bytes(double(m.bytes)).c_str());
+    }
+    if (p.host_state_bytes > 0) {
+      std::printf("   in host memory (not device memory): %s; moved per step over the host link %s: %s, %s hidden\n",
+                  human_bytes(double(p.host_state_bytes)).c_str(), human_bytes(double(p.host_state_moved_bytes)).c_str(),
+                  seconds(p.host_state_seconds).c_str(), seconds(p.host_state_hidden_seconds).c_str());
+      for (const MemoryLine& m : p.host_state)
         std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(), human_bytes(double(m.bytes)).c_str());
     }
     std::printf("   communication per device per step:\n");

@@ -128,6 +128,8 @@ const std::vector<ConfigKey>& config_keys() {
       {"mlpwi", S("remat"), "custom remat: device (save) | remat | offload", SAVE(mlpwi)},
       {"mlpwo", S("remat"), "custom remat: device (save) | remat | offload", SAVE(mlpwo)},
       {"offload_target", S("host"), "where `offload` tensors live: host|disk", ENUM(offload_target)},
+      {"optimizer_memory_host_offload", false, "AdamW moments in the host pool instead of device memory", F(optimizer_memory_host_offload)},
+      {"parameter_memory_host_offload", false, "FSDP parameter shards in the host pool (units gathered to the device)", F(parameter_memory_host_offload)},
       {"offload_dir", S(""), "disk offload spill files; empty = <base_output_directory>/<run_name>/offload", F(offload_dir)},
       // attention
       {"attention_type", S("causal"), "full|causal|local|chunked", ENUM(attention_type)},
@@ -758,6 +760,11 @@ void validate_config(RunConfig& c, int64_t world) {
             "shard_optimizer_over_data needs at least one parameter per replica (replicas = " + str(replicas) +
                 ", parameters per shard = " + str(shard) + ")");
   }
+
+  require(!c.parameter_memory_host_offload || c.shard_group() > 1,
+          "parameter_memory_host_offload needs FSDP (ici_fsdp_parallelism > 1, or fsdp_over_context with "
+          "ici_context_parallelism > 1): unsharded, the model computes from its parameters in place, so there is "
+          "nothing to bring to the device per layer");
 
   // ---- run and system
   require(c.checkpoint_period >= 0, "checkpoint_period must be >= 0 (0 = only at the end)");

@@ -126,6 +126,11 @@ struct RunConfig {
   // AdamW moments of one contiguous piece of the parameters; gradients are
   // reduce-scattered and the updated pieces all-gathered (src/train/trainer.h).
   bool shard_optimizer_over_data = false;
+  // optimizer_memory_host_offload / parameter_memory_host_offload (MaxText's
+  // keys): the AdamW moments, and with FSDP the parameter shards, live in
+  // the host pool (host_memory_budget), not in device memory.
+  bool optimizer_memory_host_offload = false;
+  bool parameter_memory_host_offload = false;
   int64_t init_weights_seed = 0;      // init_weights_seed (also seeds synthetic data)
   std::string load_parameters_path;   // load_parameters_path: pretrained weights (train/checkpoint.h)
 

@@ -225,7 +225,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
   m.embed = index_of("model.embed_tokens.weight");
   m.final_norm = index_of("model.norm.weight");
   m.lm_head = c.tie_embeddings ? m.embed : index_of("lm_head.weight");
-  m.store = std::make_unique<ShardedParameters>(c, tp, m.mesh->shards(), m.dtype);
+  m.store = std::make_unique<ShardedParameters>(c, tp, m.mesh->shards(), m.dtype, options.parameters_on_host);
   const bool whole = m.store->shards() == 1;  // views into the flat vector exist only unsharded
   int64_t offset = 0;
   for (const ParameterSpec& s : specs) {

@@ -68,6 +68,8 @@ struct ModelOptions {
   // Megatron's sequence parallelism over tp (config tensor_sequence_parallelism):
   // needs tp > 1 and B * S_local divisible by tp.
   bool sequence_parallel = false;
+  // parameter_memory_host_offload: the FSDP parameter shard in the host pool.
+  bool parameters_on_host = false;
 };
 
 // One micro-batch of this rank's tokens. All arrays are [B, S_local],

@@ -74,7 +74,8 @@ struct ShardedParameters::Resident {
   Request request; // the prefetch's all-gather
 };
 
-ShardedParameters::ShardedParameters(const LlamaConfig& c, int64_t tp, const Communicator& shards, DType compute)
+ShardedParameters::ShardedParameters(const LlamaConfig& c, int64_t tp, const Communicator& shards, DType compute,
+                                     bool parameters_on_host)
     : comm_(shards), R_(shards.size()), rank_(shards.rank()), compute_(compute),
       units_(parameter_units(c, tp, R_)) {
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -92,7 +93,9 @@ ShardedParameters::ShardedParameters(const LlamaConfig& c, int64_t tp, const Com
   }
   shard_elements_ = units_.back().shard_begin + units_.back().block;
   const bool sharded = R_ > 1;
-  param_shard_ = Buffer(MemCategory::parameters, sharded ? "model parameters (FSDP shard)" : "model parameters",
+  check_shape(sharded || !parameters_on_host, "parameters on the host need FSDP (a shard group of 2 or more)");
+  param_shard_ = Buffer(parameters_on_host ? MemCategory::host_offload : MemCategory::parameters,
+                        sharded ? "model parameters (FSDP shard)" : "model parameters",
                         static_cast<size_t>(shard_elements_) * 4);
   grad_shard_ = Buffer(MemCategory::gradients, sharded ? "model gradients (FSDP shard)" : "model gradients",
                        static_cast<size_t>(shard_elements_) * 4);

@@ -55,7 +55,10 @@ struct ShardSegment {
 class ShardedParameters {
  public:
   // Allocates the shard's parameters and gradients (tracked); zero.
-  ShardedParameters(const LlamaConfig& config, int64_t tp, const Communicator& shards, DType compute);
+  // parameters_on_host: the parameter shard in the host pool (needs R > 1:
+  // the model then only reads gathered copies, which are device memory).
+  ShardedParameters(const LlamaConfig& config, int64_t tp, const Communicator& shards, DType compute,
+                    bool parameters_on_host = false);
   ~ShardedParameters();
   ShardedParameters(const ShardedParameters&) = delete;
   ShardedParameters& operator=(const ShardedParameters&) = delete;

@@ -54,6 +54,7 @@ struct Shape {
   // that read other tokens (loss sums).
   int64_t fsdp, shards, shard, replicas, data_ranks;
   bool fsdp_over_context;
+  bool optimizer_on_host, parameters_on_host;  // *_memory_host_offload
   // shard_optimizer_over_data (ZeRO-1) over the replicas: the piece of the
   // last replica (it also takes the remainder), which the device stands for.
   bool zero1;
@@ -125,6 +126,8 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.offload_target = c.offload_target;
   s.params_local = parameters_per_tp_rank(m, c.tp);
   s.fsdp_over_context = c.fsdp_over_context;
+  s.optimizer_on_host = c.optimizer_memory_host_offload;
+  s.parameters_on_host = c.parameter_memory_host_offload;
   s.shards = s.fsdp * (s.fsdp_over_context ? s.cp : 1);
   s.shard = parameter_shard_elements(m, c.tp, s.shards);
   s.replicas = s.dp * (s.fsdp_over_context ? 1 : s.cp);
@@ -176,7 +179,13 @@ int64_t offloaded_items(const Shape& s, Activation a) {
 void plan_memory(const Shape& s, StrategyPlan& p) {
   const bool sharded = s.shards > 1;
   const std::string shard = sharded ? ", FSDP shard 1/" + str(s.shards) : "";
-  add_memory(p, "parameters", "model parameters (fp32" + shard + ")", s.shard * 4);
+  // State the config keeps in the host pool instead.
+  auto add_state = [&](bool on_host, const char* category, const std::string& name, int64_t bytes) {
+    if (!on_host) return add_memory(p, category, name, bytes);
+    p.host_state.push_back({"host", name, bytes});
+    p.host_state_bytes += bytes;
+  };
+  add_state(s.parameters_on_host, "parameters", "model parameters (fp32" + shard + ")", s.shard * 4);
   if (!sharded)
     add_memory(p, "parameters", "bf16 compute copy of the parameters", compute_weight_copy_bytes(s.shard, s.dtype));
   add_memory(p, "gradients", "model gradients (fp32" + shard + ")", s.shard * 4);
@@ -186,10 +195,10 @@ void plan_memory(const Shape& s, StrategyPlan& p) {
              std::string("FSDP gathered units in flight (fp32") + (s.dtype == DType::bf16 ? " + bf16 copy)" : ")"),
              gathered[0]);
   add_memory(p, "gradients", "FSDP unit gradients before their reduce-scatter (fp32)", gathered[1]);
-  add_memory(p, "optimizer",
-             s.zero1 ? "AdamW moments (fp32), ZeRO-1 piece 1/" + str(s.replicas) + shard
-                     : "AdamW first and second moments (fp32" + shard + ")",
-             kAdamWMoments * int64_t(s.piece.size) * 4);
+  add_state(s.optimizer_on_host, "optimizer",
+            s.zero1 ? "AdamW moments (fp32), ZeRO-1 piece 1/" + str(s.replicas) + shard
+                    : "AdamW first and second moments (fp32" + shard + ")",
+            kAdamWMoments * int64_t(s.piece.size) * 4);
 
   // The model's own activation table: per layer when the policy saves a
   // tensor, else one buffer every layer reuses; each in its own dtype.
@@ -490,8 +499,27 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   }
   hidden += fsdp_hidden;
   p.hidden_comm_seconds = hidden;
+  // Host-resident state over the host link (a device backend's moves; on
+  // this CPU backend the host pool is RAM and nothing moves).
+  if (hw.host_link_bandwidth > 0) {
+    const int64_t moments = s.optimizer_on_host ? 2 * kAdamWMoments * int64_t(s.piece.size) * 4 : 0;
+    // Parameters: every unit's block in for the forward, each layer's again
+    // for the backward (and the tied embedding's for the loss head), the
+    // updated shard out.
+    int64_t params = 0;
+    if (s.parameters_on_host) {
+      LlamaConfig one = s.model;
+      one.num_layers = 1;
+      const std::vector<ParameterUnit> u = parameter_units(one, s.tp, s.shards);
+      params = (2 * s.shard + s.L * u[1].block + (s.model.tie_embeddings ? u[0].block : 0)) * 4;
+    }
+    p.host_state_moved_bytes = moments + params;
+    p.host_state_seconds = double(moments + params) / hw.host_link_bandwidth;
+    p.host_state_hidden_seconds = std::min(double(params) / hw.host_link_bandwidth, p.compute_seconds);
+  }
   plan_offload_time(s, hw, p);
-  p.step_seconds = p.compute_seconds + p.comm_seconds - hidden + p.offload_seconds - p.offload_hidden_seconds;
+  p.step_seconds = p.compute_seconds + p.comm_seconds - hidden + p.offload_seconds - p.offload_hidden_seconds +
+                   p.host_state_seconds - p.host_state_hidden_seconds;
   p.tokens_per_second = tokens / p.step_seconds;
   p.mfu = p.model_flops / p.step_seconds / peak;
 }
@@ -760,7 +788,8 @@ int64_t predicted_memory_bytes(const RunConfig& c, int64_t threads, int64_t* hos
                       "): lower max_target_length or per_device_batch_size, or raise ici_context_parallelism");
   StrategyPlan p;
   plan_memory(make_shape(c, c.dp * c.fsdp * c.cp * c.tp, threads), p);
-  if (host_offload_bytes) *host_offload_bytes = p.offload_target == OffloadTarget::host ? p.offload_bytes : 0;
+  if (host_offload_bytes)
+    *host_offload_bytes = (p.offload_target == OffloadTarget::host ? p.offload_bytes : 0) + p.host_state_bytes;
   return p.memory_total;
 }
 
@@ -780,9 +809,9 @@ struct Rung {
 
 // The levers in the reference's order for tight memory (MaxText): shard
 // first (ZeRO-1, then FSDP: the dp ranks and the cp ranks shard the
-// parameters; then sequence parallelism over tp), then move saved tensors
-// off the device (the saved activations, then the layer inputs; optimizer
-// state and parameters cannot be offloaded yet), and recompute last: at each
+// parameters; then sequence parallelism over tp), then move state off the
+// device (the saved activations, the optimizer
+// state, then the layer inputs, then the parameters), and recompute last: at each
 // heavier remat policy, every lever above with the tensors it still saves
 // offloaded. Each rung keeps the rungs before it.
 std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw) {
@@ -806,7 +835,8 @@ std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw) {
   if (c.tp > 1 && !c.tp_sequence_parallel)
     add("tensor_sequence_parallelism=true", "layer inputs and norms sharded over tp",
         [](RunConfig& k) { k.tp_sequence_parallel = true; });
-  const bool host = hw.host_link_bandwidth > 0 || c.offload_target == OffloadTarget::disk;
+  const bool host_link = hw.host_link_bandwidth > 0;
+  const bool host = host_link || c.offload_target == OffloadTarget::disk;
   std::vector<RematPolicy> remats{c.remat_policy};
   bool past = false;
   for (RematPolicy r : kRematLadder) {
@@ -836,9 +866,16 @@ std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw) {
     if (saved.qkv || saved.context || saved.out_proj || saved.mlpwi)
       add("remat_policy=custom (" + std::string(name_of(remats[i])) + "'s saved tensors: offload)" + target,
           "saved activations moved off the device between forward and backward", offload(false));
+    if (i == 0 && host_link && !c.optimizer_memory_host_offload)
+      add("optimizer_memory_host_offload=true", "AdamW moments in host memory",
+          [](RunConfig& k) { k.optimizer_memory_host_offload = true; });
     add("remat_policy=custom (" + std::string(name_of(remats[i])) + "'s saved tensors and decoder_layer_input: offload)" +
             target,
         "layer inputs moved off the device too", offload(true));
+    const RunConfig& now = ladder.back().config;
+    if (i == 0 && host_link && !c.parameter_memory_host_offload && (now.fsdp == -1 || now.shard_group() > 1))
+      add("parameter_memory_host_offload=true", "FSDP parameter shards in host memory",
+          [](RunConfig& k) { k.parameter_memory_host_offload = true; });
   }
   return ladder;
 }
@@ -877,7 +914,8 @@ PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, cons
   PlanRecommendation none;
   none.reason = "nothing fits on " + str(devices) + " devices with tp=" + str(c.tp) +
                 " at any cp, with every memory lever (ZeRO-1, FSDP over dp and cp, sequence parallelism, "
-                "activation and layer-input offload, every remat policy): raise ici_tensor_parallelism, add "
+                "offload of activations, optimizer state, layer inputs and parameters, every remat policy): raise "
+                "ici_tensor_parallelism, add "
                 "devices or shorten max_target_length";
   return none;
 }

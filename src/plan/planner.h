@@ -71,6 +71,16 @@ struct StrategyPlan {
   double offload_bandwidth = 0;  // bytes/s of the tier (hw host_link_bandwidth or disk_bandwidth)
   double offload_seconds = 0;
   double offload_hidden_seconds = 0;
+  // optimizer_memory_host_offload / parameter_memory_host_offload: the
+  // moments and the FSDP parameter shard in host memory (not in
+  // memory_total), the bytes a device backend moves over the host link per
+  // step (moments in and out for the update; each gathered unit's block
+  // in, the updated shard out), and that time (the parameters' hidden
+  // behind compute like the FSDP all-gathers, the moments' exposed).
+  std::vector<MemoryLine> host_state;
+  int64_t host_state_bytes = 0;
+  int64_t host_state_moved_bytes = 0;
+  double host_state_seconds = 0, host_state_hidden_seconds = 0;
 
   // Per device per step.
   double model_flops = 0;     // 6 N tokens + attention (what MFU counts)

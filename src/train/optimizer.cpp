@@ -55,8 +55,10 @@ AdamW::AdamW(const LlamaModel& model, const RunConfig& c, const Mesh& mesh)
     : mesh_(mesh), b1_(c.adam_b1), b2_(c.adam_b2), eps_(c.adam_eps), weight_decay_(c.adam_weight_decay),
       clip_(c.gradient_clipping_threshold),
       piece_(piece_for(model, c, mesh, sharded_)),
-      m_(MemCategory::optimizer, "adamw.exp_avg", piece_.size * sizeof(float)),
-      v_(MemCategory::optimizer, "adamw.exp_avg_sq", piece_.size * sizeof(float)) {
+      m_(c.optimizer_memory_host_offload ? MemCategory::host_offload : MemCategory::optimizer, "adamw.exp_avg",
+         piece_.size * sizeof(float)),
+      v_(c.optimizer_memory_host_offload ? MemCategory::host_offload : MemCategory::optimizer, "adamw.exp_avg_sq",
+         piece_.size * sizeof(float)) {
   const size_t lo = piece_.begin, hi = piece_.begin + piece_.size;
   for (const ShardSegment& s : model.shard_segments()) {
     const size_t b = static_cast<size_t>(s.shard_begin), e = b + static_cast<size_t>(s.size);

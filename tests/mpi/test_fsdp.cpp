@@ -16,6 +16,7 @@
 #include <filesystem>
 
 #include "core/memory.h"
+#include "plan/planner.h"
 #include "train/trainer.h"
 #include "train_run.h"
 
@@ -235,4 +236,62 @@ TEST(Fsdp, ShardedCheckpointResumesOnTheSameMeshAndUnshardedOnOneRank) {
   }
   Communicator::world("barrier").barrier();
   if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+// optimizer_memory_host_offload and parameter_memory_host_offload: under a
+// device budget that the plain FSDP run breaks (OutOfMemoryError on every
+// rank), the run with the moments and the parameter shard in the host pool
+// trains with bit-identical losses (same mesh, 1 thread), its device holds
+// no moments and only the gathered units of parameters, and the planner
+// predicts those device and host bytes exactly.
+TEST(Fsdp, OptimizerAndParameterHostOffloadFitABudgetThePlainRunBreaks) {
+  const int world = comm_world_size();
+  MeshCase m{1, world, 1, 1};
+  RunConfig plain = config_from_values(values(m));
+  validate_config(plain, world);
+  MemoryTracker& t = MemoryTracker::global();
+  auto losses = [&](const RunConfig& c, int64_t* device_peak, int64_t* params_peak, int64_t* optimizer_now) {
+    Mesh mesh(mesh_shape_from_config(c));
+    const size_t before = t.current_total(), p0 = t.current(MemCategory::parameters),
+                 o0 = t.current(MemCategory::optimizer);
+    t.reset_peaks();
+    std::vector<double> out;
+    Trainer trainer(c, mesh);
+    for (int i = 0; i < kSteps; ++i) out.push_back(trainer.train_step().loss);
+    if (device_peak) *device_peak = int64_t(t.peak_total() - before);
+    if (params_peak) *params_peak = int64_t(t.peak(MemCategory::parameters) - p0);
+    if (optimizer_now) *optimizer_now = int64_t(t.current(MemCategory::optimizer) - o0);
+    return out;
+  };
+  int64_t plain_peak = 0;
+  const std::vector<double> reference = losses(plain, &plain_peak, nullptr, nullptr);
+  // What the two levers take off the device: the moments and the parameter shard.
+  const int64_t shard_bytes = 4 * parameter_shard_elements(plain.model, 1, world);
+  const int64_t budget = int64_t(t.current_total()) + plain_peak - shard_bytes;  // below the plain run's peak
+  auto with = [&](bool offload) {
+    auto v = values(m);
+    v["device_memory_budget"] = budget;
+    v["optimizer_memory_host_offload"] = offload;
+    v["parameter_memory_host_offload"] = offload;
+    RunConfig c = config_from_values(v);
+    validate_config(c, world);
+    return c;
+  };
+  EXPECT_THROW(losses(with(false), nullptr, nullptr, nullptr), OutOfMemoryError);
+  const RunConfig offloaded = with(true);
+  int64_t params_peak = 0, optimizer_now = -1;
+  const std::vector<double> got = losses(offloaded, nullptr, &params_peak, &optimizer_now);
+  EXPECT_EQ(got, reference);
+  EXPECT_EQ(optimizer_now, 0);
+  HardwareProfile hw;  // memory does not depend on the rates
+  hw.peak_flops_fp32 = hw.memory_bandwidth = hw.collective_bandwidth = hw.p2p_bandwidth = 1e12;
+  hw.all_to_all_bandwidth = hw.host_link_bandwidth = 1e12;
+  hw.memory_bytes = int64_t{1} << 40;
+  const StrategyPlan plan = plan_strategy(offloaded, hw, PlanOptions{});
+  int64_t predicted_params = 0;
+  for (const MemoryLine& l : plan.memory)
+    if (l.category == "parameters") predicted_params += l.bytes;
+  EXPECT_EQ(params_peak, predicted_params);
+  EXPECT_EQ(plan.host_state_bytes, shard_bytes + 8 * parameter_shard_elements(plain.model, 1, world));
+  MemoryTracker::global().set_budget(0);
 }

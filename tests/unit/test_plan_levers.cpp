@@ -1,8 +1,8 @@
 // The planner's memory ladder (recommend): when a run does not fit, the
 // levers come in MaxText's order, each only when the ones before it are not
 // enough: ZeRO-1, FSDP over the dp and cp ranks, sequence parallelism,
-// offload of the saved activations, then of the layer inputs, and heavier
-// remat last. For each rung the test builds the config by hand, plans it,
+// offload of the saved activations, of the optimizer state, of the layer
+// inputs, of the parameters, and heavier remat last. For each rung the test builds the config by hand, plans it,
 // and gives the device exactly that rung's memory: the recommendation must
 // use exactly the levers up to that rung.
 #include <gtest/gtest.h>
@@ -78,8 +78,12 @@ TEST(PlanLevers, EachRungIsAddedOnlyWhenTheOnesBeforeDoNotFit) {
   k.remat_custom_save = {true, true, false, true, true, false};  // minimal saves qkv_proj, out_proj, mlpwi
   k.remat_custom_offload = {false, true, false, true, true, false};
   rungs.push_back({"minimal's saved tensors: offload", k});
+  k.optimizer_memory_host_offload = true;
+  rungs.push_back({"optimizer_memory_host_offload=true", k});
   k.remat_custom_offload[0] = true;
   rungs.push_back({"minimal's saved tensors and decoder_layer_input: offload", k});
+  k.parameter_memory_host_offload = true;
+  rungs.push_back({"parameter_memory_host_offload=true", k});
 
   int64_t previous = std::numeric_limits<int64_t>::max();
   std::string levers_before;
@@ -108,6 +112,8 @@ TEST(PlanLevers, EachRungIsAddedOnlyWhenTheOnesBeforeDoNotFit) {
     EXPECT_EQ(r.config.fsdp_over_context, config.fsdp_over_context) << "rung " << i;
     EXPECT_EQ(r.config.tp_sequence_parallel, config.tp_sequence_parallel) << "rung " << i;
     EXPECT_EQ(r.config.remat_custom_offload, config.remat_custom_offload) << "rung " << i;
+    EXPECT_EQ(r.config.optimizer_memory_host_offload, config.optimizer_memory_host_offload) << "rung " << i;
+    EXPECT_EQ(r.config.parameter_memory_host_offload, config.parameter_memory_host_offload) << "rung " << i;
   }
   // Below the last rung only heavier remat helps, and it comes with every lever.
   hw.memory_bytes = previous - 1;
