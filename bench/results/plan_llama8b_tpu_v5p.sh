@@ -4,8 +4,8 @@
 # tp = 8, from 64K to 14M tokens. One summary line per length (from
 # `longctx plan --json`): the recommendation and the memory levers the
 # planner had to add, in MaxText's order (ZeRO-1, FSDP over dp x cp,
-# sequence parallelism, offload of saved activations, then of layer inputs,
-# heavier remat); then the full table at 1M tokens, v5p, tp = 8.
+# sequence parallelism, offload of saved activations, optimizer state, layer
+# inputs, parameters, heavier remat); then the full table at 1M tokens, v5p, tp = 8.
 #   bench/results/plan_llama8b_tpu_v5p.sh [BUILD_DIR] > bench/results/plan_llama8b_tpu_v5p.txt
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,7 +15,7 @@ for HW in tpu-v5p tpu-v7; do
     ARGS=(configs/base.yml model_name=llama3.1-8b dtype=bfloat16 ici_data_parallelism=-1
           ici_tensor_parallelism=$TP remat_policy=full --hardware $HW --devices 64)
     echo "== $HW x 64, tp=$TP"
-    printf '%-9s  %-18s %-34s %s\n' "S" "recommendation" "levers added" "predicted"
+    printf '%-9s  %-18s %-52s %s\n' "S" "recommendation" "levers added" "predicted"
     for S in 65536 131072 262144 524288 1048576 2097152 4194304 8388608 14680064; do
       "$BUILD/longctx" plan "${ARGS[@]}" max_target_length=$S --json | python3 -c '
 import json, sys
@@ -25,13 +25,14 @@ if not r["found"]:
 else:
     p = r["plan"]; lv = r.get("levers", "")
     names = [("ZeRO-1", "shard_optimizer_over_data"), ("FSDP", "fsdp_over_context"), ("SP", "tensor_sequence_parallelism"),
-             ("offload acts", "saved tensors: offload"), ("offload inputs", "decoder_layer_input: offload")]
+             ("offload acts", "saved tensors: offload"), ("offload optimizer", "optimizer_memory_host_offload"),
+             ("offload inputs", "decoder_layer_input: offload"), ("offload params", "parameter_memory_host_offload")]
     added = [n for n, key in names if key in lv]
     for part in lv.split("; "):
         if part.startswith("remat_policy=") and not part.startswith("remat_policy=custom"):
             added.append(part.split(" ")[0])
     rec = "%s cp=%d%s" % (r["strategy"], r["cp"], " U=%d" % r["ulysses"] if r["strategy"] == "usp" else "")
-    print("%9d  %-18s %-34s %8.1f s/step  MFU %.1f%%  %6.2f GiB"
+    print("%9d  %-18s %-52s %8.1f s/step  MFU %.1f%%  %6.2f GiB"
           % (S, rec, ", ".join(added) or "-", p["step_seconds"], 100 * p["mfu"], p["memory_total_bytes"] / 2**30))
 '
     done
