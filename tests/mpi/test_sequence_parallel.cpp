@@ -20,6 +20,7 @@
 #include "cp/layout.h"
 #include "model/llama.h"
 #include "train/trainer.h"
+#include "train_run.h"
 
 using namespace longctx;
 
@@ -57,7 +58,7 @@ double shard_error(const std::vector<NamedTensor>& shards, const std::vector<Nam
   return num / den;
 }
 
-double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
+using longctx::test::rel;
 
 }  // namespace
 
@@ -173,19 +174,8 @@ std::map<std::string, ConfigValue> values(int64_t dp, int64_t cp, int64_t tp, co
           {"dtype", dtype}};
 }
 
-struct RunResult {
-  double loss0 = 0, grad_norm0 = 0, loss_last = 0;
-};
-
-RunResult train(const RunConfig& c, const Mesh& mesh) {
-  Trainer t(c, mesh);
-  RunResult r;
-  const StepMetrics m = t.train_step();
-  r.loss0 = m.loss;
-  r.grad_norm0 = m.grad_norm;
-  for (int i = 1; i < kSteps; ++i) r.loss_last = t.train_step().loss;
-  return r;
-}
+using test::RunResult;
+RunResult train(const RunConfig& c, const Mesh& mesh) { return test::train(c, mesh, kSteps); }
 
 void expect_close(const RunResult& got, const RunResult& ref, double tolerance, const std::string& what) {
   EXPECT_LT(rel(got.loss0, ref.loss0), tolerance) << what << ": " << got.loss0 << " vs " << ref.loss0;
