@@ -188,24 +188,20 @@ void sort_for_locality(std::vector<Unit>& units) {
 // the tile's rows alias onto the same cache sets (measured at H = 8,
 // S = 8192, 1 thread, fp32: 0.51 -> 0.73 of GEMM forward, 0.51 -> 0.68
 // backward with the copies).
+// Rows that far apart also defeat the hardware prefetcher (perf: the copies
+// stalled on their loads, ~9% of the bf16 forward at S = 8192, 1 thread), so
+// each row asks for the one kPrefetchRows ahead.
 template <class T>
 void copy_rows(T* dst, const TensorView& t, int64_t b, int64_t s0, int64_t h, int64_t rows, int64_t D) {
+  constexpr int64_t kPrefetchRows = 16, kLine = 64;
+  const int64_t row_bytes = D * int64_t(dtype_size(t.dtype));
   for (int64_t r = 0; r < rows; ++r) {
+    if (r + kPrefetchRows < rows) {
+      const char* ahead = element_ptr(t, {b, s0 + r + kPrefetchRows, h});
+      for (int64_t x = 0; x < row_bytes; x += kLine) __builtin_prefetch(ahead + x);
+    }
     if (t.dtype == DType::bf16) convert(t.at<bf16>({b, s0 + r, h}), dst + r * D, D);
     else convert(t.at<float>({b, s0 + r, h}), dst + r * D, D);
-  }
-}
-
-// Asks for the `rows` token rows of head h that copy_rows will read next, into
-// L2, while the current tiles compute: rows H * D elements apart defeat the
-// hardware prefetcher (perf: the K, V copies stalled on these loads, ~9% of
-// the bf16 forward at S = 4096, 1 thread).
-void prefetch_rows(const TensorView& t, int64_t b, int64_t s0, int64_t h, int64_t rows, int64_t D) {
-  constexpr int64_t kLine = 64;
-  const int64_t bytes = D * int64_t(dtype_size(t.dtype));
-  for (int64_t r = 0; r < rows; ++r) {
-    const char* row = element_ptr(t, {b, s0 + r, h});
-    for (int64_t x = 0; x < bytes; x += kLine) __builtin_prefetch(row + x, 0, 2);
   }
 }
 
@@ -323,11 +319,6 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
         const int64_t j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
         copy_rows(kc, a.k, b, j0, kvh, cols, g.D);
         copy_rows(vc, a.v, b, j0, kvh, cols, g.D);
-        if (j + 1 < g.nk) {
-          const int64_t next_cols = std::min(g.bk, g.Skv - j0 - g.bk);
-          prefetch_rows(a.k, b, j0 + g.bk, kvh, next_cols, g.D);
-          prefetch_rows(a.v, b, j0 + g.bk, kvh, next_cols, g.D);
-        }
         for (int64_t i = i_first; i < i_end; ++i) {
           const TileKind kind = map.kind(b, i, j);
           if (kind == TileKind::empty) continue;
