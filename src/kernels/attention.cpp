@@ -182,24 +182,24 @@ void sort_for_locality(std::vector<Unit>& units) {
   });
 }
 
-// Mask the tile at (i0, j0) of batch row b when it is partial.
-void mask_partial(const AttentionArgs& a, const Geometry& g, int64_t b, int64_t i0, int64_t rows,
-                  int64_t j0, int64_t cols, float* s, int64_t ld) {
-  const bool seg = a.mask.same_segment;
-  attn::mask_tile(a.mask, s, rows, cols, ld, a.q_pos + b * g.Sq + i0, a.kv_pos + b * g.Skv + j0,
-                  seg ? a.q_seg + b * g.Sq + i0 : nullptr,
-                  seg ? a.kv_seg + b * g.Skv + j0 : nullptr);
-}
-
 // Copies `rows` token rows of head h of a [B, S, heads, D] view, from token
 // s0, into a contiguous [rows, D] tile, converting to the tile dtype T. The
 // token rows of a view are heads * D elements apart, and at H * D * 4 = 4 KiB
 // the tile's rows alias onto the same cache sets (measured at H = 8,
 // S = 8192, 1 thread, fp32: 0.51 -> 0.73 of GEMM forward, 0.51 -> 0.68
 // backward with the copies).
+// Rows that far apart also defeat the hardware prefetcher (perf: the copies
+// stalled on their loads, ~9% of the bf16 forward at S = 8192, 1 thread), so
+// each row asks for the one kPrefetchRows ahead.
 template <class T>
 void copy_rows(T* dst, const TensorView& t, int64_t b, int64_t s0, int64_t h, int64_t rows, int64_t D) {
+  constexpr int64_t kPrefetchRows = 16, kLine = 64;
+  const int64_t row_bytes = D * int64_t(dtype_size(t.dtype));
   for (int64_t r = 0; r < rows; ++r) {
+    if (r + kPrefetchRows < rows) {
+      const char* ahead = element_ptr(t, {b, s0 + r + kPrefetchRows, h});
+      for (int64_t x = 0; x < row_bytes; x += kLine) __builtin_prefetch(ahead + x);
+    }
     if (t.dtype == DType::bf16) convert(t.at<bf16>({b, s0 + r, h}), dst + r * D, D);
     else convert(t.at<float>({b, s0 + r, h}), dst + r * D, D);
   }
@@ -224,11 +224,36 @@ const bf16* as_operand(const float* x, int64_t rows, int64_t cols, int64_t ld, b
   return buf;
 }
 
-void add_stats(AttentionStats* stats, const Geometry& g, int64_t partial, int64_t full) {
+// Counts of the tiles a thread computed, by kind (AttentionStats).
+struct TileCounts {
+  int64_t partial = 0, full = 0;
+};
+#pragma omp declare reduction(+ : TileCounts : omp_out.partial += omp_in.partial, omp_out.full += omp_in.full)
+
+// The scores tile s [rows, cols] (row stride bk) of q rows i0.. and kv
+// columns j0.. of batch row b, in base 2: s = scale log2(e) Q K^T from the
+// contiguous copies q [rows, D] and k [cols, D], the mask applied when the
+// tile is partial (forbidden pairs -inf); counts the tile. The forward and
+// the backward (which recomputes P) share it.
+template <class T>
+void scores_tile(const AttentionArgs& a, const Geometry& g, TileKind kind, int64_t b, int64_t i0, int64_t rows,
+                 int64_t j0, int64_t cols, const T* q, const T* k, float* s, TileCounts& counts) {
+  tile_gemm(false, true, rows, cols, g.D, g.scale * kLog2e, q, g.D, k, g.D, 0.0f, s, g.bk);
+  if (kind != TileKind::partial) {
+    ++counts.full;
+    return;
+  }
+  ++counts.partial;
+  const bool seg = a.mask.same_segment;
+  attn::mask_tile(a.mask, s, rows, cols, g.bk, a.q_pos + b * g.Sq + i0, a.kv_pos + b * g.Skv + j0,
+                  seg ? a.q_seg + b * g.Sq + i0 : nullptr, seg ? a.kv_seg + b * g.Skv + j0 : nullptr);
+}
+
+void add_stats(AttentionStats* stats, const Geometry& g, const TileCounts& counts) {
   if (!stats) return;
   stats->blocks_total += g.B * g.H * g.nq * g.nk;
-  stats->blocks_partial += partial;
-  stats->blocks_full += full;
+  stats->blocks_partial += counts.partial;
+  stats->blocks_full += counts.full;
 }
 
 // T: the tile dtype (float, or bf16 on the native bf16 path).
@@ -262,11 +287,10 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
   const int64_t per_thread = attention_forward_scratch_bytes(g.D, 1, a.q.dtype);
   Buffer scratch(MemCategory::scratch, "attention forward scratch",
                  attention_forward_scratch_bytes(g.D, threads, a.q.dtype));
-  const float scale_log2 = g.scale * kLog2e;
   const int64_t n_units = static_cast<int64_t>(units.size()), nb = kForwardQBlocks;
-  int64_t partial = 0, full = 0;
+  TileCounts counts;
 
-#pragma omp parallel reduction(+ : partial, full)
+#pragma omp parallel reduction(+ : counts)
   {
     float* s = reinterpret_cast<float*>(scratch.as<char>() + per_thread * omp_get_thread_num());  // [bq, bk]
     float* acc_all = s + g.bq * g.bk;            // [nb, bq, D]
@@ -302,14 +326,7 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
           float* acc = acc_all + x * g.bq * g.D;
           float* m = m_all + x * g.bq;
           float* l = l_all + x * g.bq;
-          tile_gemm(false, true, rows, cols, g.D, scale_log2, qc_all + x * g.bq * g.D, g.D, kc, g.D, 0.0f, s,
-                    g.bk);
-          if (kind == TileKind::partial) {
-            mask_partial(a, g, b, i0, rows, j0, cols, s, g.bk);
-            ++partial;
-          } else {
-            ++full;
-          }
+          scores_tile(a, g, kind, b, i0, rows, j0, cols, qc_all + x * g.bq * g.D, kc, s, counts);
           for (int64_t r = 0; r < rows; ++r) {
             float* sr = s + r * g.bk;
             const float m_new = std::max(m[r], attn::row_max(sr, cols));
@@ -346,7 +363,7 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
       }
     }
   }
-  add_stats(stats, g, partial, full);
+  add_stats(stats, g, counts);
 }
 
 template <class T>
@@ -396,14 +413,13 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
   const int64_t n_dq = g.B * g.H * g.nq;
   std::unique_ptr<std::atomic<int64_t>[]> dq_last(new std::atomic<int64_t>[n_dq]);
   for (int64_t x = 0; x < n_dq; ++x) dq_last[x].store(-1, std::memory_order_relaxed);
-  const float scale_log2 = g.scale * kLog2e;
   const int64_t n_units = static_cast<int64_t>(units.size());
   // Units are claimed in list order (the deadlock argument above needs it;
   // an own counter rather than relying on how OpenMP hands out iterations).
   std::atomic<int64_t> next_unit{0};
-  int64_t partial = 0, full = 0;
+  TileCounts counts;
 
-#pragma omp parallel reduction(+ : partial, full)
+#pragma omp parallel reduction(+ : counts)
   {
     float* s = reinterpret_cast<float*>(scratch.as<char>() + per_thread * omp_get_thread_num());  // [bq, bk]
     float* dp = s + g.bq * g.bk;           // [bq, bk]
@@ -432,13 +448,7 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
           copy_rows(doi, dout, b, i0, h, rows, g.D);
           const int64_t row0 = (b * g.Sq + i0) * g.H + h;  // lse/delta index of row 0, stride H
           // P = exp(S - lse), in base 2.
-          tile_gemm(false, true, rows, cols, g.D, scale_log2, qi, g.D, kj, g.D, 0.0f, s, g.bk);
-          if (kind == TileKind::partial) {
-            mask_partial(a, g, b, i0, rows, j0, cols, s, g.bk);
-            ++partial;
-          } else {
-            ++full;
-          }
+          scores_tile(a, g, kind, b, i0, rows, j0, cols, qi, kj, s, counts);
           for (int64_t r = 0; r < rows; ++r) {
             const float l = lse[row0 + r * g.H];
             if (l == kNegInf) std::fill(s + r * g.bk, s + r * g.bk + cols, 0.0f);
@@ -482,7 +492,7 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
       }
     }
   }
-  add_stats(stats, g, partial, full);
+  add_stats(stats, g, counts);
 }
 
 }  // namespace
