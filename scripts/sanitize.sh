@@ -17,4 +17,4 @@ cmake --build build-asan -j "$(nproc)" --target longctx watchdog_stall $tests
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 cd build-asan
-ctest --output-on-failure -j "$(nproc)" -E "$skip"
+ctest --output-on-failure -j "$((2 * $(nproc --all)))" -E "$skip"  # -j: as scripts/test.sh

@@ -165,6 +165,10 @@ struct CpTransfer {
   const char* axis;  // mesh axis: cp, ulysses or ring
   std::string what;  // e.g. "K,V"
   int64_t calls = 0, bytes_sent = 0, bytes_received = 0;
+  // The ring's sends: each peer's bytes times its ring distance,
+  // min(k, R - k) for the rank k positions away (the links it crosses on a
+  // torus whose ring the ring positions follow), summed. 0 elsewhere.
+  int64_t hop_bytes = 0;
 };
 class CpCallTraffic {
  public:

@@ -146,8 +146,8 @@ std::vector<CpTransfer> CpCallTraffic::transfers(bool backward, int64_t cp_rank)
   const CpCallShape& s = s_;
   std::vector<CpTransfer> out;
   auto add = [&](const char* op, const char* axis, const std::string& what, int64_t calls, int64_t sent,
-                 int64_t received) {
-    if (calls > 0) out.push_back({op, axis, what, calls, sent, received});
+                 int64_t received, int64_t hop_bytes = 0) {
+    if (calls > 0) out.push_back({op, axis, what, calls, sent, received, hop_bytes});
   };
   if (s.cp == 1) return out;
   const int64_t B = s.B, D = s.D, L = s.L, e = s.element_bytes, seg = s.segments ? 4 : 0;
@@ -183,17 +183,19 @@ std::vector<CpTransfer> CpCallTraffic::transfers(bool backward, int64_t cp_rank)
     const int64_t P = R, r = cp_rank / U;  // cp_rank = ring_rank * U + ulysses_rank
     const int64_t summary = (P - 1) * B * ring_chunks_ * int64_t(sizeof(RingChunkBounds));
     add("all_gather", "ring", "chunk position ranges", 1, summary, summary);
-    int64_t sends = 0, recvs = 0, sent_tokens = 0, recv_tokens = 0;
+    int64_t sends = 0, recvs = 0, sent_tokens = 0, recv_tokens = 0, sent_hops = 0, back_hops = 0;
     for (int64_t other = 0; other < P; ++other) {  // send own chunks to other, receive its
+      const int64_t hops = std::min((other - r + P) % P, (r - other + P) % P);
       sends += chunks_needed_[other * P + r], sent_tokens += tokens_needed_[other * P + r];
       recvs += chunks_needed_[r * P + other], recv_tokens += tokens_needed_[r * P + other];
+      sent_hops += tokens_needed_[other * P + r] * hops, back_hops += tokens_needed_[r * P + other] * hops;
     }
     const int64_t kv_row = 2 * Gu * D * e + 8 + seg, grad_row = 2 * Gu * D * e;
-    add("send", "ring", "K,V chunks", sends, B * sent_tokens * kv_row, 0);
+    add("send", "ring", "K,V chunks", sends, B * sent_tokens * kv_row, 0, B * sent_hops * kv_row);
     add("recv", "ring", "K,V chunks", recvs, 0, B * recv_tokens * kv_row);
     if (backward) {
       // Partial dK,dV of every received chunk go back to its owner.
-      add("send", "ring", "dK,dV back to owners", recvs, B * recv_tokens * grad_row, 0);
+      add("send", "ring", "dK,dV back to owners", recvs, B * recv_tokens * grad_row, 0, B * back_hops * grad_row);
       add("recv", "ring", "dK,dV back to owners", sends, 0, B * sent_tokens * grad_row);
     }
   }

@@ -85,6 +85,7 @@ const std::vector<Field>& fields() {
       {"devices_per_node", nullptr, &H::devices_per_node},
       {"link_bandwidth", &H::link_bandwidth, nullptr},
       {"links_per_device", nullptr, &H::links_per_device},
+      {"torus", nullptr, &H::torus},
       {"p2p_bandwidth", &H::p2p_bandwidth, nullptr},
       {"collective_bandwidth", &H::collective_bandwidth, nullptr},
       {"all_to_all_bandwidth", &H::all_to_all_bandwidth, nullptr},

@@ -51,6 +51,12 @@ struct HardwareProfile {
   int64_t devices_per_node = 1;
   double link_bandwidth = 0;   // bytes/s per link, one direction (informative)
   int64_t links_per_device = 0;
+  // 1: the devices sit on a torus (TPU ICI) and the ring's positions along
+  // one of its rings: a message to the rank k positions away crosses
+  // min(k, R - k) links and shares each with the other ranks' messages of
+  // that step, so the planner times the ring's sends by bytes x hops. 0: a
+  // switch (NVSwitch, one host), where distance costs nothing.
+  int64_t torus = 0;
   double p2p_bandwidth = 0;         // bytes/s of one send + recv pair (ring step)
   double collective_bandwidth = 0;  // bytes/s per device for all-gather / reduce-scatter / all-reduce
   double all_to_all_bandwidth = 0;  // bytes/s per device for all-to-all

@@ -141,7 +141,8 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
 
 std::vector<CommLine> comm_lines(const std::vector<CpTransfer>& transfers) {
   std::vector<CommLine> out;
-  for (const CpTransfer& t : transfers) out.push_back({t.op, t.axis, t.what, t.calls, t.bytes_sent, t.bytes_received, 0, 0});
+  for (const CpTransfer& t : transfers)
+    out.push_back({t.op, t.axis, t.what, t.calls, t.bytes_sent, t.bytes_received, t.hop_bytes, 0, 0});
   return out;
 }
 
@@ -368,7 +369,7 @@ void add_collective(StrategyPlan& p, const HardwareProfile& hw, const std::strin
   if (P <= 1 || calls == 0 || block == 0) return;
   int64_t bytes = op == "all_reduce" ? 2 * block * (P - 1) / P : block * (P - 1);
   Link link = link_for(hw, op, P, stride);
-  CommLine c{op, axis, what, calls, bytes * calls, bytes * calls, 0, 0};
+  CommLine c{op, axis, what, calls, bytes * calls, bytes * calls, 0, 0, 0};
   c.seconds = calls * (link.latency * double(P - 1) + double(bytes) / link.bandwidth);
   p.comm.push_back(c);
 }
@@ -386,7 +387,10 @@ void add_attention_calls(const Shape& s, const HardwareProfile& hw, const std::v
     line.calls = c.calls * calls;
     line.bytes_sent = c.bytes_sent * calls;
     line.bytes_received = c.bytes_received * calls;
-    int64_t bytes = std::max(c.bytes_sent, c.bytes_received);
+    line.hop_bytes = c.hop_bytes * calls;
+    // On a torus a ring send crosses one link per position it skips, sharing
+    // each with that step's other messages: its time follows bytes x hops.
+    int64_t bytes = hw.torus && c.hop_bytes > 0 ? c.hop_bytes : std::max(c.bytes_sent, c.bytes_received);
     int64_t messages = c.op == "send" || c.op == "recv" ? c.calls : c.calls * (P - 1);
     // A send and its matching recv are one transfer: time it on the send line.
     line.seconds = c.op == "recv" ? 0.0

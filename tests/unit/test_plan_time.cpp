@@ -139,3 +139,42 @@ TEST(PlanTime, ElementwiseCountsTheRecomputedKernels) {
 
 }  // namespace
 }  // namespace longctx
+
+namespace longctx {
+namespace {
+
+// A torus profile times the ring's sends by bytes x hops. Full mask,
+// contiguous layout, ring of 4: every rank sends its whole shard to the 3
+// others, at ring distances 1, 2 and 1 (the rank 3 away is 1 the other way),
+// so the sends cost (1 + 2 + 1) / 3 = 4/3 of a switch's; bytes sent and every
+// other line stay the same.
+TEST(PlanTime, TorusRingSendsCostBytesTimesHops) {
+  RunConfig c = small_config("full", 1024, "full");
+  c.cp = 4;
+  c.cp_strategy = CpStrategy::ring;
+  c.cp_load_balance = false;
+  c.model.num_layers = 1;
+  HardwareProfile h = round_profile();
+  h.latency = 0;
+  h.devices_per_node = 4;
+  const StrategyPlan flat = plan(c, h);
+  h.torus = 1;
+  const StrategyPlan torus = plan(c, h);
+  ASSERT_EQ(flat.comm.size(), torus.comm.size());
+  int sends = 0;
+  for (size_t i = 0; i < flat.comm.size(); ++i) {
+    const CommLine &a = flat.comm[i], &b = torus.comm[i];
+    EXPECT_EQ(a.bytes_sent, b.bytes_sent) << a.what;
+    if (a.axis == "ring" && a.op == "send") {
+      ++sends;
+      EXPECT_EQ(b.hop_bytes * 3, a.bytes_sent * 4) << a.what;
+      EXPECT_NEAR(b.seconds, a.seconds * 4 / 3, 1e-12 * a.seconds) << a.what;
+    } else {
+      EXPECT_EQ(a.seconds, b.seconds) << a.what;
+    }
+  }
+  EXPECT_EQ(sends, 3);  // K,V forward and backward, dK,dV back
+}
+
+}  // namespace
+}  // namespace longctx
