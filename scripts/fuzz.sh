@@ -24,7 +24,8 @@ launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S . -B build-fuzz -DLONGCTX_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Release \
   -DLONGCTX_NATIVE=OFF "${launcher[@]}" >/dev/null
-cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
+cmake --build build-fuzz -j "$(nproc --all)" --target "${targets[@]/#/fuzz_}"
+[ -n "${FUZZ_BUILD_ONLY:-}" ] && exit 0  # scripts/test.sh builds while the sanitizer tests run
 
 failed=()
 for t in "${targets[@]}"; do

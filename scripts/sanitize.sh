@@ -8,11 +8,15 @@ cd "$(dirname "$0")/.."
 # test_hf_models and test_tokenize are mostly Python (transformers, tokenizers);
 # the C++ readers they reach are fuzzed under ASan + UBSan (scripts/fuzz.sh).
 skip="_np[148]$|^test_hf_models$|^test_tokenize$"
+# SANITIZE_PHASE=build or test runs one half (scripts/test.sh builds while
+# the plain tests run); unset: both.
+phase=${SANITIZE_PHASE:-all}
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DLONGCTX_SANITIZE=ON ${LONGCTX_CMAKE_ARGS:-} >/dev/null
 # Only what those tests run (CI time): their executables (a test's name less
 # its _np<ranks> suffix), the longctx binary and the job test_watchdog_abort stalls.
 tests=$(cd build-asan && ctest -N -E "$skip" | sed -n 's/^ *Test *#[0-9]*: *//p' | sed 's/_np[0-9]*$//' | sort -u)
-cmake --build build-asan -j "$(nproc)" --target longctx watchdog_stall $tests
+[ "$phase" = test ] || cmake --build build-asan -j "$(nproc --all)" --target longctx watchdog_stall $tests
+[ "$phase" = build ] && exit 0
 # Open MPI keeps its allocations until exit: leak reports would be about it.
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

@@ -19,6 +19,23 @@ wait "$venv" || { echo "test.sh: no transformers venv (build/venv-hf.log): the t
 # Twice the cores: most tests wait (mpiexec start-up, Python, sleeps of the
 # stop and watchdog tests) more than they compute (measured: 51 tests in 122 s
 # at -j4 against ~170 s at -j2 on 2 cores); none is timed.
+# Each next build compiles while the tests before it run (they mostly wait):
+# the sanitizer build beside the plain tests, the fuzz build beside the
+# sanitizer tests. Its log is shown if it fails.
+background() {  # log command...
+  local log=$1; shift
+  "$@" >"$log" 2>&1 &
+  job=$!
+}
+finish() {  # log
+  wait "$job" || { tail -n 60 "$1" >&2; echo "test.sh: $1 failed" >&2; exit 1; }
+}
+trap '[ -n "${job:-}" ] && kill "$job" 2>/dev/null; true' EXIT
+background build/sanitize-build.log env SANITIZE_PHASE=build scripts/sanitize.sh
 (cd build && ctest --output-on-failure -j "$((2 * $(nproc --all)))" "$@")
-scripts/sanitize.sh
+finish build/sanitize-build.log
+background build/fuzz-build.log env FUZZ_BUILD_ONLY=1 scripts/fuzz.sh
+SANITIZE_PHASE=test scripts/sanitize.sh
+finish build/fuzz-build.log
+job=
 FUZZ_SECONDS=${FUZZ_SECONDS:-10} scripts/fuzz.sh  # 10 s per target here; scripts/fuzz.sh alone: 20 s
