@@ -1,6 +1,6 @@
 #pragma once
-// Shared by the multi-rank training tests: the losses of a few steps, a
-// directory every rank of the job names alike, relative differences.
+// Shared by the training tests: the one-process mesh, the losses of a few
+// steps, a directory every rank of the job names alike, relative differences.
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +12,12 @@
 #include "train/trainer.h"
 
 namespace longctx::test {
+
+// One process, no MPI: the same code path as many ranks.
+inline const Mesh& one_rank() {
+  static const Mesh mesh = Mesh::single();
+  return mesh;
+}
 
 struct RunResult {
   double loss0 = 0, grad_norm0 = 0, loss_last = 0;

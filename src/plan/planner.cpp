@@ -53,6 +53,8 @@ struct Shape {
   // ranks that hold the same shard (gradients summed there) and the ranks
   // that read other tokens (loss sums).
   int64_t fsdp, shards, shard, replicas, data_ranks;
+  // One rank's block of the embedding, of a layer and of the head (parameter_units).
+  int64_t embed_block, layer_block, head_block;
   bool fsdp_over_context;
   bool optimizer_on_host, parameters_on_host;  // *_memory_host_offload
   // shard_optimizer_over_data (ZeRO-1) over the replicas: the piece of the
@@ -130,6 +132,10 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.parameters_on_host = c.parameter_memory_host_offload;
   s.shards = s.fsdp * (s.fsdp_over_context ? s.cp : 1);
   s.shard = parameter_shard_elements(m, c.tp, s.shards);
+  LlamaConfig one_layer = m;
+  one_layer.num_layers = 1;
+  const std::vector<ParameterUnit> units = parameter_units(one_layer, c.tp, s.shards);
+  s.embed_block = units[0].block, s.layer_block = units[1].block, s.head_block = units[2].block;
   s.replicas = s.dp * (s.fsdp_over_context ? 1 : s.cp);
   s.data_ranks = s.dp * s.fsdp * s.cp;
   s.segments = c.packing;
@@ -511,12 +517,8 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
     // for the backward (and the tied embedding's for the loss head), the
     // updated shard out.
     int64_t params = 0;
-    if (s.parameters_on_host) {
-      LlamaConfig one = s.model;
-      one.num_layers = 1;
-      const std::vector<ParameterUnit> u = parameter_units(one, s.tp, s.shards);
-      params = (2 * s.shard + s.L * u[1].block + (s.model.tie_embeddings ? u[0].block : 0)) * 4;
-    }
+    if (s.parameters_on_host)
+      params = (2 * s.shard + s.L * s.layer_block + (s.model.tie_embeddings ? s.embed_block : 0)) * 4;
     p.host_state_moved_bytes = moments + params;
     p.host_state_seconds = double(moments + params) / hw.host_link_bandwidth;
     p.host_state_hidden_seconds = std::min(double(params) / hw.host_link_bandwidth, p.compute_seconds);
@@ -676,10 +678,7 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
   // gradients reduce-scattered after (the head, each layer, the embedding,
   // and the embedding's loss-head part too when tied).
   if (s.shards > 1) {
-    LlamaConfig one = s.model;
-    one.num_layers = 1;
-    const std::vector<ParameterUnit> units = parameter_units(one, s.tp, s.shards);
-    const int64_t embed = units[0].block * 4, layer = units[1].block * 4, head = units[2].block * 4;
+    const int64_t embed = s.embed_block * 4, layer = s.layer_block * 4, head = s.head_block * 4;
     const int64_t tied = s.model.tie_embeddings ? 1 : 0;
     const int64_t span = s.fsdp_over_context ? s.tp : s.tp * s.cp;  // rank stride of the group
     add_collective(p, hw, "all_gather", "fsdp", s.shards, span, "layer weights (fp32)", layer, 2 * s.L);

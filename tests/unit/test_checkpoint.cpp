@@ -11,17 +11,13 @@
 #include "train/checkpoint.h"
 #include "error_text.h"
 #include "temp_dir.h"
+#include "train_run.h"
 
 namespace fs = std::filesystem;
 using namespace longctx;
+using longctx::test::one_rank;
 
 namespace {
-
-// One process, no MPI: the same code path as many ranks.
-const Mesh& one_rank() {
-  static const Mesh mesh = Mesh::single();
-  return mesh;
-}
 
 RunConfig tiny_config(int64_t d_model = 32) {
   return config_from_values({{"base_emb_dim", d_model}, {"base_num_query_heads", int64_t(2)},

@@ -18,17 +18,14 @@
 #include "train/trainer.h"
 #include "error_text.h"
 #include "temp_dir.h"
+#include "train_run.h"
 
 namespace fs = std::filesystem;
 using namespace longctx;
+using longctx::test::one_rank;
 using json = nlohmann::json;
 
 namespace {
-
-const Mesh& one_rank() {
-  static const Mesh mesh = Mesh::single();
-  return mesh;
-}
 
 RunConfig tiny_config(std::map<std::string, ConfigValue> extra = {}) {
   std::map<std::string, ConfigValue> v = {

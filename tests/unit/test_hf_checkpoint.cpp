@@ -28,17 +28,13 @@
 #include "run_command.h"
 #include "temp_dir.h"
 #include "train/checkpoint.h"
+#include "train_run.h"
 
 namespace fs = std::filesystem;
 using namespace longctx;
+using longctx::test::one_rank;
 
 namespace {
-
-// One process, no MPI: the same code path as many ranks.
-const Mesh& one_rank() {
-  static const Mesh mesh = Mesh::single();
-  return mesh;
-}
 
 const fs::path kReference = fs::path(__FILE__).parent_path().parent_path() / "hf_llama_reference.py";
 constexpr int64_t kSeq = 67;  // positions 0..66 predict tokens 1..67; not a multiple of any tile size

@@ -24,20 +24,17 @@
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/eval.h"
+#include "train_run.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using namespace longctx;
+using longctx::test::one_rank;
 
 namespace {
 
 const fs::path kSource = LONGCTX_SOURCE_DIR;
 constexpr int64_t kSeq = 64, kWindows = 3;  // eval: 3 unpacked sequences of 64 positions
-
-const Mesh& one_rank() {
-  static const Mesh mesh = Mesh::single();
-  return mesh;
-}
 
 std::string read(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

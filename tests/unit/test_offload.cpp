@@ -16,16 +16,13 @@
 #include "plan/planner.h"
 #include "train/trainer.h"
 #include "temp_dir.h"
+#include "train_run.h"
 
 namespace fs = std::filesystem;
 using namespace longctx;
+using longctx::test::one_rank;
 
 namespace {
-
-const Mesh& one_rank() {
-  static const Mesh mesh = Mesh::single();
-  return mesh;
-}
 
 std::vector<char> pattern(size_t n, unsigned seed) {
   std::vector<char> v(n);

@@ -11,17 +11,13 @@
 #include "core/memory.h"
 #include "train/trainer.h"
 #include "temp_dir.h"
+#include "train_run.h"
 
 namespace fs = std::filesystem;
 using namespace longctx;
+using longctx::test::one_rank;
 
 namespace {
-
-// One process, no MPI: the same code path as many ranks.
-const Mesh& one_rank() {
-  static const Mesh mesh = Mesh::single();
-  return mesh;
-}
 
 RunConfig tiny(const fs::path& out, std::map<std::string, ConfigValue> extra = {}) {
   std::map<std::string, ConfigValue> v = {
