@@ -121,11 +121,12 @@ json to_json(const StrategyPlan& p) {
                     {"moved_bytes_per_step", p.offload_moved_bytes}, {"bandwidth", p.offload_bandwidth},
                     {"seconds", p.offload_seconds}, {"hidden_seconds", p.offload_hidden_seconds}};
   }
-  if (p.host_state_bytes > 0) {
+  if (p.state_offload_bytes > 0) {
     json st = json::array();
-    for (const MemoryLine& m : p.host_state) st.push_back({{"name", m.name}, {"bytes", m.bytes}});
-    j["host_state"] = {{"memory", st}, {"bytes", p.host_state_bytes}, {"moved_bytes_per_step", p.host_state_moved_bytes},
-                       {"seconds", p.host_state_seconds}, {"hidden_seconds", p.host_state_hidden_seconds}};
+    for (const MemoryLine& m : p.state_offload) st.push_back({{"name", m.name}, {"bytes", m.bytes}});
+    j["state_offload"] = {{"target", name_of(p.state_offload_target)}, {"memory", st}, {"bytes", p.state_offload_bytes},
+                          {"moved_bytes_per_step", p.state_offload_moved_bytes}, {"seconds", p.state_offload_seconds},
+                          {"hidden_seconds", p.state_offload_hidden_seconds}};
   }
   if (!p.advice.empty()) j["advice"] = p.advice;
   return j;
@@ -185,11 +186,13 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
       for (const MemoryLine& m : p.offload_memory)
         std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(), human_bytes(double(m.bytes)).c_str());
     }
-    if (p.host_state_bytes > 0) {
-      std::printf("   in host memory (not device memory): %s; moved per step over the host link %s: %s, %s hidden\n",
-                  human_bytes(double(p.host_state_bytes)).c_str(), human_bytes(double(p.host_state_moved_bytes)).c_str(),
-                  seconds(p.host_state_seconds).c_str(), seconds(p.host_state_hidden_seconds).c_str());
-      for (const MemoryLine& m : p.host_state)
+    if (p.state_offload_bytes > 0) {
+      const bool disk = p.state_offload_target == OffloadTarget::disk;
+      std::printf("   state in %s (not device memory): %s; moved per step %s %s: %s, %s hidden\n",
+                  disk ? "disk spill files" : "host memory", human_bytes(double(p.state_offload_bytes)).c_str(),
+                  disk ? "to and from disk" : "over the host link", human_bytes(double(p.state_offload_moved_bytes)).c_str(),
+                  seconds(p.state_offload_seconds).c_str(), seconds(p.state_offload_hidden_seconds).c_str());
+      for (const MemoryLine& m : p.state_offload)
         std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(), human_bytes(double(m.bytes)).c_str());
     }
     std::printf("   communication per device per step:\n");

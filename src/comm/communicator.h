@@ -152,7 +152,7 @@ class Communicator {
   void recv(void* data, size_t bytes, int source, int tag) const;
 
   // Collectives (blocking, watched). Buffers are rank-major blocks.
-  // recv [P][bytes_per_rank]; send is this rank's block.
+  // recv [P][bytes_per_rank]; send is this rank's block (it may be its place in recv).
   void all_gather(const void* send, void* recv, size_t bytes_per_rank) const;
   // send [P][bytes_per_rank]: block j goes to rank j; recv [P][bytes_per_rank]: block i came from rank i.
   void all_to_all(const void* send, void* recv, size_t bytes_per_rank) const;

@@ -94,8 +94,10 @@ class MpiBackend final : public CommBackend {
   }
   std::unique_ptr<PendingOp> all_gather(const void* send, void* recv, size_t bytes_per_rank) override {
     auto op = std::make_unique<MpiOp>();
-    MPI_Iallgather(send, checked_count(bytes_per_rank), MPI_BYTE, recv, checked_count(bytes_per_rank), MPI_BYTE,
-                   comm_, &op->req);
+    // This rank's block already in place: MPI forbids aliasing it as the send buffer.
+    const bool in_place = send == static_cast<const char*>(recv) + static_cast<size_t>(rank_) * bytes_per_rank;
+    MPI_Iallgather(in_place ? MPI_IN_PLACE : send, checked_count(bytes_per_rank), MPI_BYTE, recv,
+                   checked_count(bytes_per_rank), MPI_BYTE, comm_, &op->req);
     return op;
   }
   std::unique_ptr<PendingOp> all_to_all(const void* send, void* recv, size_t bytes_per_rank) override {

@@ -130,6 +130,7 @@ const std::vector<ConfigKey>& config_keys() {
       {"offload_target", S("host"), "where `offload` tensors live: host|disk", ENUM(offload_target)},
       {"optimizer_memory_host_offload", false, "AdamW moments in the host pool instead of device memory", F(optimizer_memory_host_offload)},
       {"parameter_memory_host_offload", false, "FSDP parameter shards in the host pool (units gathered to the device)", F(parameter_memory_host_offload)},
+      {"state_offload_target", S("host"), "where *_memory_host_offload put the state: host|disk (spill files in offload_dir)", ENUM(state_offload_target)},
       {"offload_dir", S(""), "disk offload spill files; empty = <base_output_directory>/<run_name>/offload", F(offload_dir)},
       // attention
       {"attention_type", S("causal"), "full|causal|local|chunked", ENUM(attention_type)},
@@ -765,6 +766,11 @@ void validate_config(RunConfig& c, int64_t world) {
           "parameter_memory_host_offload needs FSDP (ici_fsdp_parallelism > 1, or fsdp_over_context with "
           "ici_context_parallelism > 1): unsharded, the model computes from its parameters in place, so there is "
           "nothing to bring to the device per layer");
+  require(c.parameter_tier() != StateTier::disk || !c.shard_optimizer_over_data ||
+              c.dp * (c.fsdp_over_context ? 1 : c.cp) == 1,
+          "parameter_memory_host_offload with state_offload_target: disk does not combine with "
+          "shard_optimizer_over_data over 2 or more replicas (the updated pieces are all-gathered in device memory): "
+          "use state_offload_target: host, or turn ZeRO-1 off");
 
   // ---- run and system
   require(c.checkpoint_period >= 0, "checkpoint_period must be >= 0 (0 = only at the end)");

@@ -129,8 +129,12 @@ struct RunConfig {
   // optimizer_memory_host_offload / parameter_memory_host_offload (MaxText's
   // keys): the AdamW moments, and with FSDP the parameter shards, live in
   // the host pool (host_memory_budget), not in device memory.
+  // state_offload_target: where they go, host or disk (spill files in offload_dir).
   bool optimizer_memory_host_offload = false;
   bool parameter_memory_host_offload = false;
+  OffloadTarget state_offload_target = OffloadTarget::host;
+  StateTier optimizer_tier() const { return state_tier(optimizer_memory_host_offload, state_offload_target); }
+  StateTier parameter_tier() const { return state_tier(parameter_memory_host_offload, state_offload_target); }
   int64_t init_weights_seed = 0;      // init_weights_seed (also seeds synthetic data)
   std::string load_parameters_path;   // load_parameters_path: pretrained weights (train/checkpoint.h)
 

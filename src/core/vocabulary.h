@@ -156,6 +156,14 @@ struct EnumNames<OffloadTarget> {
       {{OffloadTarget::host, "host"}, {OffloadTarget::disk, "disk"}}};
 };
 
+// Where a piece of training state (the AdamW moments, the FSDP parameter
+// shard) lives for the whole run (core/state_store.h): device memory, or
+// with *_memory_host_offload the state_offload_target.
+enum class StateTier { device, host, disk };
+inline StateTier state_tier(bool offloaded, OffloadTarget target) {
+  return !offloaded ? StateTier::device : target == OffloadTarget::host ? StateTier::host : StateTier::disk;
+}
+
 // What a layer keeps for backward besides its input. The model allocates its
 // activation buffers from it (src/model/llama.h activation_table) and the
 // planner counts memory and recompute from the same set.

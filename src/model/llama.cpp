@@ -225,7 +225,8 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
   m.embed = index_of("model.embed_tokens.weight");
   m.final_norm = index_of("model.norm.weight");
   m.lm_head = c.tie_embeddings ? m.embed : index_of("lm_head.weight");
-  m.store = std::make_unique<ShardedParameters>(c, tp, m.mesh->shards(), m.dtype, options.parameters_on_host);
+  m.store = std::make_unique<ShardedParameters>(c, tp, m.mesh->shards(), m.dtype, options.parameter_tier,
+                                                options.offload_dir);
   const bool whole = m.store->shards() == 1;  // views into the flat vector exist only unsharded
   int64_t offset = 0;
   for (const ParameterSpec& s : specs) {
@@ -239,7 +240,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
                                                 : 0;
     p.offset = offset;
     NamedTensor g = p;
-    float* pp = whole ? m.store->params().data() + offset : nullptr;
+    float* pp = whole ? m.store->param_store().data() + offset : nullptr;
     float* gp = whole ? m.store->grads().data() + offset : nullptr;
     p.local = k == 0 ? TensorView(pp, DType::f32, {r}) : TensorView(pp, DType::f32, {r, k});
     g.local = k == 0 ? TensorView(gp, DType::f32, {r}) : TensorView(gp, DType::f32, {r, k});
@@ -252,7 +253,19 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
 
 LlamaModel::~LlamaModel() = default;
 
-std::span<float> LlamaModel::flat_parameters() const { return impl_->store->params(); }
+std::span<float> LlamaModel::flat_parameters() const {
+  StateStore& store = impl_->store->param_store();
+  check_shape(store.data() != nullptr,
+              "flat_parameters: the parameters live on disk (state_offload_target: disk); read them with "
+              "parameter_store()");
+  return {store.data(), static_cast<size_t>(store.size())};
+}
+StateStore& LlamaModel::parameter_store() const { return impl_->store->param_store(); }
+void LlamaModel::load_flat_parameters(std::span<const float> flat) {
+  ShardedParameters& store = *impl_->store;
+  for (size_t u = 0; u < store.units().size(); ++u)
+    store.keep_block(static_cast<int>(u), flat.data() + store.units()[u].begin);
+}
 std::span<float> LlamaModel::flat_gradients() const { return impl_->store->grads(); }
 int64_t LlamaModel::shards() const { return impl_->store->shards(); }
 int64_t LlamaModel::tp() const { return impl_->tp; }
@@ -286,7 +299,7 @@ void LlamaModel::init(uint64_t seed) {
           data[r * cols + k] =
               kInitStd * normal_sample(key, static_cast<uint64_t>((row0 + r) * full_cols + col0 + k));
     }
-    store.keep_block(static_cast<int>(u), values.data(), store.params());
+    store.keep_block(static_cast<int>(u), values.data());
   }
 }
 

@@ -68,8 +68,9 @@ struct ModelOptions {
   // Megatron's sequence parallelism over tp (config tensor_sequence_parallelism):
   // needs tp > 1 and B * S_local divisible by tp.
   bool sequence_parallel = false;
-  // parameter_memory_host_offload: the FSDP parameter shard in the host pool.
-  bool parameters_on_host = false;
+  // parameter_memory_host_offload: the FSDP parameter shard in the host pool
+  // or on disk (spill files in offload_dir).
+  StateTier parameter_tier = StateTier::device;
 };
 
 // One micro-batch of this rank's tokens. All arrays are [B, S_local],
@@ -178,7 +179,10 @@ class LlamaModel {
   // This rank's parameters / gradients in one contiguous fp32 array, for the
   // optimizer and a single gradient all-reduce: the tp rank's flat vector,
   // or with FSDP its shard (model/sharded_parameters.h; padding included).
+  // flat_parameters() is for parameters resident on the device or host
+  // (state_offload_target disk has none: Error); parameter_store() for any.
   std::span<float> flat_parameters() const;
+  StateStore& parameter_store() const;
   std::span<float> flat_gradients() const;
   // Ranks the parameters are sharded over (Mesh::shards(); 1 = not sharded).
   int64_t shards() const;
@@ -190,6 +194,8 @@ class LlamaModel {
   // the shard group; and back (local).
   std::vector<float> unshard(std::span<const float> shard) const;
   void reshard(std::span<const float> flat, std::span<float> shard) const;
+  // The tp rank's full flat parameter vector into this rank's parameter store.
+  void load_flat_parameters(std::span<const float> flat);
 
   // Deterministic and independent of the mesh: element i of each FULL tensor
   // is a function of (seed, name, i) only. Linear weights ~ N(0, 0.02), norm

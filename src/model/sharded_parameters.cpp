@@ -75,7 +75,7 @@ struct ShardedParameters::Resident {
 };
 
 ShardedParameters::ShardedParameters(const LlamaConfig& c, int64_t tp, const Communicator& shards, DType compute,
-                                     bool parameters_on_host)
+                                     StateTier parameter_tier, const std::string& dir)
     : comm_(shards), R_(shards.size()), rank_(shards.rank()), compute_(compute),
       units_(parameter_units(c, tp, R_)) {
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -93,10 +93,12 @@ ShardedParameters::ShardedParameters(const LlamaConfig& c, int64_t tp, const Com
   }
   shard_elements_ = units_.back().shard_begin + units_.back().block;
   const bool sharded = R_ > 1;
-  check_shape(sharded || !parameters_on_host, "parameters on the host need FSDP (a shard group of 2 or more)");
-  param_shard_ = Buffer(parameters_on_host ? MemCategory::host_offload : MemCategory::parameters,
-                        sharded ? "model parameters (FSDP shard)" : "model parameters",
-                        static_cast<size_t>(shard_elements_) * 4);
+  check_shape(sharded || parameter_tier == StateTier::device,
+              "parameters off the device need FSDP (a shard group of 2 or more)");
+  // Its staging (disk) serves the optimizer's pass over the shard.
+  param_shard_ = std::make_unique<StateStore>(parameter_tier, MemCategory::parameters, MemCategory::optimizer,
+                                              sharded ? "model parameters (FSDP shard)" : "model parameters",
+                                              state_chunks(units_, 0, shard_elements_), dir);
   grad_shard_ = Buffer(MemCategory::gradients, sharded ? "model gradients (FSDP shard)" : "model gradients",
                        static_cast<size_t>(shard_elements_) * 4);
   if (const int64_t bytes = sharded ? 0 : compute_weight_copy_bytes(shard_elements_, compute))
@@ -126,8 +128,8 @@ void ShardedParameters::prefetch(int u) {
   auto r = std::make_unique<Resident>();
   const ParameterUnit& unit = units_[static_cast<size_t>(u)];
   r->weights = Buffer(MemCategory::parameters, "FSDP gathered unit (fp32)", static_cast<size_t>(unit.block * R_) * 4);
-  r->request = comm_.iall_gather(param_shard_.as<float>() + unit.shard_begin, r->weights.data(),
-                                 static_cast<size_t>(unit.block) * 4);
+  float* mine = place_own_block(u, r->weights.as<float>());
+  r->request = comm_.iall_gather(mine, r->weights.data(), static_cast<size_t>(unit.block) * 4);
   Request* request = &r->request;
   resident_[static_cast<size_t>(u)] = std::move(r);
   prefetching_ = u;
@@ -135,6 +137,17 @@ void ShardedParameters::prefetch(int u) {
   // helper thread makes them while this thread computes.
   if (!worker_) worker_ = std::make_unique<CommWorker>();
   worker_->start([this, request] { return comm_.test(*request); });
+}
+
+// This rank's block of unit u into its place in the gathered copy, which
+// the all-gather then fills around it (in place). On disk the read is not
+// overlapped: it is 1/R of the unit, and the collective must be posted on
+// this thread to keep the ranks' collectives in one order.
+float* ShardedParameters::place_own_block(int u, float* gathered) const {
+  const ParameterUnit& unit = units_[static_cast<size_t>(u)];
+  float* mine = gathered + rank_ * unit.block;
+  param_shard_->wait(param_shard_->read(unit.shard_begin, unit.block, mine));
+  return mine;
 }
 
 void ShardedParameters::finish_prefetch() {
@@ -151,8 +164,8 @@ void ShardedParameters::gather(int u) {
   } else if (!r) {
     r = std::make_unique<Resident>();
     r->weights = Buffer(MemCategory::parameters, "FSDP gathered unit (fp32)", static_cast<size_t>(unit.block * R_) * 4);
-    comm_.all_gather(param_shard_.as<float>() + unit.shard_begin, r->weights.data(),
-                     static_cast<size_t>(unit.block) * 4);
+    float* mine = place_own_block(u, r->weights.as<float>());
+    comm_.all_gather(mine, r->weights.data(), static_cast<size_t>(unit.block) * 4);
   }
   if (compute_ == DType::bf16 && !r->compute.data()) {
     r->compute = Buffer(MemCategory::parameters, "FSDP gathered unit (bf16 compute copy)",
@@ -206,7 +219,7 @@ void ShardedParameters::reset() {
 
 void ShardedParameters::refresh_compute_copy() {
   if (!compute_copy_.data()) return;
-  const float* master = param_shard_.as<float>();
+  const float* master = param_shard_->data();
   bf16* copy = compute_copy_.as<bf16>();
   constexpr int64_t kBlock = 1 << 16;
 #pragma omp parallel for schedule(static)
@@ -216,7 +229,7 @@ void ShardedParameters::refresh_compute_copy() {
 
 float* ShardedParameters::param(int p) const {
   const ParameterUnit& unit = units_[static_cast<size_t>(unit_of(p))];
-  if (R_ == 1) return param_shard_.as<float>() + unit.begin + offset_in_unit(p);
+  if (R_ == 1) return param_shard_->data() + unit.begin + offset_in_unit(p);
   const auto& r = resident_[static_cast<size_t>(unit_of(p))];
   check_shape(r && r->weights.data() && prefetching_ != unit_of(p), "FSDP: a parameter was used outside gather/release");
   return r->weights.as<float>() + offset_in_unit(p);
@@ -255,11 +268,23 @@ void ShardedParameters::reshard(std::span<const float> flat, std::span<float> sh
   for (size_t u = 0; u < units_.size(); ++u) keep_block(static_cast<int>(u), flat.data() + units_[u].begin, shard);
 }
 
-void ShardedParameters::keep_block(int u, const float* unit_values, std::span<float> shard) const {
+// This rank's block of unit u's full values: its elements, then zero padding.
+void ShardedParameters::copy_block(int u, const float* unit_values, float* block) const {
   const ParameterUnit& unit = units_[static_cast<size_t>(u)];
   const int64_t lo = rank_ * unit.block, n = std::clamp<int64_t>(unit.elements - lo, 0, unit.block);
-  std::copy_n(unit_values + lo, n, shard.data() + unit.shard_begin);
-  std::fill_n(shard.data() + unit.shard_begin + n, unit.block - n, 0.0f);
+  std::copy_n(unit_values + lo, n, block);
+  std::fill_n(block + n, unit.block - n, 0.0f);
+}
+
+void ShardedParameters::keep_block(int u, const float* unit_values, std::span<float> shard) const {
+  copy_block(u, unit_values, shard.data() + units_[static_cast<size_t>(u)].shard_begin);
+}
+
+void ShardedParameters::keep_block(int u, const float* unit_values) {
+  const ParameterUnit& unit = units_[static_cast<size_t>(u)];
+  std::vector<float> block(static_cast<size_t>(unit.block));
+  copy_block(u, unit_values, block.data());
+  param_shard_->write(unit.shard_begin, block);
 }
 
 }  // namespace longctx

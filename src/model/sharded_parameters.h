@@ -5,6 +5,9 @@
 //
 // Each rank keeps its block of every unit (core/model_shape.h,
 // parameter_units): the shard, fp32, with the gradients in the same layout.
+// The parameter shard is a StateStore (core/state_store.h): device memory,
+// or with parameter_memory_host_offload the host pool or disk, from where
+// each gather reads this rank's block of the unit.
 // The model uses a unit's weights only between gather(u) and release(u):
 // gather all-gathers the blocks into a full fp32 copy of the unit (and, for
 // bf16 compute, rounds a bf16 copy of it); prefetch(u) posts the next
@@ -32,6 +35,7 @@
 #include "comm/communicator.h"
 #include "core/memory.h"
 #include "core/model_shape.h"
+#include "core/state_store.h"
 #include "core/tensor.h"
 
 namespace longctx {
@@ -55,10 +59,10 @@ struct ShardSegment {
 class ShardedParameters {
  public:
   // Allocates the shard's parameters and gradients (tracked); zero.
-  // parameters_on_host: the parameter shard in the host pool (needs R > 1:
-  // the model then only reads gathered copies, which are device memory).
+  // parameter_tier host or disk (spill files in `dir`) needs R > 1: the
+  // model then only reads gathered copies, which are device memory.
   ShardedParameters(const LlamaConfig& config, int64_t tp, const Communicator& shards, DType compute,
-                    bool parameters_on_host = false);
+                    StateTier parameter_tier = StateTier::device, const std::string& dir = "");
   ~ShardedParameters();
   ShardedParameters(const ShardedParameters&) = delete;
   ShardedParameters& operator=(const ShardedParameters&) = delete;
@@ -66,8 +70,9 @@ class ShardedParameters {
   int64_t shards() const { return R_; }
   const std::vector<ParameterUnit>& units() const { return units_; }
   int unit_of(int param) const { return unit_of_[static_cast<size_t>(param)]; }
-  // This rank's shard (padding included) and its gradients.
-  std::span<float> params() const { return {param_shard_.as<float>(), static_cast<size_t>(shard_elements_)}; }
+  // This rank's shard of the parameters (padding included; chunked by
+  // state_chunks over the whole shard) and of the gradients.
+  StateStore& param_store() const { return *param_shard_; }
   std::span<float> grads() const { return {grad_shard_.as<float>(), static_cast<size_t>(shard_elements_)}; }
   // Where each parameter's elements lie in this rank's shard (padding excluded).
   std::vector<ShardSegment> segments() const;
@@ -95,13 +100,17 @@ class ShardedParameters {
   // to the tp rank's flat vector (collective over the shard group), and back.
   std::vector<float> unshard(std::span<const float> shard) const;
   void reshard(std::span<const float> flat, std::span<float> shard) const;
-  // Copies this rank's block of unit u's full values (unit order) into `shard`.
+  // Copies this rank's block of unit u's full values (unit order) into
+  // `shard`, or into the parameter store.
   void keep_block(int u, const float* unit_values, std::span<float> shard) const;
+  void keep_block(int u, const float* unit_values);
 
  private:
   struct Resident;  // a unit's gathered copies
   int64_t offset_in_unit(int param) const { return offsets_[static_cast<size_t>(param)]; }
   void finish_prefetch();
+  float* place_own_block(int unit, float* gathered) const;
+  void copy_block(int unit, const float* unit_values, float* block) const;
 
   const Communicator& comm_;
   const int64_t R_;
@@ -111,7 +120,8 @@ class ShardedParameters {
   std::vector<int> unit_of_;
   std::vector<int64_t> offsets_;  // each parameter's offset in its unit
   int64_t shard_elements_ = 0;
-  Buffer param_shard_, grad_shard_;
+  std::unique_ptr<StateStore> param_shard_;
+  Buffer grad_shard_;
   Buffer compute_copy_;  // R = 1, bf16: the whole model's bf16 copy
   std::vector<std::unique_ptr<Resident>> resident_;  // per unit, null when not in use
   int prefetching_ = -1;                             // the unit whose all-gather is in flight

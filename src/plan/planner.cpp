@@ -56,7 +56,11 @@ struct Shape {
   // One rank's block of the embedding, of a layer and of the head (parameter_units).
   int64_t embed_block, layer_block, head_block;
   bool fsdp_over_context;
-  bool optimizer_on_host, parameters_on_host;  // *_memory_host_offload
+  StateTier optimizer_tier, parameter_tier;  // *_memory_host_offload, state_offload_target
+  OffloadTarget state_target;
+  // The largest chunk of the moments' piece and of the parameter shard
+  // (core/state_store.h): a disk pass stages 2 of each.
+  int64_t moment_chunk, param_chunk;
   // shard_optimizer_over_data (ZeRO-1) over the replicas: the piece of the
   // last replica (it also takes the remainder), which the device stands for.
   bool zero1;
@@ -128,8 +132,9 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.offload_target = c.offload_target;
   s.params_local = parameters_per_tp_rank(m, c.tp);
   s.fsdp_over_context = c.fsdp_over_context;
-  s.optimizer_on_host = c.optimizer_memory_host_offload;
-  s.parameters_on_host = c.parameter_memory_host_offload;
+  s.optimizer_tier = c.optimizer_tier();
+  s.parameter_tier = c.parameter_tier();
+  s.state_target = c.state_offload_target;
   s.shards = s.fsdp * (s.fsdp_over_context ? s.cp : 1);
   s.shard = parameter_shard_elements(m, c.tp, s.shards);
   LlamaConfig one_layer = m;
@@ -142,6 +147,9 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.zero1 = c.shard_optimizer_over_data && s.replicas > 1;
   s.piece = s.zero1 ? flat_piece(s.shard, static_cast<int>(s.replicas), static_cast<int>(s.replicas - 1))
                     : flat_piece(s.shard, 1, 0);
+  const std::vector<ParameterUnit> all_units = parameter_units(m, c.tp, s.shards);
+  s.moment_chunk = largest_state_chunk(all_units, int64_t(s.piece.begin), int64_t(s.piece.size));
+  s.param_chunk = largest_state_chunk(all_units, 0, s.shard);
   return s;
 }
 
@@ -186,13 +194,14 @@ int64_t offloaded_items(const Shape& s, Activation a) {
 void plan_memory(const Shape& s, StrategyPlan& p) {
   const bool sharded = s.shards > 1;
   const std::string shard = sharded ? ", FSDP shard 1/" + str(s.shards) : "";
-  // State the config keeps in the host pool instead.
-  auto add_state = [&](bool on_host, const char* category, const std::string& name, int64_t bytes) {
-    if (!on_host) return add_memory(p, category, name, bytes);
-    p.host_state.push_back({"host", name, bytes});
-    p.host_state_bytes += bytes;
+  // State the config keeps in the host pool or on disk instead.
+  p.state_offload_target = s.state_target;
+  auto add_state = [&](StateTier tier, const char* category, const std::string& name, int64_t bytes) {
+    if (tier == StateTier::device) return add_memory(p, category, name, bytes);
+    p.state_offload.push_back({name_of(s.state_target), name, bytes});
+    p.state_offload_bytes += bytes;
   };
-  add_state(s.parameters_on_host, "parameters", "model parameters (fp32" + shard + ")", s.shard * 4);
+  add_state(s.parameter_tier, "parameters", "model parameters (fp32" + shard + ")", s.shard * 4);
   if (!sharded)
     add_memory(p, "parameters", "bf16 compute copy of the parameters", compute_weight_copy_bytes(s.shard, s.dtype));
   add_memory(p, "gradients", "model gradients (fp32" + shard + ")", s.shard * 4);
@@ -202,10 +211,14 @@ void plan_memory(const Shape& s, StrategyPlan& p) {
              std::string("FSDP gathered units in flight (fp32") + (s.dtype == DType::bf16 ? " + bf16 copy)" : ")"),
              gathered[0]);
   add_memory(p, "gradients", "FSDP unit gradients before their reduce-scatter (fp32)", gathered[1]);
-  add_state(s.optimizer_on_host, "optimizer",
+  add_state(s.optimizer_tier, "optimizer",
             s.zero1 ? "AdamW moments (fp32), ZeRO-1 piece 1/" + str(s.replicas) + shard
                     : "AdamW first and second moments (fp32" + shard + ")",
             kAdamWMoments * int64_t(s.piece.size) * 4);
+  // A disk pass (the optimizer step) streams each store on disk through 2 chunks.
+  const int64_t staged = (s.optimizer_tier == StateTier::disk ? kAdamWMoments * s.moment_chunk : 0) +
+                         (s.parameter_tier == StateTier::disk ? s.param_chunk : 0);
+  add_memory(p, "optimizer", "state streamed from disk by the update (2 chunks per store, fp32)", 2 * staged * 4);
 
   // The model's own activation table: per layer when the policy saves a
   // tensor, else one buffer every layer reuses; each in its own dtype.
@@ -509,23 +522,26 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   }
   hidden += fsdp_hidden;
   p.hidden_comm_seconds = hidden;
-  // Host-resident state over the host link (a device backend's moves; on
-  // this CPU backend the host pool is RAM and nothing moves).
-  if (hw.host_link_bandwidth > 0) {
-    const int64_t moments = s.optimizer_on_host ? 2 * kAdamWMoments * int64_t(s.piece.size) * 4 : 0;
+  // Offloaded state: over the host link (a device backend's moves; on this
+  // CPU backend the host pool is RAM and nothing moves) or to disk.
+  const bool disk = s.state_target == OffloadTarget::disk;
+  const double state_bandwidth = disk ? hw.disk_bandwidth : hw.host_link_bandwidth;
+  if (state_bandwidth > 0) {
+    const int64_t moments = s.optimizer_tier != StateTier::device ? 2 * kAdamWMoments * int64_t(s.piece.size) * 4 : 0;
     // Parameters: every unit's block in for the forward, each layer's again
     // for the backward (and the tied embedding's for the loss head), the
-    // updated shard out.
+    // updated shard out; on disk the update reads the shard in first.
     int64_t params = 0;
-    if (s.parameters_on_host)
-      params = (2 * s.shard + s.L * s.layer_block + (s.model.tie_embeddings ? s.embed_block : 0)) * 4;
-    p.host_state_moved_bytes = moments + params;
-    p.host_state_seconds = double(moments + params) / hw.host_link_bandwidth;
-    p.host_state_hidden_seconds = std::min(double(params) / hw.host_link_bandwidth, p.compute_seconds);
+    if (s.parameter_tier != StateTier::device)
+      params = ((disk ? 3 : 2) * s.shard + s.L * s.layer_block + (s.model.tie_embeddings ? s.embed_block : 0)) * 4;
+    p.state_offload_moved_bytes = moments + params;
+    p.state_offload_seconds = double(moments + params) / state_bandwidth;
+    // Disk reads of a unit's block are not overlapped (sharded_parameters.cpp place_own_block).
+    p.state_offload_hidden_seconds = disk ? 0.0 : std::min(double(params) / state_bandwidth, p.compute_seconds);
   }
   plan_offload_time(s, hw, p);
   p.step_seconds = p.compute_seconds + p.comm_seconds - hidden + p.offload_seconds - p.offload_hidden_seconds +
-                   p.host_state_seconds - p.host_state_hidden_seconds;
+                   p.state_offload_seconds - p.state_offload_hidden_seconds;
   p.tokens_per_second = tokens / p.step_seconds;
   p.mfu = p.model_flops / p.step_seconds / peak;
 }
@@ -792,7 +808,8 @@ int64_t predicted_memory_bytes(const RunConfig& c, int64_t threads, int64_t* hos
   StrategyPlan p;
   plan_memory(make_shape(c, c.dp * c.fsdp * c.cp * c.tp, threads), p);
   if (host_offload_bytes)
-    *host_offload_bytes = (p.offload_target == OffloadTarget::host ? p.offload_bytes : 0) + p.host_state_bytes;
+    *host_offload_bytes = (p.offload_target == OffloadTarget::host ? p.offload_bytes : 0) +
+                          (p.state_offload_target == OffloadTarget::host ? p.state_offload_bytes : 0);
   return p.memory_total;
 }
 

@@ -75,15 +75,18 @@ struct StrategyPlan {
   double offload_seconds = 0;
   double offload_hidden_seconds = 0;
   // optimizer_memory_host_offload / parameter_memory_host_offload: the
-  // moments and the FSDP parameter shard in host memory (not in
-  // memory_total), the bytes a device backend moves over the host link per
-  // step (moments in and out for the update; each gathered unit's block
-  // in, the updated shard out), and that time (the parameters' hidden
-  // behind compute like the FSDP all-gathers, the moments' exposed).
-  std::vector<MemoryLine> host_state;
-  int64_t host_state_bytes = 0;
-  int64_t host_state_moved_bytes = 0;
-  double host_state_seconds = 0, host_state_hidden_seconds = 0;
+  // moments and the FSDP parameter shard in the state_offload_target (host
+  // memory or disk, not in memory_total; a disk pass's staging is device
+  // memory, in `memory`), the bytes moved per step over the host link or
+  // to disk (moments in and out for the update; each gathered unit's block
+  // in, the updated shard out), and that time (host parameters' hidden
+  // behind compute like the FSDP all-gathers; the moments', and on disk the
+  // parameters' reads, exposed).
+  OffloadTarget state_offload_target = OffloadTarget::host;
+  std::vector<MemoryLine> state_offload;  // category "host" or "disk"
+  int64_t state_offload_bytes = 0;
+  int64_t state_offload_moved_bytes = 0;
+  double state_offload_seconds = 0, state_offload_hidden_seconds = 0;
 
   // Per device per step.
   double model_flops = 0;     // 6 N tokens + attention (what MFU counts)

@@ -302,12 +302,12 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
   // flat vectors: the replicas' ZeRO-1 pieces of the moments gathered first,
   // then the FSDP shards of everything.
   const auto& params = model.parameters();
-  const size_t n = model.flat_parameters().size();
-  auto moments = [&](std::span<float> piece) {
-    return model.unshard(optimizer.sharded() ? gather_pieces(piece, optimizer.piece(), n, mesh)
-                                             : std::vector<float>(piece.begin(), piece.end()));
+  const size_t n = model.flat_gradients().size();
+  auto moments = [&](StateStore& store) {
+    std::vector<float> piece = store.read_all();
+    return model.unshard(optimizer.sharded() ? gather_pieces(piece, optimizer.piece(), n, mesh) : piece);
   };
-  const std::vector<float> flat = model.unshard(model.flat_parameters());
+  const std::vector<float> flat = model.unshard(model.parameter_store().read_all());
   const std::vector<float> m_all = moments(optimizer.exp_avg()), v_all = moments(optimizer.exp_avg_sq());
   std::vector<HostTensor> weights, exp_avg, exp_avg_sq;
   for (const NamedTensor& p : params) {
@@ -536,7 +536,7 @@ TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& op
   // 3. Only now touch the model and optimizer: this tp rank's flat
   // vectors, then its FSDP shard of them, then this replica's ZeRO-1 piece
   // of the moments.
-  const size_t n = model.flat_parameters().size();
+  const size_t n = model.flat_gradients().size();
   const int64_t flat_size = parameters_per_tp_rank(model.config(), model.tp());
   std::vector<float> flat(static_cast<size_t>(flat_size)), flat_m(flat.size()), flat_v(flat.size());
   for (const NamedTensor& p : params) {
@@ -544,13 +544,13 @@ TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& op
     take_shard(p, moments.at(p.name + ".exp_avg"), flat_m.data() + p.offset);
     take_shard(p, moments.at(p.name + ".exp_avg_sq"), flat_v.data() + p.offset);
   }
-  model.reshard(flat, model.flat_parameters());
+  model.load_flat_parameters(flat);
   const FlatPiece& piece = optimizer.piece();
   std::vector<float> shard(n);
   model.reshard(flat_m, shard);
-  std::copy_n(shard.data() + piece.begin, piece.size, optimizer.exp_avg().data());
+  optimizer.exp_avg().write(0, std::span<const float>(shard).subspan(piece.begin, piece.size));
   model.reshard(flat_v, shard);
-  std::copy_n(shard.data() + piece.begin, piece.size, optimizer.exp_avg_sq().data());
+  optimizer.exp_avg_sq().write(0, std::span<const float>(shard).subspan(piece.begin, piece.size));
   optimizer.set_step(optimizer_step);
   return state;
 }
@@ -563,7 +563,7 @@ void load_hf_parameters(const std::string& dir, LlamaModel& model) {
   // keeps its shard, into the flat vector; then this rank's FSDP shard of that.
   std::vector<float> flat(static_cast<size_t>(parameters_per_tp_rank(model.config(), model.tp())));
   for (const NamedTensor& p : model.parameters()) take_shard(p, files.read(p.name), flat.data() + p.offset);
-  model.reshard(flat, model.flat_parameters());
+  model.load_flat_parameters(flat);
 }
 
 namespace {

@@ -39,7 +39,7 @@ FlatPiece flat_piece(size_t n, int replicas, int rank) {
 namespace {
 
 FlatPiece piece_for(const LlamaModel& model, const RunConfig& c, const Mesh& mesh, bool& sharded) {
-  const size_t n = model.flat_parameters().size();
+  const size_t n = model.flat_gradients().size();
   sharded = c.shard_optimizer_over_data && mesh.replicas().size() > 1;
   if (!sharded) return flat_piece(n, 1, 0);
   const int R = mesh.replicas().size();
@@ -54,11 +54,19 @@ FlatPiece piece_for(const LlamaModel& model, const RunConfig& c, const Mesh& mes
 AdamW::AdamW(const LlamaModel& model, const RunConfig& c, const Mesh& mesh)
     : mesh_(mesh), b1_(c.adam_b1), b2_(c.adam_b2), eps_(c.adam_eps), weight_decay_(c.adam_weight_decay),
       clip_(c.gradient_clipping_threshold),
-      piece_(piece_for(model, c, mesh, sharded_)),
-      m_(c.optimizer_memory_host_offload ? MemCategory::host_offload : MemCategory::optimizer, "adamw.exp_avg",
-         piece_.size * sizeof(float)),
-      v_(c.optimizer_memory_host_offload ? MemCategory::host_offload : MemCategory::optimizer, "adamw.exp_avg_sq",
-         piece_.size * sizeof(float)) {
+      piece_(piece_for(model, c, mesh, sharded_)) {
+  const std::vector<StateChunk> chunks =
+      state_chunks(parameter_units(model.config(), model.tp(), model.shards()), int64_t(piece_.begin),
+                   int64_t(piece_.size));
+  m_ = std::make_unique<StateStore>(c.optimizer_tier(), MemCategory::optimizer, MemCategory::optimizer,
+                                    "adamw.exp_avg", chunks, c.offload_dir);
+  v_ = std::make_unique<StateStore>(c.optimizer_tier(), MemCategory::optimizer, MemCategory::optimizer,
+                                    "adamw.exp_avg_sq", chunks, c.offload_dir);
+  // Parameters on disk stream through the same chunks (config: no ZeRO-1 piece then).
+  const StateStore& params = model.parameter_store();
+  check_shape(params.tier() != StateTier::disk ||
+                  (piece_.begin == 0 && int64_t(piece_.size) == params.size() && params.chunks().size() == chunks.size()),
+              "AdamW: parameters on disk need the optimizer's piece to be the whole shard");
   const size_t lo = piece_.begin, hi = piece_.begin + piece_.size;
   for (const ShardSegment& s : model.shard_segments()) {
     const size_t b = static_cast<size_t>(s.shard_begin), e = b + static_cast<size_t>(s.size);
@@ -122,22 +130,38 @@ void AdamW::gather_pieces(LlamaModel& model) {
   staging_ = Buffer();
 }
 
+// One pass over the moments' chunks (core/state_store.h): on disk, chunk
+// k + 1 is read and chunk k - 1 written while chunk k is updated.
 void AdamW::update(LlamaModel& model, double lr) {
   ++step_;
-  float* p = model.flat_parameters().data() + piece_.begin;
+  StateStore& params = model.parameter_store();
+  const bool stream_params = params.tier() == StateTier::disk;
   const float* g = model.flat_gradients().data() + piece_.begin;
-  const auto& params = model.parameters();
-  for (const Segment& s : segments_) {
-    AdamWParams h;
-    h.lr = static_cast<float>(lr);
-    h.beta1 = static_cast<float>(b1_);
-    h.beta2 = static_cast<float>(b2_);
-    h.eps = static_cast<float>(eps_);
-    h.weight_decay = params[s.param].local.rank == 2 ? static_cast<float>(weight_decay_) : 0.0f;
-    h.step = step_;
-    adamw_update(p + s.begin, g + s.begin, m_.as<float>() + s.begin, v_.as<float>() + s.begin,
-                 static_cast<int64_t>(s.size), h);
+  const auto& tensors = model.parameters();
+  std::vector<StateStore*> passes{m_.get(), v_.get()};
+  if (stream_params) passes.push_back(&params);
+  for (StateStore* s : passes) s->begin_pass();
+  const std::vector<StateChunk>& chunks = m_->chunks();
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const int64_t lo = chunks[k].begin, hi = lo + chunks[k].size;
+    float* p = stream_params ? params.chunk(k) : params.data() + piece_.begin + lo;
+    float* m = m_->chunk(k);
+    float* v = v_->chunk(k);
+    for (const Segment& s : segments_) {
+      const int64_t from = std::max<int64_t>(lo, int64_t(s.begin)), to = std::min<int64_t>(hi, int64_t(s.begin + s.size));
+      if (from >= to) continue;
+      AdamWParams h;
+      h.lr = static_cast<float>(lr);
+      h.beta1 = static_cast<float>(b1_);
+      h.beta2 = static_cast<float>(b2_);
+      h.eps = static_cast<float>(eps_);
+      h.weight_decay = tensors[s.param].local.rank == 2 ? static_cast<float>(weight_decay_) : 0.0f;
+      h.step = step_;
+      adamw_update(p + (from - lo), g + from, m + (from - lo), v + (from - lo), to - from, h);
+    }
+    for (StateStore* s : passes) s->done(k, true);
   }
+  for (StateStore* s : passes) s->end_pass();
 }
 
 }  // namespace longctx

@@ -5,11 +5,13 @@
 // replicas (all-reduce, or ZeRO-1's reduce-scatter) and gathering the
 // updated pieces.
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "core/config.h"
 #include "core/memory.h"
+#include "core/state_store.h"
 #include "core/tensor.h"
 #include "model/llama.h"
 
@@ -76,10 +78,12 @@ class AdamW {
   void set_step(int64_t step) { step_ = step; }
   bool sharded() const { return sharded_; }
   const FlatPiece& piece() const { return piece_; }
-  // Flat moments of this rank's piece: element i belongs to
-  // flat_parameters()[piece().begin + i].
-  std::span<float> exp_avg() const { return {m_.as<float>(), piece_.size}; }
-  std::span<float> exp_avg_sq() const { return {v_.as<float>(), piece_.size}; }
+  // Flat moments of this rank's piece: element i belongs to element
+  // piece().begin + i of the parameter shard. Device memory, or with
+  // optimizer_memory_host_offload the state_offload_target (host or disk),
+  // chunked by state_chunks over the piece.
+  StateStore& exp_avg() const { return *m_; }
+  StateStore& exp_avg_sq() const { return *v_; }
 
  private:
   // Where a parameter tensor overlaps the piece.
@@ -95,7 +99,7 @@ class AdamW {
   bool sharded_ = false;
   FlatPiece piece_;
   std::vector<Segment> segments_;
-  Buffer m_, v_;  // [piece_.size] each
+  std::unique_ptr<StateStore> m_, v_;  // [piece_.size] each
   // ZeRO-1: "zero1 gradient/parameter piece", [piece_.block], from
   // reduce_gradients to the end of step().
   Buffer staging_;

@@ -88,7 +88,7 @@ ModelOptions model_options_from_config(const RunConfig& c, const Mesh& mesh) {
   o.impl = c.attention_kernel;
   o.dtype = c.dtype;
   o.sequence_parallel = c.tp_sequence_parallel;
-  o.parameters_on_host = c.parameter_memory_host_offload;
+  o.parameter_tier = c.parameter_tier();
   return o;
 }
 

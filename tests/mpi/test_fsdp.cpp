@@ -205,6 +205,15 @@ TEST(Fsdp, ShardedCheckpointResumesOnTheSameMeshAndUnshardedOnOneRank) {
   MeshCase m{1, world / cp, cp, 1, cp > 1, "ring"};
   RunConfig a = config_from_values(with_dir(values(m)));
   validate_config(a, world);
+  // The sharded save and its same-mesh resume keep the parameter shard and
+  // the moments on disk (state_offload_target): a checkpoint is the same.
+  auto on_disk = values(m);
+  on_disk["optimizer_memory_host_offload"] = true;
+  on_disk["parameter_memory_host_offload"] = true;
+  on_disk["state_offload_target"] = std::string("disk");
+  on_disk["offload_dir"] = (dir / ("spill-" + std::to_string(rank))).string();
+  RunConfig a_disk = config_from_values(with_dir(on_disk));
+  validate_config(a_disk, world);
   std::vector<double> straight;
   {
     Mesh mesh(mesh_shape_from_config(a));
@@ -212,14 +221,14 @@ TEST(Fsdp, ShardedCheckpointResumesOnTheSameMeshAndUnshardedOnOneRank) {
     for (int i = 0; i < 2 * kHalf; ++i) straight.push_back(t.train_step().loss);
   }
   {
-    Mesh mesh(mesh_shape_from_config(a));
-    Trainer t(a, mesh);
+    Mesh mesh(mesh_shape_from_config(a_disk));
+    Trainer t(a_disk, mesh);
     for (int i = 0; i < kHalf; ++i) t.train_step();
     t.save();
   }
   {  // same mesh: bit for bit
-    Mesh mesh(mesh_shape_from_config(a));
-    Trainer t(a, mesh);
+    Mesh mesh(mesh_shape_from_config(a_disk));
+    Trainer t(a_disk, mesh);
     ASSERT_NE(t.resume(), "");
     for (int i = kHalf; i < 2 * kHalf; ++i) EXPECT_EQ(t.train_step().loss, straight[i]) << "same mesh, step " << i;
   }
@@ -240,16 +249,18 @@ TEST(Fsdp, ShardedCheckpointResumesOnTheSameMeshAndUnshardedOnOneRank) {
 
 // optimizer_memory_host_offload and parameter_memory_host_offload: under a
 // device budget that the plain FSDP run breaks (OutOfMemoryError on every
-// rank), the run with the moments and the parameter shard in the host pool
-// trains with bit-identical losses (same mesh, 1 thread), its device holds
-// no moments and only the gathered units of parameters, and the planner
-// predicts those device and host bytes exactly.
-TEST(Fsdp, OptimizerAndParameterHostOffloadFitABudgetThePlainRunBreaks) {
+// rank), the run with the moments and the parameter shard in the host pool,
+// and again on disk (state_offload_target), trains with bit-identical
+// losses (same mesh, 1 thread), its device holds no moments and only the
+// gathered units of parameters (on disk, the update's staged chunks too),
+// and the planner predicts those device and host/disk bytes exactly.
+TEST(Fsdp, OptimizerAndParameterOffloadToHostOrDiskFitABudgetThePlainRunBreaks) {
   const int world = comm_world_size();
   MeshCase m{1, world, 1, 1};
   RunConfig plain = config_from_values(values(m));
   validate_config(plain, world);
   MemoryTracker& t = MemoryTracker::global();
+  int64_t optimizer_peak = 0;
   auto losses = [&](const RunConfig& c, int64_t* device_peak, int64_t* params_peak, int64_t* optimizer_now) {
     Mesh mesh(mesh_shape_from_config(c));
     const size_t before = t.current_total(), p0 = t.current(MemCategory::parameters),
@@ -261,6 +272,7 @@ TEST(Fsdp, OptimizerAndParameterHostOffloadFitABudgetThePlainRunBreaks) {
     if (device_peak) *device_peak = int64_t(t.peak_total() - before);
     if (params_peak) *params_peak = int64_t(t.peak(MemCategory::parameters) - p0);
     if (optimizer_now) *optimizer_now = int64_t(t.current(MemCategory::optimizer) - o0);
+    optimizer_peak = int64_t(t.peak(MemCategory::optimizer) - o0);
     return out;
   };
   int64_t plain_peak = 0;
@@ -268,30 +280,42 @@ TEST(Fsdp, OptimizerAndParameterHostOffloadFitABudgetThePlainRunBreaks) {
   // What the two levers take off the device: the moments and the parameter shard.
   const int64_t shard_bytes = 4 * parameter_shard_elements(plain.model, 1, world);
   const int64_t budget = int64_t(t.current_total()) + plain_peak - shard_bytes;  // below the plain run's peak
-  auto with = [&](bool offload) {
+  const std::filesystem::path spill = test::shared_temp_dir("longctx_fsdp_spill_");
+  auto with = [&](bool offload, const std::string& target) {
     auto v = values(m);
     v["device_memory_budget"] = budget;
     v["optimizer_memory_host_offload"] = offload;
     v["parameter_memory_host_offload"] = offload;
+    v["state_offload_target"] = target;
+    v["offload_dir"] = (spill / std::to_string(comm_world_rank())).string();
     RunConfig c = config_from_values(v);
     validate_config(c, world);
     return c;
   };
-  EXPECT_THROW(losses(with(false), nullptr, nullptr, nullptr), OutOfMemoryError);
-  const RunConfig offloaded = with(true);
-  int64_t params_peak = 0, optimizer_now = -1;
-  const std::vector<double> got = losses(offloaded, nullptr, &params_peak, &optimizer_now);
-  EXPECT_EQ(got, reference);
-  EXPECT_EQ(optimizer_now, 0);
-  HardwareProfile hw;  // memory does not depend on the rates
-  hw.peak_flops_fp32 = hw.memory_bandwidth = hw.collective_bandwidth = hw.p2p_bandwidth = 1e12;
-  hw.all_to_all_bandwidth = hw.host_link_bandwidth = 1e12;
-  hw.memory_bytes = int64_t{1} << 40;
-  const StrategyPlan plan = plan_strategy(offloaded, hw, PlanOptions{});
-  int64_t predicted_params = 0;
-  for (const MemoryLine& l : plan.memory)
-    if (l.category == "parameters") predicted_params += l.bytes;
-  EXPECT_EQ(params_peak, predicted_params);
-  EXPECT_EQ(plan.host_state_bytes, shard_bytes + 8 * parameter_shard_elements(plain.model, 1, world));
+  EXPECT_THROW(losses(with(false, "host"), nullptr, nullptr, nullptr), OutOfMemoryError);
+  for (const std::string target : {"host", "disk"}) {
+    const RunConfig offloaded = with(true, target);
+    int64_t params_peak = 0, optimizer_now = -1;
+    const std::vector<double> got = losses(offloaded, nullptr, &params_peak, &optimizer_now);
+    EXPECT_EQ(got, reference) << target;
+    EXPECT_EQ(optimizer_now, 0) << target;
+    HardwareProfile hw;  // memory does not depend on the rates
+    hw.peak_flops_fp32 = hw.memory_bandwidth = hw.collective_bandwidth = hw.p2p_bandwidth = 1e12;
+    hw.all_to_all_bandwidth = hw.host_link_bandwidth = hw.disk_bandwidth = 1e12;
+    hw.memory_bytes = int64_t{1} << 40;
+    const StrategyPlan plan = plan_strategy(offloaded, hw, PlanOptions{});
+    int64_t predicted_params = 0, predicted_optimizer = 0;
+    for (const MemoryLine& l : plan.memory) {
+      if (l.category == "parameters") predicted_params += l.bytes;
+      if (l.category == "optimizer") predicted_optimizer += l.bytes;
+    }
+    EXPECT_EQ(params_peak, predicted_params) << target;
+    EXPECT_EQ(optimizer_peak, predicted_optimizer) << target;
+    if (target == "disk") EXPECT_GT(optimizer_peak, 0) << "the update's staged chunks";
+    EXPECT_EQ(plan.state_offload_bytes, shard_bytes + 8 * parameter_shard_elements(plain.model, 1, world)) << target;
+    EXPECT_EQ(name_of(plan.state_offload_target), target);
+  }
+  Communicator::world("barrier").barrier();
+  if (comm_world_rank() == 0) std::filesystem::remove_all(spill);
   MemoryTracker::global().set_budget(0);
 }

@@ -32,6 +32,14 @@ void fill(std::span<float> s, float base) {
   for (size_t i = 0; i < s.size(); ++i) s[i] = base + 1e-3f * static_cast<float>(i % 97);
 }
 
+std::vector<float> snapshot(StateStore& s) { return s.read_all(); }
+
+void fill(StateStore& s, float base) {
+  std::vector<float> values(static_cast<size_t>(s.size()));
+  fill(values, base);
+  s.write(0, values);
+}
+
 std::string read(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), {}};

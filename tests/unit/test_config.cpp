@@ -179,6 +179,16 @@ TEST(Config, ValidationRulesNameTheRule) {
   };
   EXPECT_EQ(rule(with_dp(16), 16), "");
   EXPECT_NE(rule(with_dp(32), 32).find("shard_optimizer_over_data needs at least one parameter per replica"), S::npos);
+  // State off the device: parameters need FSDP; on disk they do not take ZeRO-1 pieces over replicas.
+  EXPECT_NE(rule({{"parameter_memory_host_offload", true}}, 1).find("parameter_memory_host_offload needs FSDP"), S::npos);
+  const std::map<std::string, ConfigValue> disk_params = {
+      {"parameter_memory_host_offload", true}, {"state_offload_target", S("disk")},
+      {"ici_fsdp_parallelism", I(2)},          {"ici_data_parallelism", I(2)}};
+  EXPECT_EQ(rule(disk_params, 4), "");
+  auto with_zero1 = disk_params;
+  with_zero1["shard_optimizer_over_data"] = true;
+  EXPECT_NE(rule(with_zero1, 4).find("does not combine with shard_optimizer_over_data"), S::npos);
+  EXPECT_NE(error_of([] { config_from_values({{"state_offload_target", S("tape")}}); }).find("host|disk"), S::npos);
   // dp = -1 fills the world.
   RunConfig c = config_from_values({{"dataset_type", S("synthetic")}, {"ici_data_parallelism", I(-1)},
                                     {"ici_context_parallelism", I(2)}});
