@@ -61,8 +61,8 @@ RUNS = [
     run("tpu-v7", "64K", 65536, 1, 64, 1, "custom", 5.31, 51.7, "matmul anchor", CUSTOM("device", "device"), source=V7),
     run("tpu-v7", "256K", 262144, 4, 16, 1, "custom", 14.08, 50.7, "check", CUSTOM("device", "device"), source=V7),
     run("tpu-v7", "1M", 1048576, 16, 4, 1, "custom", 49.58, 49.98, "check", CUSTOM("device", "device"), source=V7),
-    run("tpu-v7", "2M", 2097152, 32, 2, 1, "custom", 94.60, 51.03, "check", CUSTOM("device", "device"), source=V7),
-    run("tpu-v7", "4M", 4194304, 64, 1, 1, "custom", 186.48, 50.93, "attention anchor", CUSTOM("device", "device"),
+    run("tpu-v7", "2M", 2097152, 32, 2, 1, "custom", 94.60, 51.03, "attention anchor", CUSTOM("device", "device"), source=V7),
+    run("tpu-v7", "4M", 4194304, 64, 1, 1, "custom", 186.48, 50.93, "check", CUSTOM("device", "device"),
         source=V7),
     run("tpu-v7", "10M", 10485760, 64, 1, 1, "custom", 1124.12, 52.54, "check",
         CUSTOM("device", "device") + ["optimizer_memory_host_offload=true"], source=V7),
@@ -133,7 +133,11 @@ def table(build, tmp):
         after = predict(build, r, {}, tmp)
         # Same FLOPs per step: MFU scales with 1 / step time.
         published = after["mfu"] * after["step_seconds"] / r["published_s"]
-        cfg = " ".join(a for a in r["args"][1:] if not a.startswith(("dtype", "model_name", "context_parallel_strategy")))
+        short = {"max_target_length": "S", "ici_context_parallelism": "cp", "ici_fsdp_parallelism": "fsdp",
+                 "ici_data_parallelism": "dp", "per_device_batch_size": "B", "remat_policy": "remat",
+                 "decoder_layer_input": "inputs", "optimizer_memory_host_offload": "opt offload"}
+        cfg = " ".join(short.get(a.split("=")[0], a.split("=")[0]) + "=" + a.split("=")[1] for a in r["args"][1:]
+                       if a.split("=")[0] in short or a.startswith("context="))
         print("| %s | %s ([source](%s)) | %s, %d devices | %.2f s, %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.2f s | %s |"
               % (r["profile"], r["label"], r["source"].split(" ")[0], cfg, r["devices"], r["published_s"],
                  r["published_mfu"], 100 * published, 100 * before["mfu"], 100 * after["mfu"],
