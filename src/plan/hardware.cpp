@@ -78,6 +78,7 @@ const std::vector<Field>& fields() {
       {"matmul_efficiency", &H::matmul_efficiency, nullptr},
       {"attention_efficiency", &H::attention_efficiency, nullptr},
       {"attention_block", nullptr, &H::attention_block},
+      {"attention_half_rate_tokens", &H::attention_half_rate_tokens, nullptr},
       {"threads_per_device", nullptr, &H::threads_per_device},
       {"memory_bytes", nullptr, &H::memory_bytes},
       {"memory_bandwidth", &H::memory_bandwidth, nullptr},

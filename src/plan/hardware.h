@@ -93,6 +93,16 @@ struct HardwareProfile {
   std::map<std::string, std::map<int64_t, double>> attention_partial_tile_cost;
   // Interpolated over the head dim; 1 when the kind was not measured.
   double attention_partial_tile_cost_at(const std::string& mask_kind, int64_t head_dim) const;
+  // A kernel call's fixed costs per query row and per key row (a flash
+  // kernel's pipeline fill and drain, the softmax finalisation and the
+  // output write per query block, the dK/dV write per key block), in pairs:
+  // a call of q query and k key tokens costs its work (pairs or tiles) plus
+  // attention_half_rate_tokens x (q + k) / 2 pairs. On a full mask with
+  // q = k = c the rate is attention_efficiency x c / (c + this): the chunk
+  // at which the kernel runs at half its peak rate. The ring cuts the
+  // sequence into chunks of S / ring, so each step pays it again. 0 = no
+  // fall-off (cpu-local: its per-call costs are measured in the tile rates).
+  double attention_half_rate_tokens = 0;
 
   // field name -> where its number comes from (URL, measurement, assumption).
   std::map<std::string, std::string> sources;

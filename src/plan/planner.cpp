@@ -292,14 +292,25 @@ const char* mask_kind_name(const MaskSpec& m) {
   return "";
 }
 
+int64_t tokens_in(std::span<const PositionRange> ranges) {
+  int64_t n = 0;
+  for (const PositionRange& r : ranges) n += r.size();
+  return n;
+}
+
 // What the kernel computes for q tokens against kv tokens, in pairs: the
 // unmasked pairs, or for a tiled kernel every pair of its non-empty tiles,
-// those of partial tiles at their measured cost.
+// those of partial tiles at their cost; plus the call's fixed costs per
+// query and key row (attention_half_rate_tokens), which make short chunks
+// slower per pair. A call with nothing unmasked is skipped by the engine.
 double kernel_work(std::span<const PositionRange> q, std::span<const PositionRange> kv,
                    const MaskSpec& mask, const HardwareProfile& hw, int64_t head_dim, int64_t pairs) {
-  if (hw.attention_block <= 0) return double(pairs);
+  if (pairs == 0) return 0.0;
+  const double rows = hw.attention_half_rate_tokens * double(tokens_in(q) + tokens_in(kv)) / 2;
+  if (hw.attention_block <= 0) return double(pairs) + rows;
   const TilePairs t = count_tile_pairs(q, kv, mask, hw.attention_block);
-  return double(t.full) + hw.attention_partial_tile_cost_at(mask_kind_name(mask), head_dim) * double(t.partial);
+  return double(t.full) + hw.attention_partial_tile_cost_at(mask_kind_name(mask), head_dim) * double(t.partial) +
+         rows;
 }
 
 AttentionWork attention_work(const Shape& s, const HardwareProfile& hw) {

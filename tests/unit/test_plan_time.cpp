@@ -78,9 +78,12 @@ TEST(PlanTime, ProfileTablesRoundTrip) {
 TEST(PlanTime, DatasheetProfilesUseTheirScalars) {
   for (const char* name : {"tpu-v5p", "tpu-v7", "h100", "h200"}) {
     const HardwareProfile h = load_hardware_profile(name, LONGCTX_SOURCE_DIR "/configs/hardware");
-    EXPECT_EQ(h.attention_block, 0) << name;
     EXPECT_DOUBLE_EQ(h.matmul_efficiency_at(512), h.matmul_efficiency) << name;
-    EXPECT_DOUBLE_EQ(h.attention_partial_tile_cost_at("causal", 128), 1.0) << name;
+    // The calibrated numbers each say where they come from.
+    for (const char* key : {"matmul_efficiency", "attention_efficiency", "attention_block",
+                            "attention_partial_tile_cost", "attention_half_rate_tokens"})
+      EXPECT_TRUE(h.sources.count(key)) << name << " has no source for " << key;
+    EXPECT_GT(h.attention_half_rate_tokens, 0) << name;
     EXPECT_GT(h.elementwise_bandwidth_of("rope"), 0) << name;
     // Matmul time is the FLOPs at the datasheet rate, whatever the widths.
     RunConfig c = small_config("causal", 1024, "full");
@@ -118,6 +121,35 @@ TEST(PlanTime, AttentionCostsTheTilesTheKernelComputes) {
   const double tile = 128.0 * 128.0, pairs = 1024.0 * 1025.0 / 2;
   EXPECT_NEAR(tiles_s / pairs_s, (28 * tile + 2.0 * 8 * tile) / pairs, 1e-12);
   EXPECT_EQ(plan(causal, h).attention_pairs, plan(small_config("causal", 1024, "full"), round_profile()).attention_pairs);
+}
+
+// The chunk fall-off: a ring step's kernel call of c query against c key
+// tokens (full mask) costs c^2 + h c pairs for attention_half_rate_tokens h,
+// i.e. it runs at attention_efficiency x c / (c + h). Doubling the sequence
+// doubles the chunk, so the time grows by 2 (2c + h) / (c + h), not 4.
+TEST(PlanTime, RingChunksFallOffAtTheHalfRateLength) {
+  HardwareProfile h = round_profile();
+  h.attention_half_rate_tokens = 256;
+  const int64_t R = 4, heads = 4, D = 16;
+  auto ring = [&](int64_t seq) {
+    RunConfig c = small_config("full", seq, "none");
+    c.cp = R;
+    c.cp_strategy = CpStrategy::ring;
+    c.cp_load_balance = false;
+    c.model.num_layers = 1;
+    return plan(c, h).attention_seconds;
+  };
+  // One layer, no remat: one forward (4 D FLOPs per pair) and one backward
+  // (10 D) at half the 1e12 FLOP/s peak; every ring step is a full c x c call.
+  auto expected = [&](double c) {
+    const double per_pair = (4.0 + 10.0) * D / (0.5 * 1e12);
+    return double(R) * heads * (c * c + 256.0 * c) * per_pair;
+  };
+  for (int64_t c : {256, 512}) EXPECT_NEAR(ring(R * c), expected(double(c)), 1e-9 * expected(double(c))) << c;
+  EXPECT_NEAR(ring(2 * R * 256) / ring(R * 256), 2.0 * (512 + 256) / (256 + 256), 1e-9);
+  // Without the fall-off the same steps cost their pairs only.
+  h.attention_half_rate_tokens = 0;
+  EXPECT_NEAR(ring(R * 256), expected(256) / 2, 1e-9 * expected(256));
 }
 
 TEST(PlanTime, ElementwiseCountsTheRecomputedKernels) {
