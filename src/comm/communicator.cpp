@@ -102,7 +102,7 @@ Communicator& Communicator::operator=(Communicator&& other) noexcept {
     name_ = std::move(other.name_);
     rank_ = other.rank_;
     size_ = other.size_;
-    counters_ = other.counters_;
+    tally_ = std::move(other.tally_);
   }
   return *this;
 }
@@ -111,22 +111,28 @@ Communicator Communicator::split(int color, int key, const std::string& name) co
   return Communicator(backend_->split(color, key), name);
 }
 
+Communicator Communicator::duplicate(const std::string& name) const {
+  Communicator d(backend_->split(0, rank_), name);
+  d.tally_ = tally_;
+  return d;
+}
+
 void Communicator::count(CommOp op, int64_t sent, int64_t received) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto& c = counters_[op];
+  std::lock_guard<std::mutex> lock(tally_->mu);
+  auto& c = tally_->counters[op];
   c.calls += 1;
   c.bytes_sent += sent;
   c.bytes_received += received;
 }
 
 CommCounters Communicator::counters() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return counters_;
+  std::lock_guard<std::mutex> lock(tally_->mu);
+  return tally_->counters;
 }
 
 void Communicator::reset_counters() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  counters_ = CommCounters{};
+  std::lock_guard<std::mutex> lock(tally_->mu);
+  tally_->counters = CommCounters{};
 }
 
 void Communicator::timed_out(double timeout, CommOp op, int peer, Request* request) const {
@@ -157,8 +163,8 @@ void Communicator::wait_until(const std::function<bool()>& done, CommOp op, int 
     }
     if (timer.seconds() > timeout) timed_out(timeout, op, peer, nullptr);
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  counters_[op].wait_seconds += timer.seconds();
+  std::lock_guard<std::mutex> lock(tally_->mu);
+  tally_->counters[op].wait_seconds += timer.seconds();
 }
 
 void Communicator::wait(Request& request) const {
@@ -175,8 +181,8 @@ void Communicator::wait(Request& request) const {
     if (timer.seconds() > timeout) timed_out(timeout, request.kind_, request.peer_, &request);
   }
   request.op_.reset();
-  std::lock_guard<std::mutex> lock(mu_);
-  counters_[request.kind_].wait_seconds += timer.seconds();
+  std::lock_guard<std::mutex> lock(tally_->mu);
+  tally_->counters[request.kind_].wait_seconds += timer.seconds();
 }
 
 bool Communicator::test(Request& request) const {

@@ -134,6 +134,10 @@ class Communicator {
   // Collective: the ranks passing the same color form one communicator,
   // ranked by key (ties by rank here).
   Communicator split(int color, int key, const std::string& name) const;
+  // Collective: the same ranks in the same order, counted together with
+  // this one (counters() of either shows both). Collectives on the two are
+  // independent, so another thread may post on it in an order of its own.
+  Communicator duplicate(const std::string& name) const;
 
   // Point to point. Tags must be < 32768 (the least tag bound MPI guarantees).
   Request isend(const void* data, size_t bytes, int dest, int tag) const;
@@ -189,8 +193,12 @@ class Communicator {
   std::unique_ptr<CommBackend> backend_;
   std::string name_;
   int rank_ = 0, size_ = 1;
-  mutable std::mutex mu_;  // guards counters_: waits may run on helper threads
-  mutable CommCounters counters_;
+  // Counters, shared with duplicates; the mutex because waits may run on helper threads.
+  struct Tally {
+    std::mutex mu;
+    CommCounters counters;
+  };
+  std::shared_ptr<Tally> tally_ = std::make_shared<Tally>();
 };
 
 // A persistent helper thread for communication that must progress while the

@@ -127,6 +127,15 @@ void StateStore::wait(OffloadStore::Ticket t) {
   if (t) spill_->wait(t);
 }
 
+void StateStore::settle() noexcept {
+  if (!spill_) return;
+  try {
+    spill_->wait_all();
+  } catch (...) {
+    // Reported by the wait that failed first; the store's later waits rethrow it.
+  }
+}
+
 std::vector<float> StateStore::read_all() {
   std::vector<float> out(static_cast<size_t>(size_));
   wait(read(0, size_, out.data()));

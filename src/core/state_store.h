@@ -72,6 +72,9 @@ class StateStore {
   // reading `dst`).
   OffloadStore::Ticket read(int64_t begin, int64_t n, float* dst);
   void wait(OffloadStore::Ticket t);
+  // Waits for every queued move, ignoring their errors (error paths, before
+  // the buffers they target are freed).
+  void settle() noexcept;
   // The whole vector out and in (checkpoints, initialization).
   std::vector<float> read_all();
   void write(int64_t begin, std::span<const float> values);  // whole chunks, as read()

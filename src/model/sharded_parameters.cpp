@@ -76,7 +76,8 @@ struct ShardedParameters::Resident {
 
 ShardedParameters::ShardedParameters(const LlamaConfig& c, int64_t tp, const Communicator& shards, DType compute,
                                      StateTier parameter_tier, const std::string& dir)
-    : comm_(shards), R_(shards.size()), rank_(shards.rank()), compute_(compute),
+    : comm_(shards), gathers_(shards.duplicate(shards.name() + " (FSDP gathers)")), R_(shards.size()),
+      rank_(shards.rank()), compute_(compute),
       units_(parameter_units(c, tp, R_)) {
   for (size_t u = 0; u < units_.size(); ++u) {
     const ParameterUnit& unit = units_[u];
@@ -128,30 +129,32 @@ void ShardedParameters::prefetch(int u) {
   auto r = std::make_unique<Resident>();
   const ParameterUnit& unit = units_[static_cast<size_t>(u)];
   r->weights = Buffer(MemCategory::parameters, "FSDP gathered unit (fp32)", static_cast<size_t>(unit.block * R_) * 4);
-  float* mine = place_own_block(u, r->weights.as<float>());
-  r->request = comm_.iall_gather(mine, r->weights.data(), static_cast<size_t>(unit.block) * 4);
-  Request* request = &r->request;
+  // This rank's block goes into its place in the gathered copy (on disk a
+  // queued read), and the all-gather fills the rest around it, in place.
+  float* mine = r->weights.as<float>() + rank_ * unit.block;
+  const OffloadStore::Ticket read = param_shard_->read(unit.shard_begin, unit.block, mine);
+  Resident* res = r.get();
   resident_[static_cast<size_t>(u)] = std::move(r);
   prefetching_ = u;
-  // Open MPI moves a non-blocking collective only inside MPI calls: the
-  // helper thread makes them while this thread computes.
+  // The helper thread waits for the read, posts the all-gather and drives
+  // it (Open MPI moves a non-blocking collective only inside MPI calls)
+  // while this thread computes. Only gathers use gathers_, posted one at a
+  // time in the model's order, so every rank posts them in the same order
+  // whichever thread does.
   if (!worker_) worker_ = std::make_unique<CommWorker>();
-  worker_->start([this, request] { return comm_.test(*request); });
-}
-
-// This rank's block of unit u into its place in the gathered copy, which
-// the all-gather then fills around it (in place). On disk the read is not
-// overlapped: it is 1/R of the unit, and the collective must be posted on
-// this thread to keep the ranks' collectives in one order.
-float* ShardedParameters::place_own_block(int u, float* gathered) const {
-  const ParameterUnit& unit = units_[static_cast<size_t>(u)];
-  float* mine = gathered + rank_ * unit.block;
-  param_shard_->wait(param_shard_->read(unit.shard_begin, unit.block, mine));
-  return mine;
+  const size_t bytes = static_cast<size_t>(unit.block) * 4;
+  worker_->start([this, res, mine, bytes, read, posted = false]() mutable {
+    if (!posted) {
+      param_shard_->wait(read);
+      res->request = gathers_.iall_gather(mine, res->weights.data(), bytes);
+      posted = true;
+    }
+    return gathers_.test(res->request);
+  });
 }
 
 void ShardedParameters::finish_prefetch() {
-  worker_->finish(comm_, CommOp::all_gather);
+  worker_->finish(gathers_, CommOp::all_gather);
   prefetching_ = -1;
 }
 
@@ -162,10 +165,12 @@ void ShardedParameters::gather(int u) {
   if (prefetching_ == u) {
     finish_prefetch();
   } else if (!r) {
+    if (prefetching_ >= 0) finish_prefetch();  // gathers_ takes one gather at a time
     r = std::make_unique<Resident>();
     r->weights = Buffer(MemCategory::parameters, "FSDP gathered unit (fp32)", static_cast<size_t>(unit.block * R_) * 4);
-    float* mine = place_own_block(u, r->weights.as<float>());
-    comm_.all_gather(mine, r->weights.data(), static_cast<size_t>(unit.block) * 4);
+    float* mine = r->weights.as<float>() + rank_ * unit.block;
+    param_shard_->wait(param_shard_->read(unit.shard_begin, unit.block, mine));
+    gathers_.all_gather(mine, r->weights.data(), static_cast<size_t>(unit.block) * 4);
   }
   if (compute_ == DType::bf16 && !r->compute.data()) {
     r->compute = Buffer(MemCategory::parameters, "FSDP gathered unit (bf16 compute copy)",
@@ -207,13 +212,17 @@ void ShardedParameters::reduce_gradients(int u) {
 
 void ShardedParameters::reset() {
   if (prefetching_ >= 0) {
-    worker_->abandon();
-    // A collective cannot be cancelled: wait for it (watched by the
-    // collective timeout), as the other ranks posted it too.
-    auto& r = resident_[static_cast<size_t>(prefetching_)];
-    if (r && r->request.active()) comm_.wait(r->request);
+    // A collective cannot be cancelled, and the other ranks post this one
+    // too: let the helper post it and wait for it (watched by the
+    // collective timeout), whatever else failed.
+    try {
+      finish_prefetch();
+    } catch (...) {
+      // The error that brought us here is the one to report.
+    }
     prefetching_ = -1;
   }
+  param_shard_->settle();  // a read into a copy freed below may still be queued
   for (auto& r : resident_) r.reset();
 }
 

@@ -109,10 +109,10 @@ class ShardedParameters {
   struct Resident;  // a unit's gathered copies
   int64_t offset_in_unit(int param) const { return offsets_[static_cast<size_t>(param)]; }
   void finish_prefetch();
-  float* place_own_block(int unit, float* gathered) const;
   void copy_block(int unit, const float* unit_values, float* block) const;
 
   const Communicator& comm_;
+  Communicator gathers_;  // comm_'s ranks, for the all-gathers only (prefetch)
   const int64_t R_;
   const int rank_;
   const DType compute_;

@@ -540,15 +540,19 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   if (state_bandwidth > 0) {
     const int64_t moments = s.optimizer_tier != StateTier::device ? 2 * kAdamWMoments * int64_t(s.piece.size) * 4 : 0;
     // Parameters: every unit's block in for the forward, each layer's again
-    // for the backward (and the tied embedding's for the loss head), the
-    // updated shard out; on disk the update reads the shard in first.
-    int64_t params = 0;
-    if (s.parameter_tier != StateTier::device)
-      params = ((disk ? 3 : 2) * s.shard + s.L * s.layer_block + (s.model.tie_embeddings ? s.embed_block : 0)) * 4;
-    p.state_offload_moved_bytes = moments + params;
-    p.state_offload_seconds = double(moments + params) / state_bandwidth;
-    // Disk reads of a unit's block are not overlapped (sharded_parameters.cpp place_own_block).
-    p.state_offload_hidden_seconds = disk ? 0.0 : std::min(double(params) / state_bandwidth, p.compute_seconds);
+    // for the backward (and the tied embedding's for the loss head), read
+    // with the unit's prefetch (hidden like the all-gathers); the updated
+    // shard out (a device backend's host copy: hidden too; on disk the
+    // update reads the shard in and writes it out, exposed).
+    int64_t gather_reads = 0, update = 0;
+    if (s.parameter_tier != StateTier::device) {
+      gather_reads = (s.shard + s.L * s.layer_block + (s.model.tie_embeddings ? s.embed_block : 0)) * 4;
+      update = (disk ? 2 : 1) * s.shard * 4;
+    }
+    const int64_t hidden_bytes = gather_reads + (disk ? 0 : update);
+    p.state_offload_moved_bytes = moments + gather_reads + update;
+    p.state_offload_seconds = double(p.state_offload_moved_bytes) / state_bandwidth;
+    p.state_offload_hidden_seconds = std::min(double(hidden_bytes) / state_bandwidth, p.compute_seconds);
   }
   plan_offload_time(s, hw, p);
   p.step_seconds = p.compute_seconds + p.comm_seconds - hidden + p.offload_seconds - p.offload_hidden_seconds +
