@@ -365,14 +365,14 @@ int run_plan(const Args& args) {
     };
     if (a == "--json") as_json = true;
     else if (a == "--longest") longest = true;
-    else if (a == "--granule") granule = std::stoll(value());
+    else if (a == "--granule") granule = parse_int_flag("plan", a, value());
     else if (a == "--measure") measure = true;
     else if (a == "--output") output = value();
     else if (a == "--validate") validate = true;
-    else if (a == "--steps") steps = std::stoll(value());
+    else if (a == "--steps") steps = parse_int_flag("plan", a, value());
     else if (a == "--markdown") markdown = value();
     else if (a == "--hardware") hardware = value();
-    else if (a == "--devices") options.devices = std::stoll(value());
+    else if (a == "--devices") options.devices = parse_int_flag("plan", a, value());
     else if (a == "--device-memory") options.device_memory = parse_bytes(value());
     else if (a.rfind("--", 0) == 0)
       throw ConfigError("plan: unknown flag '" + a + "'\n" + kPlanUsage);

@@ -130,9 +130,9 @@ real_step() {  # name, ranks, threads
     /usr/bin/python3 - "$WORK/$name.jsonl" "${BEST_MEMORY[$1]}" "${BEST_STEP[$1]}" <<'EOF'
 import json, sys
 m = json.loads(open(sys.argv[1]).readline())
-pred, step = int(sys.argv[2]), float(sys.argv[3])
-print(f"measured peak {m['peak_memory_bytes']} B = {m['peak_memory_bytes'] / 2**30:.3f} GiB, predicted {pred} B "
-      f"({'exact' if pred == m['peak_memory_bytes'] else f'{(pred / m['peak_memory_bytes'] - 1) * 100:+.3f}%'}); "
+pred, step, peak = int(sys.argv[2]), float(sys.argv[3]), m["peak_memory_bytes"]
+diff = "exact" if pred == peak else "%+.3f%%" % ((pred / peak - 1) * 100)
+print(f"measured peak {peak} B = {peak / 2**30:.3f} GiB (tracked, max over ranks), predicted {pred} B ({diff}); "
       f"step {m['seconds']:.0f} s measured, {step:.0f} s predicted; loss {m['loss']:.4f}")
 EOF
   else

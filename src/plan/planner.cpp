@@ -803,6 +803,9 @@ int64_t host_pool_bytes(const StrategyPlan& p) {
 
 LongestLength longest_length(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o, int64_t granule) {
   if (granule < 1) throw ConfigError("the length granule must be >= 1 (got " + str(granule) + ")");
+  if (!c.cp_strategy)
+    throw ConfigError("the longest length is searched for one strategy: set context_parallel_strategy (all_gather, "
+                      "ulysses, ring or usp), not auto");
   LongestLength r;
   r.granule = granule;
   auto at = [&](int64_t multiple) {

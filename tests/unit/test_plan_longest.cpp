@@ -117,6 +117,11 @@ TEST(PlanLongest, ClearAnswersForBadGranulesAndBudgetsTooSmall) {
   EXPECT_NE(err.find("zigzag"), std::string::npos) << err;
   EXPECT_NE(err.find("granule 6"), std::string::npos) << err;
   EXPECT_THROW(longest_length(ring, profile(), PlanOptions{}, 0), ConfigError);
+  RunConfig automatic = ring;
+  automatic.cp_strategy = std::nullopt;  // auto: the length depends on the strategy
+  EXPECT_NE(error_text<ConfigError>([&] { longest_length(automatic, profile(), PlanOptions{}, 64); })
+                .find("context_parallel_strategy"),
+            std::string::npos);
   // Not even one granule fits: length 0, the plan at one granule says by how much.
   const LongestLength none = longest_length(small({{"device_memory_budget", int64_t(1000)}}), profile(), PlanOptions{}, 64);
   EXPECT_EQ(none.length, 0);
