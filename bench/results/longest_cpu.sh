@@ -113,10 +113,10 @@ real_step() {  # name, ranks, threads
   # shellcheck disable=SC2086
   local cmd=(mpiexec --oversubscribe --allow-run-as-root --bind-to none -n "$ranks" -x OMP_NUM_THREADS="$threads"
              /usr/bin/time -f "rank maxrss_kib %M wall_s %e" nice -n 5 "$LONGCTX" train $MODEL $keys)
-  echo "    ${cmd[*]}" | tr -s ' \n' ' ' | fold -s -w 110 | sed '2,$s/^/        /'
+  printf '%q ' "${cmd[@]}" | fold -s -w 106 | sed 's/^/    /'
   echo
   if ! [[ ${REUSE_LOGS:-0} == 1 && -f $log ]] || ! grep -q "max_target_length=$length " "$log.cmd" 2>/dev/null; then
-    echo "${cmd[*]}" > "$log.cmd"
+    printf '%q ' "${cmd[@]}" > "$log.cmd"
     echo "before: $(uptime)" > "$log"
     rm -f "$WORK/$name.jsonl"
     "${cmd[@]}" >> "$log" 2>&1 || echo "exit status $?" >> "$log"
@@ -149,11 +149,12 @@ EOF
   echo "Model (why: README \"Planning\"): d_model 128, 2 heads x 64, 1 KV head, SwiGLU 256, 3 layers, vocab 259,"
   echo "local attention window 512, fp32, synthetic data unpacked. Granule $GRANULE tokens."
   echo "Device budget: 18 GiB for 1 rank; 9 GiB per rank for 2 ranks on this one machine (the 2-rank rows are"
-  echo "what two such ranks train; two machines of 18 GiB each would hold twice the 1-rank length, last line)."
+  echo "what two such ranks train; machines of 18 GiB each, one rank per machine: the line below the table)."
   echo "The host pool column is memory the planner counts apart (a GPU's host RAM); on this CPU it is the same"
   echo "RAM, so a host row is runnable here only while device + host stays under the machine."
   echo
-  echo "    $LONGCTX plan $MODEL <mesh> <rung keys> --longest --granule $GRANULE [--json]" | tr -s ' \n' ' ' | fold -s -w 110
+  echo "$LONGCTX plan $MODEL <mesh> <rung keys> --longest --granule $GRANULE [--json]" | tr -s ' \n' ' ' |
+    fold -s -w 106 | sed 's/^/    /'
   echo
   echo
   echo "## 1 rank, 2 threads, device_memory_budget=18GiB"
@@ -166,10 +167,13 @@ EOF
   # shellcheck disable=SC2086
   read -r l2 m2 h2 s2 < <(longest ${BEST_KEYS[two]//device_memory_budget=9GiB/device_memory_budget=18GiB})
   # shellcheck disable=SC2086
+  read -r l4 m4 h4 s4 < <(longest ${BEST_KEYS[two]//device_memory_budget=9GiB/device_memory_budget=18GiB} \
+    ici_context_parallelism=4 --devices 4)
+  # shellcheck disable=SC2086
   read -r la ma ha sa < <(longest ${BEST_KEYS[two]//context_parallel_strategy=ring/context_parallel_strategy=all_gather})
   echo
-  echo "Same last rung, all_gather instead of ring: $la tokens ($(gib "$ma") GiB). Two machines of 18 GiB"
-  echo "each (one rank per machine, planner only): $l2 tokens ($(gib "$m2") GiB per rank)."
+  echo "Same last rung, all_gather instead of ring: $la tokens ($(gib "$ma") GiB). Machines of 18 GiB, one"
+  echo "rank each (planner only): two $l2 tokens ($(gib "$m2") GiB per rank), four (cp=4) $l4 ($(gib "$m4") GiB)."
   echo
   echo "Memory per device at the 1-rank best row (\`plan --longest\` without --json):"
   echo
