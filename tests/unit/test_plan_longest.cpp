@@ -15,6 +15,7 @@
 #include "core/memory.h"
 #include "plan/hardware.h"
 #include "plan/planner.h"
+#include "plan_profile.h"
 #include "error_text.h"
 #include "temp_dir.h"
 #include "train_run.h"
@@ -24,18 +25,7 @@ namespace {
 
 using test::one_rank;
 
-HardwareProfile profile() {
-  HardwareProfile h;
-  h.name = "longest";
-  h.peak_flops_fp32 = h.peak_flops_bf16 = 1e11;
-  h.memory_bytes = int64_t{1} << 40;  // every test sets a budget below it
-  h.memory_bandwidth = 1e10;
-  h.p2p_bandwidth = h.collective_bandwidth = h.all_to_all_bandwidth = 1e10;
-  h.host_link_bandwidth = 1e10;
-  h.devices_per_node = 8;
-  h.threads_per_device = 1;
-  return h;
-}
+HardwareProfile profile() { return test::plan_test_profile("longest"); }
 
 // A small GQA model (3 query heads, 1 KV head) with a sliding window,
 // remat full, one kernel thread. 4 layers: more than the staging slots an
