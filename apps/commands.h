@@ -2,12 +2,26 @@
 // Subcommands of the `longctx` command. Each takes the arguments after its
 // name and returns the process exit status; errors are thrown as
 // longctx::Error and turned into one line on stderr by main.
+#include <cstdint>
 #include <string>
 #include <vector>
+
+#include "core/error.h"
 
 namespace longctx {
 
 using Args = std::vector<std::string>;
+
+// An integer flag's value; a ConfigError naming the command and the flag otherwise.
+inline int64_t parse_int_flag(const std::string& command, const std::string& flag, const std::string& value) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(value, &used);
+    if (used == value.size()) return v;
+  } catch (...) {
+  }
+  throw ConfigError(command + ": " + flag + " expects an integer, got '" + value + "'");
+}
 
 int run_train(const Args& args);           // apps/train.cpp
 int run_plan(const Args& args);            // apps/plan.cpp

@@ -1,5 +1,5 @@
 // `longctx plan CONFIG.yml [key=value ...] [--hardware NAME] [--devices N]
-//               [--device-memory BYTES] [--json]`
+//               [--device-memory BYTES] [--json] [--longest [--granule N]]`
 // `mpiexec -n 2 longctx plan --measure [--output PATH]`
 // `mpiexec -n N longctx plan CONFIG.yml [key=value ...] --validate [--steps N] [--markdown FILE]`
 //    runs real train steps and compares the predicted step time with them
@@ -137,6 +137,36 @@ std::string plan_label(const StrategyPlan& p) {
                                        : name_of(p.strategy);
 }
 
+// The memory lines of one plan: device memory by tensor, what is offloaded, host-resident state.
+void print_memory(const StrategyPlan& p) {
+  for (const MemoryLine& m : p.memory)
+    std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(),
+                human_bytes(double(m.bytes)).c_str());
+  if (p.offload_bytes > 0) {
+    std::printf("   offloaded to %s (not device memory): %s; moved per step %s (written after forward, read "
+                "before backward)",
+                name_of(p.offload_target), human_bytes(double(p.offload_bytes)).c_str(),
+                human_bytes(double(p.offload_moved_bytes)).c_str());
+    if (p.offload_bandwidth > 0)
+      std::printf(" at %s/s: %s, %s hidden behind compute\n", human_bytes(p.offload_bandwidth).c_str(),
+                  seconds(p.offload_seconds).c_str(), seconds(p.offload_hidden_seconds).c_str());
+    else
+      std::printf(": the profile has no %s bandwidth, time not counted\n",
+                  p.offload_target == OffloadTarget::host ? "host_link" : "disk");
+    for (const MemoryLine& m : p.offload_memory)
+      std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(), human_bytes(double(m.bytes)).c_str());
+  }
+  if (p.state_offload_bytes > 0) {
+    const bool disk = p.state_offload_target == OffloadTarget::disk;
+    std::printf("   state in %s (not device memory): %s; moved per step %s %s: %s, %s hidden\n",
+                disk ? "disk spill files" : "host memory", human_bytes(double(p.state_offload_bytes)).c_str(),
+                disk ? "to and from disk" : "over the host link", human_bytes(double(p.state_offload_moved_bytes)).c_str(),
+                seconds(p.state_offload_seconds).c_str(), seconds(p.state_offload_hidden_seconds).c_str());
+    for (const MemoryLine& m : p.state_offload)
+      std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(), human_bytes(double(m.bytes)).c_str());
+  }
+}
+
 void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
   const StrategyPlan* any = nullptr;
   for (const StrategyPlan& p : r.candidates)
@@ -169,32 +199,7 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
     std::printf("\n-- %s: memory per device %s of %s%s\n", plan_label(p).c_str(),
                 human_bytes(double(p.memory_total)).c_str(), human_bytes(double(p.device_memory)).c_str(),
                 p.fits ? "" : (" -- does NOT fit; " + p.advice).c_str());
-    for (const MemoryLine& m : p.memory)
-      std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(),
-                  human_bytes(double(m.bytes)).c_str());
-    if (p.offload_bytes > 0) {
-      std::printf("   offloaded to %s (not device memory): %s; moved per step %s (written after forward, read "
-                  "before backward)",
-                  name_of(p.offload_target), human_bytes(double(p.offload_bytes)).c_str(),
-                  human_bytes(double(p.offload_moved_bytes)).c_str());
-      if (p.offload_bandwidth > 0)
-        std::printf(" at %s/s: %s, %s hidden behind compute\n", human_bytes(p.offload_bandwidth).c_str(),
-                    seconds(p.offload_seconds).c_str(), seconds(p.offload_hidden_seconds).c_str());
-      else
-        std::printf(": the profile has no %s bandwidth, time not counted\n",
-                    p.offload_target == OffloadTarget::host ? "host_link" : "disk");
-      for (const MemoryLine& m : p.offload_memory)
-        std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(), human_bytes(double(m.bytes)).c_str());
-    }
-    if (p.state_offload_bytes > 0) {
-      const bool disk = p.state_offload_target == OffloadTarget::disk;
-      std::printf("   state in %s (not device memory): %s; moved per step %s %s: %s, %s hidden\n",
-                  disk ? "disk spill files" : "host memory", human_bytes(double(p.state_offload_bytes)).c_str(),
-                  disk ? "to and from disk" : "over the host link", human_bytes(double(p.state_offload_moved_bytes)).c_str(),
-                  seconds(p.state_offload_seconds).c_str(), seconds(p.state_offload_hidden_seconds).c_str());
-      for (const MemoryLine& m : p.state_offload)
-        std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(), human_bytes(double(m.bytes)).c_str());
-    }
+    print_memory(p);
     std::printf("   communication per device per step:\n");
     for (const CommLine& l : p.comm)
       std::printf("   %-14s %-8s %-38s %6lld calls  sent %10s  recv %10s  %9s%s\n", l.op.c_str(),
@@ -217,6 +222,47 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
   else
     std::printf("none: %s\n", rec.reason.c_str());
   std::printf("(planned in %.3f s)\n", plan_seconds);
+}
+
+// `--longest`: the length, the memory at it and at one granule more, the breakdown.
+int print_longest(const RunConfig& c, const LongestLength& r, bool as_json) {
+  const StrategyPlan& p = r.plan;
+  const int64_t next_length = r.length + r.granule;
+  if (as_json) {
+    json j = {{"granule", r.granule}, {"longest_max_target_length", r.length}, {"plan", to_json(p)},
+              {"host_pool_bytes", host_pool_bytes(p)},
+              {"next", {{"max_target_length", next_length}, {"memory_total_bytes", r.next.memory_total},
+                        {"host_pool_bytes", host_pool_bytes(r.next)}, {"fits", r.next.fits}}}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("longest: %s cp=%lld x tp %lld (dp %lld, fsdp %lld), remat %s, %s mask, dtype %s\n",
+              plan_label(p).c_str(), (long long)p.cp, (long long)p.tp, (long long)p.dp, (long long)p.fsdp,
+              name_of(p.remat_policy), name_of(c.attention_type), name_of(c.dtype));
+  auto pool = [&](const StrategyPlan& q) {
+    const int64_t host = host_pool_bytes(q);
+    return host > 0 ? ", host pool " + human_bytes(double(host)) +
+                          (c.host_memory_budget > 0 ? " of " + human_bytes(double(c.host_memory_budget)) : "")
+                    : std::string();
+  };
+  if (r.length == 0) {
+    std::printf("  nothing fits: one granule (%lld tokens) needs %s of %s%s\n", (long long)r.granule,
+                human_bytes(double(p.memory_total)).c_str(), human_bytes(double(p.device_memory)).c_str(),
+                pool(p).c_str());
+    print_memory(p);
+    return 0;
+  }
+  std::printf("  max_target_length=%lld (a multiple of %lld): %s of %s device memory%s\n", (long long)r.length,
+              (long long)r.granule, human_bytes(double(p.memory_total)).c_str(),
+              human_bytes(double(p.device_memory)).c_str(), pool(p).c_str());
+  std::printf("  at %lld: %s%s, does not fit\n", (long long)next_length,
+              human_bytes(double(r.next.memory_total)).c_str(), pool(r.next).c_str());
+  std::printf("  predicted step %s (compute %s, exposed communication and moves %s), %.1f tok/s/dev\n",
+              seconds(p.step_seconds).c_str(), seconds(p.compute_seconds).c_str(),
+              seconds(p.step_seconds - p.compute_seconds).c_str(), p.tokens_per_second);
+  std::printf("\nmemory per device at max_target_length=%lld:\n", (long long)r.length);
+  print_memory(p);
+  return 0;
 }
 
 // ---- validating the time model against real steps --------------------------------
@@ -296,11 +342,13 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
 
 const char* const kPlanUsage =
     "usage: longctx plan CONFIG.yml [key=value ...] [--hardware NAME] [--devices N]\n"
-    "         [--device-memory BYTES] [--json]\n"
+    "         [--device-memory BYTES] [--json] [--longest [--granule N]]\n"
     "       mpiexec -n N longctx plan CONFIG.yml [key=value ...] --validate [--steps N] [--markdown FILE]\n"
     "       mpiexec -n N longctx plan --measure [--output FILE]\n"
     "  --hardware NAME   configs/hardware/NAME.yml (default cpu-local; tpu-v5p, tpu-v7, h100, h200)\n"
     "  --devices N       devices to plan for (default: the config's mesh)\n"
+    "  --longest         the longest max_target_length (a multiple of --granule, default 1024) at which\n"
+    "                    exactly this config fits device memory (and host_memory_budget), and the memory there\n"
     "  --validate        run real training steps and compare them with the prediction\n"
     "  --measure         measure this machine's profile (GEMM, bandwidths, MPI links)\n";
 
@@ -308,7 +356,8 @@ int run_plan(const Args& args) {
   std::string config_path, hardware = "cpu-local", output;
   std::vector<std::string> overrides;
   PlanOptions options;
-  bool as_json = false, measure = false, validate = false;
+  bool as_json = false, measure = false, validate = false, longest = false;
+  int64_t granule = 1024;
   int64_t steps = 3;
   std::string markdown;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -318,13 +367,15 @@ int run_plan(const Args& args) {
       return args[++i];
     };
     if (a == "--json") as_json = true;
+    else if (a == "--longest") longest = true;
+    else if (a == "--granule") granule = parse_int_flag("plan", a, value());
     else if (a == "--measure") measure = true;
     else if (a == "--output") output = value();
     else if (a == "--validate") validate = true;
-    else if (a == "--steps") steps = std::stoll(value());
+    else if (a == "--steps") steps = parse_int_flag("plan", a, value());
     else if (a == "--markdown") markdown = value();
     else if (a == "--hardware") hardware = value();
-    else if (a == "--devices") options.devices = std::stoll(value());
+    else if (a == "--devices") options.devices = parse_int_flag("plan", a, value());
     else if (a == "--device-memory") options.device_memory = parse_bytes(value());
     else if (a.rfind("--", 0) == 0)
       throw ConfigError("plan: unknown flag '" + a + "'\n" + kPlanUsage);
@@ -341,6 +392,7 @@ int run_plan(const Args& args) {
   Timer t;
   RunConfig config = load_config(config_path, overrides);
   HardwareProfile hw = load_hardware_profile(hardware);
+  if (longest) return print_longest(config, longest_length(config, hw, options, granule), as_json);
   PlanReport report = make_plan(config, hw, options);
   double elapsed = t.seconds();
   if (as_json) {

@@ -34,15 +34,7 @@ struct SelftestFlags {
   std::vector<std::string> masks{"full", "causal", "local:7", "chunked:16", "causal+segments"};
 };
 
-int64_t parse_int(const std::string& flag, const std::string& value) {
-  try {
-    size_t used = 0;
-    long long v = std::stoll(value, &used);
-    if (used == value.size()) return v;
-  } catch (...) {
-  }
-  throw ConfigError("selftest: " + flag + " expects an integer, got '" + value + "'");
-}
+int64_t parse_int(const std::string& flag, const std::string& value) { return parse_int_flag("selftest", flag, value); }
 
 SelftestFlags parse_flags(const Args& args, int world) {
   SelftestFlags f;

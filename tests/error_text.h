@@ -1,15 +1,20 @@
 #pragma once
-// The message of the DataError that f throws, or "" when it throws none.
+// The message of the E that f throws, or "" when it throws none.
 #include <string>
 
 #include "core/error.h"
 
-template <typename F>
-std::string data_error(F f) {
+template <typename E, typename F>
+std::string error_text(F f) {
   try {
     f();
-  } catch (const longctx::DataError& e) {
+  } catch (const E& e) {
     return e.what();
   }
   return "";
+}
+
+template <typename F>
+std::string data_error(F f) {
+  return error_text<longctx::DataError>(f);
 }

@@ -651,7 +651,9 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const 
   p.dp = s.dp;
   p.fsdp = s.fsdp;
   plan_memory(s, p);
-  p.fits = p.memory_total <= p.device_memory;
+  // What train enforces: both budgets (the host pool only when one is set).
+  p.fits = p.memory_total <= p.device_memory &&
+           (c.host_memory_budget == 0 || host_pool_bytes(p) <= c.host_memory_budget);
 
   AttentionWork w = attention_work(s, hw);
   // Attention forward runs once per layer, again in backward when the policy
@@ -822,10 +824,50 @@ int64_t predicted_memory_bytes(const RunConfig& c, int64_t threads, int64_t* hos
                       "): lower max_target_length or per_device_batch_size, or raise ici_context_parallelism");
   StrategyPlan p;
   plan_memory(make_shape(c, c.dp * c.fsdp * c.cp * c.tp, threads), p);
-  if (host_offload_bytes)
-    *host_offload_bytes = (p.offload_target == OffloadTarget::host ? p.offload_bytes : 0) +
-                          (p.state_offload_target == OffloadTarget::host ? p.state_offload_bytes : 0);
+  if (host_offload_bytes) *host_offload_bytes = host_pool_bytes(p);
   return p.memory_total;
+}
+
+int64_t host_pool_bytes(const StrategyPlan& p) {
+  return (p.offload_target == OffloadTarget::host ? p.offload_bytes : 0) +
+         (p.state_offload_target == OffloadTarget::host ? p.state_offload_bytes : 0);
+}
+
+LongestLength longest_length(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o, int64_t granule) {
+  if (granule < 1) throw ConfigError("the length granule must be >= 1 (got " + str(granule) + ")");
+  if (!c.cp_strategy)
+    throw ConfigError("the longest length is searched for one strategy: set context_parallel_strategy (all_gather, "
+                      "ulysses, ring or usp), not auto");
+  LongestLength r;
+  r.granule = granule;
+  auto at = [&](int64_t multiple) {
+    RunConfig k = c;
+    k.max_target_length = multiple * granule;
+    return plan_strategy(k, hw, o);
+  };
+  r.plan = r.next = at(1);
+  // The length rules are divisibility rules: a granule that keeps them keeps them at every multiple.
+  if (!r.plan.valid)
+    throw ConfigError("granule " + str(granule) + " breaks a length rule: " + r.plan.invalid_reason +
+                      "; choose a granule that satisfies it");
+  if (!r.plan.fits) return r;
+  // fits(lo), not fits(hi): double, then bisect.
+  int64_t lo = 1, hi = 2;
+  constexpr int64_t kMaxTokens = int64_t{1} << 50;  // far beyond any device: memory does not grow?
+  while (at(hi).fits) {
+    lo = hi;
+    if (hi > kMaxTokens / granule / 2)
+      throw ConfigError("more than 2^50 tokens fit in " + str(r.plan.device_memory) + " bytes: nothing to search");
+    hi *= 2;
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (at(mid).fits ? lo : hi) = mid;
+  }
+  r.length = lo * granule;
+  r.plan = at(lo);
+  r.next = at(lo + 1);
+  return r;
 }
 
 std::vector<CommLine> attention_call_comm(const RunConfig& c, bool backward, int64_t cp_rank) {

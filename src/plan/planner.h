@@ -165,6 +165,26 @@ std::vector<CommLine> attention_call_comm(const RunConfig& config, bool backward
 // not device memory.
 int64_t predicted_memory_bytes(const RunConfig& config, int64_t threads, int64_t* host_offload_bytes = nullptr);
 
+// The longest max_target_length, a multiple of `granule`, at which exactly
+// this configuration (its strategy, mesh, remat policy and memory levers)
+// fits: plan_strategy's memory within the device memory (options, else
+// device_memory_budget, else the profile's) and the host pool within
+// host_memory_budget when set. Memory grows with the length, so a doubling
+// then a bisection over multiples of the granule finds it. ConfigError when
+// the granule breaks a length rule (cp, zigzag, sequence parallelism).
+struct LongestLength {
+  int64_t granule = 0;
+  int64_t length = 0;  // 0: not even one granule fits
+  StrategyPlan plan;   // at `length` (at one granule when nothing fits)
+  StrategyPlan next;   // at length + granule: does not fit
+};
+LongestLength longest_length(const RunConfig& config, const HardwareProfile& hw, const PlanOptions& options,
+                             int64_t granule);
+
+// Bytes of the host pool a plan uses: offloaded activations (offload_target
+// host) and host-resident optimizer state and parameters.
+int64_t host_pool_bytes(const StrategyPlan& plan);
+
 // The recommended configuration: the smallest cp that fits (searched only
 // when ici_data_parallelism is -1, i.e. the mesh is not pinned), the fastest
 // strategy there, with the fewest memory levers that make it fit, added in

@@ -16,6 +16,7 @@
 #include "core/state_store.h"
 #include "plan/planner.h"
 #include "train/trainer.h"
+#include "error_text.h"
 #include "temp_dir.h"
 #include "train_run.h"
 
@@ -29,17 +30,6 @@ std::vector<char> pattern(size_t n, unsigned seed) {
   std::vector<char> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 131 + seed * 7 + (i >> 9)) & 0xff);
   return v;
-}
-
-// The message of the E that f throws ("" when none).
-template <typename E, typename F>
-std::string error_text(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "";
 }
 
 size_t spill_files(const fs::path& dir) {

@@ -13,22 +13,12 @@
 #include "core/config.h"
 #include "plan/hardware.h"
 #include "plan/planner.h"
+#include "plan_profile.h"
 
 namespace longctx {
 namespace {
 
-HardwareProfile profile() {
-  HardwareProfile h;
-  h.name = "levers";
-  h.peak_flops_fp32 = h.peak_flops_bf16 = 1e12;
-  h.memory_bytes = int64_t{1} << 40;
-  h.memory_bandwidth = 1e11;
-  h.p2p_bandwidth = h.collective_bandwidth = h.all_to_all_bandwidth = 1e10;
-  h.host_link_bandwidth = 1e10;
-  h.devices_per_node = 8;
-  h.threads_per_device = 1;
-  return h;
-}
+HardwareProfile profile() { return test::plan_test_profile("levers"); }
 
 // dp 2 x cp 2 x tp 2, remat minimal (it saves activations besides the layer inputs).
 RunConfig base() {
