@@ -18,19 +18,28 @@ namespace {
 // at MR = 6.
 constexpr int kRows = 6;
 
-// S^T rows c0..c0+MR of one panel: acc[i] = sum_d k[c0+i][d] qp[d][0..16).
+// The one product both tiles are made of, on MR rows of 16 q columns held
+// in registers: acc[i] += sum_t a[i * a_row + t * a_step] b[t][0..16), for
+// t < n (b [n][16], one panel).
+template <int MR>
+inline void accumulate_rows(__m256 (&acc)[MR][2], const float* a, int64_t a_row, int64_t a_step, const float* b,
+                            int64_t n) {
+  for (int64_t t = 0; t < n; ++t) {
+    const __m256 b0 = _mm256_loadu_ps(b + t * kPanel), b1 = _mm256_loadu_ps(b + t * kPanel + 8);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 x = _mm256_broadcast_ss(a + i * a_row + t * a_step);
+      acc[i][0] = _mm256_fmadd_ps(x, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(x, b1, acc[i][1]);
+    }
+  }
+}
+
+// S^T rows c0..c0+MR of one panel: s[i] = scale sum_d k[c0+i][d] qp[d][0..16).
 template <int MR>
 void scores_rows(const float* qp, const float* k, int64_t D, __m256 scale, float* s) {
   __m256 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-  for (int64_t d = 0; d < D; ++d) {
-    const __m256 q0 = _mm256_loadu_ps(qp + d * kPanel), q1 = _mm256_loadu_ps(qp + d * kPanel + 8);
-    for (int i = 0; i < MR; ++i) {
-      const __m256 x = _mm256_broadcast_ss(k + i * D + d);
-      acc[i][0] = _mm256_fmadd_ps(x, q0, acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(x, q1, acc[i][1]);
-    }
-  }
+  accumulate_rows<MR>(acc, k, D, 1, qp, D);
   for (int i = 0; i < MR; ++i) {
     _mm256_storeu_ps(s + i * kPanel, _mm256_mul_ps(acc[i][0], scale));
     _mm256_storeu_ps(s + i * kPanel + 8, _mm256_mul_ps(acc[i][1], scale));
@@ -46,14 +55,7 @@ void pv_rows(const float* p, int64_t cols, const float* v, int64_t D, const floa
     o[i][0] = _mm256_mul_ps(_mm256_loadu_ps(acc + i * kPanel), a0);
     o[i][1] = _mm256_mul_ps(_mm256_loadu_ps(acc + i * kPanel + 8), a1);
   }
-  for (int64_t c = 0; c < cols; ++c) {
-    const __m256 p0 = _mm256_loadu_ps(p + c * kPanel), p1 = _mm256_loadu_ps(p + c * kPanel + 8);
-    for (int i = 0; i < MR; ++i) {
-      const __m256 x = _mm256_broadcast_ss(v + c * D + i);
-      o[i][0] = _mm256_fmadd_ps(x, p0, o[i][0]);
-      o[i][1] = _mm256_fmadd_ps(x, p1, o[i][1]);
-    }
-  }
+  accumulate_rows<MR>(o, v, 1, D, p, cols);
   for (int i = 0; i < MR; ++i) {
     _mm256_storeu_ps(acc + i * kPanel, o[i][0]);
     _mm256_storeu_ps(acc + i * kPanel + 8, o[i][1]);
