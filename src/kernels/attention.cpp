@@ -26,6 +26,7 @@
 
 #include "core/memory.h"
 #include "kernels/attention.h"
+#include "kernels/attention_fused.h"
 #include "kernels/attention_tiles.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
@@ -57,28 +58,52 @@ AttentionTilePath attention_tile_path(DType dtype) {
   if (dtype == DType::f32) return AttentionTilePath::f32;
   const AttentionTilePath forced = g_forced_bf16_path.load();
   if (forced != AttentionTilePath::f32) return forced;
-  static const AttentionTilePath automatic =
-      gemm_bf16_is_native() ? AttentionTilePath::bf16_native : AttentionTilePath::bf16_widened;
+  static const AttentionTilePath automatic = gemm_bf16_is_native()       ? AttentionTilePath::bf16_native
+                                             : attn::fused_tiles_supported() ? AttentionTilePath::bf16_fused
+                                                                             : AttentionTilePath::bf16_widened;
   return automatic;
 }
+
+bool attention_fused_tiles_supported() { return attn::fused_tiles_supported(); }
+
+namespace attn {
+bool fused_tiles_supported() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool supported =
+      fused_tiles_built() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return supported;
+#else
+  return false;
+#endif
+}
+}  // namespace attn
 
 const char* attention_tile_path_name(AttentionTilePath path) {
   switch (path) {
     case AttentionTilePath::f32: return "fp32 tiles, gemm_f32";
     case AttentionTilePath::bf16_widened: return "bf16 widened to fp32 tiles, gemm_f32";
     case AttentionTilePath::bf16_native: return "bf16 tiles, gemm_bf16 (P, dS rounded to bf16)";
+    case AttentionTilePath::bf16_fused:
+      return "bf16 widened to fp32 tiles, forward fused AVX2/FMA, backward gemm_f32";
   }
   return "";
 }
 
-void set_attention_bf16_tile_path(AttentionTilePath path) { g_forced_bf16_path = path; }
+void set_attention_bf16_tile_path(AttentionTilePath path) {
+  check_shape(path != AttentionTilePath::bf16_fused || attn::fused_tiles_supported(),
+              "attention: the bf16_fused tile path needs a CPU with AVX2 and FMA");
+  g_forced_bf16_path = path;
+}
 
 // Per thread, forward: fp32 s [bq, bk] scores then probabilities, and for
 // each of the unit's kForwardQBlocks q blocks acc [bq, D], m and l [bq];
-// contiguous copies of those q blocks' Q [bq, D], of K and V [bk, D].
+// contiguous copies of those q blocks' Q [bq, D], of K and V [bk, D]; on
+// the fused path alpha [bq] (the output's rescale factors) after them.
 int64_t attention_forward_scratch_bytes(int64_t D, int64_t threads, DType dtype) {
   const int64_t b = kAttentionTile, nb = kForwardQBlocks;
-  return threads * per_thread_scratch_bytes(b * b + nb * (b * D + 2 * b), nb + 2, D, attention_tile_path(dtype));
+  const AttentionTilePath path = attention_tile_path(dtype);
+  const int64_t alpha = path == AttentionTilePath::bf16_fused ? b : 0;
+  return threads * per_thread_scratch_bytes(b * b + nb * (b * D + 2 * b) + alpha, nb + 2, D, path);
 }
 
 // Per thread, backward: fp32 s [bq, bk] (P), dp [bq, bk] (dP then dS),
@@ -235,18 +260,62 @@ struct TileCounts {
 // contiguous copies q [rows, D] and k [cols, D], the mask applied when the
 // tile is partial (forbidden pairs -inf); counts the tile. The forward and
 // the backward (which recomputes P) share it.
-template <class T>
-void scores_tile(const AttentionArgs& a, const Geometry& g, TileKind kind, int64_t b, int64_t i0, int64_t rows,
-                 int64_t j0, int64_t cols, const T* q, const T* k, float* s, TileCounts& counts) {
-  tile_gemm(false, true, rows, cols, g.D, g.scale * kLog2e, q, g.D, k, g.D, 0.0f, s, g.bk);
+// Counts a computed tile by kind; when it is partial, sets the scores of
+// the pairs the mask forbids to -inf: q rows i0..i0+rows, kv columns
+// j0..j0+cols of batch row b, (r, c) at s[r * ld + c * col_stride].
+void mask_scores(const AttentionArgs& a, const Geometry& g, TileKind kind, int64_t b, int64_t i0, int64_t rows,
+                 int64_t j0, int64_t cols, float* s, int64_t ld, int64_t col_stride, TileCounts& counts) {
   if (kind != TileKind::partial) {
     ++counts.full;
     return;
   }
   ++counts.partial;
   const bool seg = a.mask.same_segment;
-  attn::mask_tile(a.mask, s, rows, cols, g.bk, a.q_pos + b * g.Sq + i0, a.kv_pos + b * g.Skv + j0,
+  attn::mask_tile(a.mask, s, rows, cols, ld, col_stride, a.q_pos + b * g.Sq + i0, a.kv_pos + b * g.Skv + j0,
                   seg ? a.q_seg + b * g.Sq + i0 : nullptr, seg ? a.kv_seg + b * g.Skv + j0 : nullptr);
+}
+
+template <class T>
+void scores_tile(const AttentionArgs& a, const Geometry& g, TileKind kind, int64_t b, int64_t i0, int64_t rows,
+                 int64_t j0, int64_t cols, const T* q, const T* k, float* s, TileCounts& counts) {
+  tile_gemm(false, true, rows, cols, g.D, g.scale * kLog2e, q, g.D, k, g.D, 0.0f, s, g.bk);
+  mask_scores(a, g, kind, b, i0, rows, j0, cols, s, g.bk, 1, counts);
+}
+
+// The fused path's panels of q rows (attention_fused.h): rows r0.. of each
+// panel of the tile, and the panels of a q block of `rows` rows.
+int64_t panels_of(int64_t rows) { return (rows + attn::kPanel - 1) / attn::kPanel; }
+
+// Copies `rows` token rows of head h of a [B, S, heads, D] view, from token
+// s0, transposed into the fused path's panels qp [panels][D][16], widened;
+// the rows past `rows` of the last panel are zero.
+void copy_rows_to_panels(float* qp, const TensorView& t, int64_t b, int64_t s0, int64_t h, int64_t rows,
+                         int64_t D, float* row) {
+  const int64_t panels = panels_of(rows);
+  std::fill(qp + (panels - 1) * D * attn::kPanel, qp + panels * D * attn::kPanel, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    load_f32(element_ptr(t, {b, s0 + r, h}), t.dtype, row, D);
+    float* dst = qp + (r / attn::kPanel) * D * attn::kPanel + r % attn::kPanel;
+    for (int64_t d = 0; d < D; ++d) dst[d * attn::kPanel] = row[d];
+  }
+}
+
+// One tile on the fused path: the scores, the mask (partial tiles), the
+// online softmax and P V of a q block's panels qp, acc [panels][D][16]
+// against K, V [cols, D]; s holds the scores then P, panel after panel
+// (bk x 16 floats each).
+void fused_tile(const AttentionArgs& a, const Geometry& g, TileKind kind, int64_t b, int64_t i0, int64_t rows,
+                int64_t j0, int64_t cols, const float* qp, const float* k, const float* v, float* s, float* acc,
+                float* m, float* l, float* alpha, TileCounts& counts) {
+  const int64_t panels = panels_of(rows), s_panel = g.bk * attn::kPanel;
+  attn::fused_scores(qp, panels, k, cols, g.D, g.scale * kLog2e, s, s_panel);
+  for (int64_t p = 0; p < panels; ++p) {  // counted once, masked panel by panel
+    const int64_t r0 = p * attn::kPanel, p_rows = std::min(attn::kPanel, rows - r0);
+    TileCounts once;
+    mask_scores(a, g, kind, b, i0 + r0, p_rows, j0, cols, s + p * s_panel, 1, attn::kPanel, p == 0 ? counts : once);
+  }
+  attn::fused_softmax(s, panels, cols, s_panel, m, l, alpha);
+  attn::fused_pv(s, panels, cols, s_panel, v, g.D, alpha, acc);
 }
 
 void add_stats(AttentionStats* stats, const Geometry& g, const TileCounts& counts) {
@@ -257,8 +326,10 @@ void add_stats(AttentionStats* stats, const Geometry& g, const TileCounts& count
 }
 
 // T: the tile dtype (float, or bf16 on the native bf16 path).
+// fused: the bf16_fused path (T = float): Q, the scores and the output kept
+// as panels and the tiles run by the fused kernels (fused_tile).
 template <class T>
-void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, AttentionStats* stats) {
+void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, AttentionStats* stats, bool fused) {
   const Geometry g = geometry(a);
   check_view(o, "o");
   check_same_shape(a.q, o, "o");
@@ -282,7 +353,7 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
 
   // Per thread: s [bq, bk], then per q block of a unit acc [bq, D], m, l
   // [bq]; then the Q copies of the unit's q blocks, K, V copies and (bf16
-  // tiles) P (attention_forward_scratch_bytes).
+  // tiles) P or (fused) alpha [bq] (attention_forward_scratch_bytes).
   const int threads = omp_get_max_threads();
   const int64_t per_thread = attention_forward_scratch_bytes(g.D, 1, a.q.dtype);
   Buffer scratch(MemCategory::scratch, "attention forward scratch",
@@ -300,6 +371,8 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
     T* kc = qc_all + nb * g.bq * g.D;                     // [bk, D]
     T* vc = kc + g.bk * g.D;                              // [bk, D]
     T* p_tile = vc + g.bk * g.D;  // [bq, bk] P as an operand (bf16 tiles only)
+    float* alpha = reinterpret_cast<float*>(p_tile);  // [bq] (fused only; T is float there)
+    std::vector<float> row(fused ? g.D : 0);          // one output row gathered from the panels
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < n_units; ++u) {
       const Unit& unit = units[u];
@@ -307,10 +380,13 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
       const int64_t i_first = unit.block * nb, i_end = std::min(g.nq, i_first + nb);
       for (int64_t i = i_first; i < i_end; ++i) {
         const int64_t x = i - i_first, i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
-        copy_rows(qc_all + x * g.bq * g.D, a.q, b, i0, h, rows, g.D);
-        std::fill(acc_all + x * g.bq * g.D, acc_all + x * g.bq * g.D + rows * g.D, 0.0f);
-        std::fill(m_all + x * g.bq, m_all + x * g.bq + rows, kNegInf);
-        std::fill(l_all + x * g.bq, l_all + x * g.bq + rows, 0.0f);
+        // The fused path also runs the padding rows of the last panel (zero q rows, never stored).
+        const int64_t run_rows = fused ? panels_of(rows) * attn::kPanel : rows;
+        if (fused) copy_rows_to_panels(reinterpret_cast<float*>(qc_all) + x * g.bq * g.D, a.q, b, i0, h, rows, g.D, row.data());
+        else copy_rows(qc_all + x * g.bq * g.D, a.q, b, i0, h, rows, g.D);
+        std::fill(acc_all + x * g.bq * g.D, acc_all + x * g.bq * g.D + run_rows * g.D, 0.0f);
+        std::fill(m_all + x * g.bq, m_all + x * g.bq + run_rows, kNegInf);
+        std::fill(l_all + x * g.bq, l_all + x * g.bq + run_rows, 0.0f);
       }
       for (int64_t j = 0; j < g.nk; ++j) {
         bool needed = false;
@@ -326,6 +402,12 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
           float* acc = acc_all + x * g.bq * g.D;
           float* m = m_all + x * g.bq;
           float* l = l_all + x * g.bq;
+          if (fused) {
+            fused_tile(a, g, kind, b, i0, rows, j0, cols, reinterpret_cast<const float*>(qc_all) + x * g.bq * g.D,
+                       reinterpret_cast<const float*>(kc), reinterpret_cast<const float*>(vc), s, acc, m, l, alpha,
+                       counts);
+            continue;
+          }
           scores_tile(a, g, kind, b, i0, rows, j0, cols, qc_all + x * g.bq * g.D, kc, s, counts);
           for (int64_t r = 0; r < rows; ++r) {
             float* sr = s + r * g.bk;
@@ -347,8 +429,12 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
         const int64_t x = i - i_first, i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
         const float* m = m_all + x * g.bq;
         const float* l = l_all + x * g.bq;
+        const float* acc = acc_all + x * g.bq * g.D;
         for (int64_t r = 0; r < rows; ++r) {
-          float* out = acc_all + (x * g.bq + r) * g.D;  // normalised in place, then stored in o's dtype
+          float* out = fused ? row.data() : acc_all + (x * g.bq + r) * g.D;  // normalised in place, then stored in o's dtype
+          if (fused)  // row r of the panels
+            for (int64_t y = 0; y < g.D; ++y)
+              out[y] = acc[((r / attn::kPanel) * g.D + y) * attn::kPanel + r % attn::kPanel];
           float* lse_r = lse + ((b * g.Sq + i0 + r) * g.H + h);
           if (l[r] > 0.0f) {
             const float inv = 1.0f / l[r];
@@ -500,9 +586,9 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
 void attention_forward(const AttentionArgs& args, const TensorView& o, float* lse,
                        AttentionStats* stats) {
   if (args.impl == KernelImpl::reference) return attention_forward_reference(args, o, lse);
-  if (attention_tile_path(args.q.dtype) == AttentionTilePath::bf16_native)
-    return forward_fast<bf16>(args, o, lse, stats);
-  forward_fast<float>(args, o, lse, stats);
+  const AttentionTilePath path = attention_tile_path(args.q.dtype);
+  if (path == AttentionTilePath::bf16_native) return forward_fast<bf16>(args, o, lse, stats, false);
+  forward_fast<float>(args, o, lse, stats, path == AttentionTilePath::bf16_fused);
 }
 
 void attention_backward(const AttentionArgs& args, const TensorView& dout, const float* lse,

@@ -62,15 +62,25 @@ constexpr int64_t kAttentionTile = 128;
 //                 accumulation and C); the P and dS tiles are rounded to bf16
 //                 for the P V, P^T dO, dS K and dS^T Q products, as flash
 //                 attention implementations do.
-// Decided once per process (oneDNN is asked once).
-enum class AttentionTilePath { f32, bf16_widened, bf16_native };
+//   bf16_fused    bf16 inputs without a native bf16 matmul on a CPU with
+//                 AVX2 and FMA (asked at run time): the forward's tiles
+//                 (Q K^T, online softmax, P V) in hand-written AVX2/FMA
+//                 kernels on the widened tiles (attention_fused.h), the
+//                 backward as bf16_widened. Same arithmetic as
+//                 bf16_widened (fp32 throughout), summed in another order.
+// Decided once per process (oneDNN and the CPU are asked once).
+enum class AttentionTilePath { f32, bf16_widened, bf16_native, bf16_fused };
 AttentionTilePath attention_tile_path(DType dtype);
 const char* attention_tile_path_name(AttentionTilePath path);
-// Tests only: run bf16 inputs on `path` (bf16_widened or bf16_native) instead
-// of the automatic choice; f32 restores the automatic choice. bf16_native
-// then also runs where gemm_bf16 widens internally, so its arithmetic (P and
-// dS rounded to bf16) is tested on any CPU.
+// Tests only: run bf16 inputs on `path` (bf16_widened, bf16_native or
+// bf16_fused) instead of the automatic choice; f32 restores the automatic
+// choice. bf16_native then also runs where gemm_bf16 widens internally, so
+// its arithmetic (P and dS rounded to bf16) is tested on any CPU;
+// bf16_fused needs AVX2 and FMA (ShapeError without them).
 void set_attention_bf16_tile_path(AttentionTilePath path);
+// Whether this CPU can run the bf16_fused path (AVX2 and FMA, and the
+// kernels compiled in).
+bool attention_fused_tiles_supported();
 
 // Scratch bytes one fast forward / backward call with q, k, v in `dtype`
 // allocates (per thread, times `threads`) on the tile path that runs here:

@@ -5,7 +5,7 @@
 #include <limits>
 
 #if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
+#include "kernels/avx2_math.h"
 #define LONGCTX_ATTN_AVX2 1
 #endif
 
@@ -64,7 +64,7 @@ namespace {
 
 // The kind switch is hoisted out of the element loop.
 template <typename Allowed>
-void mask_with(Allowed allowed, float* s, int64_t rows, int64_t cols, int64_t ld,
+void mask_with(Allowed allowed, float* s, int64_t rows, int64_t cols, int64_t ld, int64_t col_stride,
                const int64_t* q_pos, const int64_t* kv_pos, const int32_t* q_seg,
                const int32_t* kv_seg) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -74,86 +74,54 @@ void mask_with(Allowed allowed, float* s, int64_t rows, int64_t cols, int64_t ld
     if (q_seg) {
       const int32_t qs = q_seg[r];
       for (int64_t c = 0; c < cols; ++c)
-        if (kv_seg[c] != qs || !allowed(qp, kv_pos[c])) row[c] = neg_inf;
+        if (kv_seg[c] != qs || !allowed(qp, kv_pos[c])) row[c * col_stride] = neg_inf;
     } else {
       for (int64_t c = 0; c < cols; ++c)
-        if (!allowed(qp, kv_pos[c])) row[c] = neg_inf;
+        if (!allowed(qp, kv_pos[c])) row[c * col_stride] = neg_inf;
     }
   }
 }
 
 }  // namespace
 
-void mask_tile(const MaskSpec& m, float* s, int64_t rows, int64_t cols, int64_t ld,
+void mask_tile(const MaskSpec& m, float* s, int64_t rows, int64_t cols, int64_t ld, int64_t col_stride,
                const int64_t* q_pos, const int64_t* kv_pos, const int32_t* q_seg,
                const int32_t* kv_seg) {
   if (!m.same_segment) q_seg = kv_seg = nullptr;
   switch (m.kind) {
     case MaskSpec::Kind::full:
-      mask_with([](int64_t, int64_t) { return true; }, s, rows, cols, ld, q_pos, kv_pos, q_seg,
+      mask_with([](int64_t, int64_t) { return true; }, s, rows, cols, ld, col_stride, q_pos, kv_pos, q_seg,
                 kv_seg);
       break;
     case MaskSpec::Kind::causal:
-      mask_with([](int64_t q, int64_t k) { return k <= q; }, s, rows, cols, ld, q_pos, kv_pos,
+      mask_with([](int64_t q, int64_t k) { return k <= q; }, s, rows, cols, ld, col_stride, q_pos, kv_pos,
                 q_seg, kv_seg);
       break;
     case MaskSpec::Kind::local:
       mask_with([&m](int64_t q, int64_t k) { return q - k <= m.left && k - q <= m.right; }, s,
-                rows, cols, ld, q_pos, kv_pos, q_seg, kv_seg);
+                rows, cols, ld, col_stride, q_pos, kv_pos, q_seg, kv_seg);
       break;
     case MaskSpec::Kind::chunked:
       mask_with([c = m.chunk](int64_t q, int64_t k) { return k <= q && q / c == k / c; }, s,
-                rows, cols, ld, q_pos, kv_pos, q_seg, kv_seg);
+                rows, cols, ld, col_stride, q_pos, kv_pos, q_seg, kv_seg);
       break;
   }
 }
 
 namespace {
 
-// 2^f on f in [-0.5, 0.5]: Taylor series of e^(f ln 2) to degree 6
-// (relative error < 2e-7, below fp32 rounding of the products that follow).
-constexpr float kC1 = 0.69314718f, kC2 = 0.24022651f, kC3 = 0.05550411f, kC4 = 0.00961813f,
-                kC5 = 0.00133336f, kC6 = 0.00015404f;
-
 float exp2_scalar(float x) {
   if (!(x >= -126.0f)) return 0.0f;  // also -inf and NaN
   return std::exp2(std::min(x, 127.0f));
 }
 
-#ifdef LONGCTX_ATTN_AVX2
-inline __m256 exp2_ps(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-126.0f);
-  __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);  // false for -inf and NaN
-  __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(127.0f));
-  __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 f = _mm256_sub_ps(xc, n);
-  __m256 p = _mm256_set1_ps(kC6);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC5));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC4));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC3));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC2));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC1));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
-inline float hmax(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-#endif
-
 }  // namespace
+
+#ifdef LONGCTX_ATTN_AVX2
+using avx2::exp2_ps;
+using avx2::hmax;
+using avx2::hsum;
+#endif
 
 float exp2_shifted_inplace(float* x, int64_t n, float shift) {
   int64_t i = 0;

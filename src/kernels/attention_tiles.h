@@ -27,9 +27,11 @@ std::vector<BlockBounds> block_bounds(const int64_t* pos, const int32_t* seg, in
 // allowed (provably); partial otherwise.
 TileKind classify_tile(const MaskSpec& mask, const BlockBounds& q, const BlockBounds& kv);
 
-// Sets s[r][c] = -inf for every pair of the tile the mask forbids.
-// s [rows, cols] with row stride ld; q_pos/q_seg [rows], kv_pos/kv_seg [cols] (segs may be null).
-void mask_tile(const MaskSpec& mask, float* s, int64_t rows, int64_t cols, int64_t ld,
+// Sets s[r * ld + c * col_stride] = -inf for every pair (q row r, kv column
+// c) of the tile the mask forbids (col_stride 1: s [rows, cols] row-major;
+// the fused forward's transposed panels use ld 1).
+// q_pos/q_seg [rows], kv_pos/kv_seg [cols] (segs may be null).
+void mask_tile(const MaskSpec& mask, float* s, int64_t rows, int64_t cols, int64_t ld, int64_t col_stride,
                const int64_t* q_pos, const int64_t* kv_pos, const int32_t* q_seg,
                const int32_t* kv_seg);
 

@@ -76,18 +76,21 @@ void check_all(CpStrategy s, int ulysses) {
 }
 
 // Each mask and GQA shape once, layouts alternating (both layouts meet every
-// mask and shape across the two loops), on the widened path; the native
-// path's own arithmetic is the kernel's (test_attention), so one GQA shape
-// shows its bounds hold through the strategies. Kept cheap for 8 ranks.
+// mask and shape across the two loops), on the widened path; the native and
+// fused paths' own arithmetic is the kernel's (test_attention), so one GQA
+// shape shows their bounds hold through the strategies (fused where the CPU
+// has AVX2 and FMA). Kept cheap for 8 ranks.
 void check_all_bf16(CpStrategy s, int ulysses) {
   Mesh mesh(1, world_size(), ulysses, 1);
-  for (AttentionTilePath path : {AttentionTilePath::bf16_widened, AttentionTilePath::bf16_native}) {
+  std::vector<AttentionTilePath> paths = {AttentionTilePath::bf16_widened, AttentionTilePath::bf16_native};
+  if (attention_fused_tiles_supported()) paths.push_back(AttentionTilePath::bf16_fused);
+  for (AttentionTilePath path : paths) {
     set_attention_bf16_tile_path(path);
     int n = 0;
     for (const char* mask : kMasks)
       for (const Gqa& g : kGqa) {
         const LayoutKind layout = n++ % 2 ? LayoutKind::zigzag : LayoutKind::contiguous;
-        if (path == AttentionTilePath::bf16_native && std::string(g.what) != "H=4G") continue;
+        if (path != AttentionTilePath::bf16_widened && std::string(g.what) != "H=4G") continue;
         CpCheckCase c = make_case(s, layout, mask, g, world_size());
         c.dtype = DType::bf16;
         SCOPED_TRACE(std::string("bf16 ") + name_of(s) + " ulysses=" + std::to_string(ulysses) + " " +

@@ -622,10 +622,16 @@ Bf16Check run_bf16(Problem problem, AttentionTilePath path) {
   return c;
 }
 
-const AttentionTilePath kBf16Paths[] = {AttentionTilePath::bf16_widened, AttentionTilePath::bf16_native};
+// Every bf16 path this CPU runs: bf16_fused only with AVX2 and FMA (its
+// arithmetic is bf16_widened's, so the same bounds hold).
+std::vector<AttentionTilePath> bf16_paths() {
+  std::vector<AttentionTilePath> paths = {AttentionTilePath::bf16_widened, AttentionTilePath::bf16_native};
+  if (attention_fused_tiles_supported()) paths.push_back(AttentionTilePath::bf16_fused);
+  return paths;
+}
 
 void expect_bf16_within_bounds(Problem p, const std::string& what) {
-  for (AttentionTilePath path : kBf16Paths) {
+  for (AttentionTilePath path : bf16_paths()) {
     SCOPED_TRACE(what + " " + attention_tile_path_name(path));
     Bf16Check c = run_bf16(p, path);
     const auto v = c.violations_of(c.fast);
@@ -662,10 +668,22 @@ TEST(AttentionBf16, QueryAndKvLengthsDifferWithinTheDerivedBounds) {
     }
 }
 
+// The fused forward's blocking: q rows in panels of 16 (the last one padded),
+// kv rows and head dims in register blocks of 6 (the last one shorter), so
+// lengths and head dims that are multiples of none of them, a single row,
+// and GQA (each path runs; bf16_fused where the CPU has AVX2 and FMA).
+TEST(AttentionBf16, OddLengthsAndHeadDimsWithinTheDerivedBounds) {
+  for (auto [Sq, Skv, D] : {std::array<int64_t, 3>{131, 131, 20}, {1, 37, 8}, {17, 259, 72}, {145, 7, 13}}) {
+    Problem p;
+    p.B = 2, p.Sq = Sq, p.Skv = Skv, p.H = 6, p.G = 2, p.D = D, p.mask = MaskSpec::causal();
+    expect_bf16_within_bounds(p, std::to_string(Sq) + "x" + std::to_string(Skv) + " D=" + std::to_string(D));
+  }
+}
+
 TEST(AttentionBf16, FullyMaskedRowsGiveZeroOutputMinusInfinityAndZeroGradients) {
   Problem seg = self_attention(200, 2, 1, 64, MaskSpec::parse("causal+segments"));
   for (int64_t i = 0; i < 100; ++i) seg.q_seg[i] = 99;  // the first 100 q rows see nothing
-  for (AttentionTilePath path : kBf16Paths) {
+  for (AttentionTilePath path : bf16_paths()) {
     SCOPED_TRACE(attention_tile_path_name(path));
     Bf16Check c = run_bf16(seg, path);
     const auto v = c.violations_of(c.fast);
@@ -685,7 +703,7 @@ TEST(AttentionBf16, FullyMaskedRowsGiveZeroOutputMinusInfinityAndZeroGradients) 
 // reference itself with one kv tile dropped (its keys masked out), and the
 // right outputs with two q heads swapped.
 TEST(AttentionBf16, BoundsCatchADroppedTileAndAWrongHead) {
-  for (AttentionTilePath path : kBf16Paths) {
+  for (AttentionTilePath path : bf16_paths()) {
     SCOPED_TRACE(attention_tile_path_name(path));
     Bf16Check c = run_bf16(self_attention(300, 2, 1, 64, MaskSpec::causal()), path);
     const Problem& p = c.p;
@@ -752,5 +770,10 @@ TEST(AttentionBf16, ScratchBytesFollowTheTilePath) {
   set_attention_bf16_tile_path(AttentionTilePath::bf16_native);  // bf16 tile copies plus one bf16 P/dS tile
   EXPECT_EQ(attention_forward_scratch_bytes(D, 1, DType::bf16), (b * b + 4 * (b * D + 2 * b)) * 4 + (6 * b * D + b * b) * 2);
   EXPECT_EQ(attention_backward_scratch_bytes(D, 1, DType::bf16), (2 * b * b + 3 * b * D) * 4 + (4 * b * D + b * b) * 2);
+  if (attention_fused_tiles_supported()) {  // fp32 tile copies plus alpha [b]; the backward as widened
+    set_attention_bf16_tile_path(AttentionTilePath::bf16_fused);
+    EXPECT_EQ(attention_forward_scratch_bytes(D, 1, DType::bf16), attention_forward_scratch_bytes(D, 1, DType::f32) + b * 4);
+    EXPECT_EQ(attention_backward_scratch_bytes(D, 1, DType::bf16), attention_backward_scratch_bytes(D, 1, DType::f32));
+  }
   set_attention_bf16_tile_path(AttentionTilePath::f32);
 }

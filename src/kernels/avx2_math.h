@@ -1,0 +1,49 @@
+#pragma once
+// AVX2/FMA vector helpers shared by the attention kernels' row operations
+// (attention_tiles.cpp, compiled for the build machine) and the fused
+// forward tiles (attention_fused.cpp, compiled for AVX2 + FMA and called only
+// when the CPU has them). Include only where __AVX2__ and __FMA__ are
+// defined. `static`: each translation unit keeps its own copy, compiled with
+// its own flags.
+#include <immintrin.h>
+
+namespace longctx::attn::avx2 {
+
+// 2^f on f in [-0.5, 0.5]: Taylor series of e^(f ln 2) to degree 6
+// (relative error < 2e-7, below fp32 rounding of the products that follow).
+constexpr float kC1 = 0.69314718f, kC2 = 0.24022651f, kC3 = 0.05550411f, kC4 = 0.00961813f,
+                kC5 = 0.00133336f, kC6 = 0.00015404f;
+
+// 2^x per lane; x < -126 (also -inf and NaN) gives exactly 0.
+static inline __m256 exp2_ps(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-126.0f);
+  __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);  // false for -inf and NaN
+  __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(127.0f));
+  __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 f = _mm256_sub_ps(xc, n);
+  __m256 p = _mm256_set1_ps(kC6);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC5));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC4));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC3));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC2));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC1));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+static inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+static inline float hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+}  // namespace longctx::attn::avx2
