@@ -34,13 +34,16 @@ one model_name=bench-512 max_target_length=1024 remat_policy=full
 one model_name=bench-512 max_target_length=2048 remat_policy=none
 one model_name=demo max_target_length=4096 remat_policy=full
 one model_name=demo max_target_length=8192 remat_policy=save_context attention_type=local sliding_window_size=1024
-# bf16 (the profile's bf16 GEMM rate; efficiencies measured in fp32, see its sources)
+# bf16: planned on the profile's bf16 tables (plan --measure times the kernels as a bf16 step runs them)
 one model_name=bench-512 max_target_length=2048 remat_policy=none dtype=bfloat16
+one model_name=bench-512 max_target_length=1024 remat_policy=full dtype=bfloat16
+one model_name=demo max_target_length=4096 remat_policy=full dtype=bfloat16
 for s in all_gather ulysses ring; do
   two model_name=bench-512 max_target_length=2048 ici_context_parallelism=2 context_parallel_strategy=$s
 done
 two model_name=demo max_target_length=8192 ici_context_parallelism=2 context_parallel_strategy=ring remat_policy=none
 two model_name=bench-512 max_target_length=2048 ici_context_parallelism=2 context_parallel_strategy=ring dtype=bfloat16
+two model_name=demo max_target_length=8192 ici_context_parallelism=2 context_parallel_strategy=ulysses remat_policy=none dtype=bfloat16
 two model_name=bench-512 max_target_length=1024 ici_data_parallelism=2 context_parallel_strategy=all_gather
 two model_name=bench-512 max_target_length=1024 ici_tensor_parallelism=2 context_parallel_strategy=all_gather
 after=$(uptime)
@@ -62,15 +65,15 @@ after=$(uptime)
   echo '```'
   echo
   echo "Each row: \`mpiexec -n RANKS longctx plan configs/base.yml dataset_type=synthetic packing=false num_threads=1"
-  echo "model_name=... max_target_length=... [mesh, strategy, remat] --validate --steps $STEPS\`: one warm-up step,"
+  echo "model_name=... max_target_length=... [mesh, strategy, remat, dtype] --validate --steps $STEPS\`: one warm-up step,"
   echo "then the median of $STEPS steps (each step's time is the slowest rank's). Breakdowns in seconds, predicted:"
   echo "matmul / attention / elementwise (norms, RoPE, SwiGLU, adds, cross-entropy, the optimizer step) / exposed"
   echo "communication; measured (rank 0, means): matmul + loss head (LM head GEMMs, final norm, cross-entropy) /"
   echo "attention with its communication / elementwise / the rest of the step (optimizer, tp and gradient"
   echo "all-reduces, data, waiting for the other rank)."
   echo
-  echo "| ranks | model | dp x cp x tp | strategy | S | B | remat | mask | predicted s | measured s | error | predicted mm / attn / elem / comm | measured mm / attn / elem / rest |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| ranks | model | dtype | dp x cp x tp | strategy | S | B | remat | mask | predicted s | measured s | error | predicted mm / attn / elem / comm | measured mm / attn / elem / rest |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
   cat "$rows"
 } > "$OUT"
 rm -f "$tmp" "$rows"
