@@ -75,11 +75,27 @@ double measure_memory_bandwidth(bool quick) {
 
 // Normal random floats: the kernels' speed depends on the values (subnormal
 // intermediates are slow), so they are timed on data like a model's, never
-// on constants.
+// on constants. Drawing hundreds of MiB one by one would take most of the
+// measurement, so 64 Ki normal draws are read in an order scrambled by a
+// hash of the index (no period a kernel could cache), in parallel.
 void fill_normal(std::vector<float>& v, float sigma, uint32_t seed) {
+  constexpr size_t kDraws = size_t{1} << 16;
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, sigma);
-  for (float& x : v) x = normal(rng);
+  if (v.size() <= kDraws) {
+    for (float& x : v) x = normal(rng);
+    return;
+  }
+  std::vector<float> draws(kDraws);
+  for (float& x : draws) x = normal(rng);
+  const int64_t n = static_cast<int64_t>(v.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t z = (uint64_t(i) + uint64_t(seed) * kDraws) * 0x9E3779B97F4A7C15ull;  // splitmix64's mix
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 31;
+    v[size_t(i)] = draws[z & (kDraws - 1)];
+  }
 }
 
 // n normal random values stored as `dtype` (bf16: rounded once, as the model
@@ -216,7 +232,8 @@ AttentionNumbers measure_attention(DType dtype, double gemm_flops, int64_t S, in
 // (activations), fp32 where its are (gradients, GEMM outputs, RoPE's
 // operand, logits), on random data of a model's widths (d = 512, F = 1536,
 // 10 rotated heads of 64 in rows of 12, V = 259) and on enough tokens that one
-// call moves `footprint` bytes: a step touches more memory (activations,
+// call moves `footprint` bytes in fp32 (about half that in bf16; the rounding
+// kernel, bf16 only, all of it): a step touches more memory (activations,
 // gradients, optimizer state) than the caches hold, so its kernels stream
 // from memory. bytes/s per kernel, bytes as the planner counts them for
 // `dtype`, over the best time.
@@ -225,8 +242,10 @@ std::map<std::string, double> measure_elementwise(DType dtype, bool quick) {
   const int reps = quick ? 2 : 3;
   const int64_t d = 512, heads = 10, row = 12 * 64, F = 1536, V = 259;
   auto bytes = [&](const char* kernel) { return elementwise_kernel(kernel).bytes_per_element(dtype); };
+  // The same tokens in both dtypes: the dtype that moves more moves `footprint`.
   auto tokens = [&](const char* kernel, int64_t width) {
-    return std::max<int64_t>(1024, int64_t(footprint / double(width * bytes(kernel))));
+    const ElementwiseKernel& k = elementwise_kernel(kernel);
+    return std::max<int64_t>(1024, int64_t(footprint / double(width * std::max(k.bytes_fp32, k.bytes_bf16))));
   };
   auto f32 = [](int64_t n, float sigma, uint32_t seed) { return Values(DType::f32, n, sigma, seed); };
   auto act = [&](int64_t n, float sigma, uint32_t seed) { return Values(dtype, n, sigma, seed); };
