@@ -47,22 +47,28 @@ int run_measure(const std::string& output) {
     std::string path = output.empty() ? default_hardware_dir() + "/cpu-local.yml" : output;
     save_hardware_profile(h, path);
     std::printf("cpu-local profile written to %s\n", path.c_str());
-    std::printf("  GEMM bf16 %.1f GFLOP/s per rank (%s)\n", h.peak_flops_bf16 / 1e9, gemm_bf16_implementation(2048).c_str());
-    std::printf("  GEMM fp32 %.1f GFLOP/s per rank; projections of width", h.peak_flops_fp32 / 1e9);
-    for (const auto& [w, e] : h.matmul_efficiency_per_width) std::printf(" %lld: %.0f%%", (long long)w, e * 100);
-    std::printf("\n  attention at");
-    for (const auto& [D, e] : h.attention_efficiency_per_head_dim) std::printf(" %.0f%% (D=%lld)", e * 100, (long long)D);
-    std::printf(" of it (forward alone:");
-    for (const auto& [D, e] : h.attention_forward_efficiency_per_head_dim) std::printf(" %.0f%%", e * 100);
-    std::printf(")\n  partial %lldx%lld tiles cost, in full ones:", (long long)h.attention_block,
-                (long long)h.attention_block);
-    for (const auto& [kind, by_dim] : h.attention_partial_tile_cost) {
-      std::printf(" %s", kind.c_str());
-      for (const auto& [D, c] : by_dim) std::printf(" %.2f", c);
-    }
-    std::printf("\n  memory %.1f GB/s; elementwise kernels (GB/s):", h.memory_bandwidth / 1e9);
-    for (const auto& [k, bw] : h.elementwise_bandwidth_per_kernel) std::printf(" %s %.1f", k.c_str(), bw / 1e9);
-    std::printf("\n");
+    // The kernel tables of one dtype, over that dtype's GEMM rate.
+    auto print_tables = [&](const char* dtype, double gemm, const KernelTables& t) {
+      std::printf("  %s: GEMM %.1f GFLOP/s per rank; projections of width", dtype, gemm / 1e9);
+      for (const auto& [w, e] : t.matmul_efficiency_per_width) std::printf(" %lld: %.0f%%", (long long)w, e * 100);
+      std::printf("\n    attention at");
+      for (const auto& [D, e] : t.attention_efficiency_per_head_dim) std::printf(" %.0f%% (D=%lld)", e * 100, (long long)D);
+      std::printf(" of it (forward alone:");
+      for (const auto& [D, e] : t.attention_forward_efficiency_per_head_dim) std::printf(" %.0f%%", e * 100);
+      std::printf(")\n    partial %lldx%lld tiles cost, in full ones:", (long long)h.attention_block,
+                  (long long)h.attention_block);
+      for (const auto& [kind, by_dim] : t.attention_partial_tile_cost) {
+        std::printf(" %s", kind.c_str());
+        for (const auto& [D, c] : by_dim) std::printf(" %.2f", c);
+      }
+      std::printf("\n    elementwise kernels (GB/s):");
+      for (const auto& [k, bw] : t.elementwise_bandwidth_per_kernel) std::printf(" %s %.1f", k.c_str(), bw / 1e9);
+      std::printf("\n");
+    };
+    std::printf("  bf16 GEMM: %s\n", gemm_bf16_implementation(2048).c_str());
+    print_tables("fp32", h.peak_flops_fp32, h);
+    if (h.bf16) print_tables("bf16", h.peak_flops_bf16, *h.bf16);
+    std::printf("  memory %.1f GB/s\n", h.memory_bandwidth / 1e9);
     std::printf("  p2p %.2f GB/s, latency %.1f us, all-to-all %.2f GB/s, all-gather %.2f GB/s per rank\n",
                 h.p2p_bandwidth / 1e9, h.latency * 1e6, h.all_to_all_bandwidth / 1e9,
                 h.collective_bandwidth / 1e9);
@@ -281,7 +287,7 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
   config.steps = steps + 1;
   config.enable_checkpointing = false;
   config.metrics_file = "";
-  if (config.peak_tflops_per_device <= 0) config.peak_tflops_per_device = hw.peak_flops_fp32 / 1e12;
+  if (config.peak_tflops_per_device <= 0) config.peak_tflops_per_device = hw.peak_flops(config.dtype) / 1e12;
   validate_config(config, world);
   PlanOptions options;
   options.devices = world;
@@ -304,8 +310,8 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
   char name[64];
   std::snprintf(name, sizeof name, "%s%s", name_of(plan.strategy),
                 plan.strategy == CpStrategy::usp ? (" " + std::to_string(plan.ulysses) + "x" + std::to_string(plan.ring)).c_str() : "");
-  std::printf("validate: %d rank(s), %s cp=%lld, S=%lld B=%lld, remat %s, %s mask\n", world, name,
-              (long long)plan.cp, (long long)config.max_target_length, (long long)config.per_device_batch_size,
+  std::printf("validate: %d rank(s), %s, %s cp=%lld, S=%lld B=%lld, remat %s, %s mask\n", world,
+              name_of(config.dtype), name, (long long)plan.cp, (long long)config.max_target_length, (long long)config.per_device_batch_size,
               name_of(config.remat_policy), name_of(config.attention_type));
   std::printf("  predicted %.3f s/step: matmul %.3f, attention %.3f, elementwise %.3f, exposed comm %.3f\n",
               plan.step_seconds, plan.matmul_seconds, plan.attention_seconds, plan.elementwise_seconds,
@@ -324,8 +330,8 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
     if (!f) throw ConfigError("plan --validate: cannot append to " + markdown);
     char row[512];
     std::snprintf(row, sizeof row,
-                  "| %d | %s | %lldx%lldx%lld | %s | %lld | %lld | %s | %s | %.3f | %.3f | %+.1f%% | %.2f / %.2f / %.2f / %.2f | %.2f / %.2f / %.2f / %.2f |\n",
-                  world, config.model_name.c_str(), (long long)plan.dp, (long long)plan.cp, (long long)plan.tp, name,
+                  "| %d | %s | %s | %lldx%lldx%lld | %s | %lld | %lld | %s | %s | %.3f | %.3f | %+.1f%% | %.2f / %.2f / %.2f / %.2f | %.2f / %.2f / %.2f / %.2f |\n",
+                  world, config.model_name.c_str(), name_of(config.dtype), (long long)plan.dp, (long long)plan.cp, (long long)plan.tp, name,
                   (long long)config.max_target_length, (long long)config.per_device_batch_size,
                   name_of(config.remat_policy),
                   (name_of(config.attention_type) + (config.attention_type == MaskKind::local ? " " + std::to_string(config.sliding_window_size) : "")).c_str(),

@@ -212,6 +212,16 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   gemm_in_pieces(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16_matmul);
 }
 
+void gemm(DType dtype, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
+          const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (dtype == DType::bf16)
+    gemm_bf16(ta, tb, M, N, K, alpha, static_cast<const bf16*>(A), lda, static_cast<const bf16*>(B), ldb, beta, C,
+              ldc);
+  else
+    gemm_f32(ta, tb, M, N, K, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B), ldb, beta, C,
+             ldc);
+}
+
 std::string gemm_bf16_implementation(int64_t n) {
   return bf16_gemm_for({false, false, n, n, n, n, n, n, 1.0f, 0.0f}).implementation;
 }
@@ -228,11 +238,10 @@ bool gemm_bf16_is_native() {
 double measure_gemm_gflops(DType dtype, int64_t n, double min_seconds) {
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
   std::vector<bf16> a16(n * n, bf16(0.5f)), b16(n * n, bf16(0.25f));
+  const bool low = dtype == DType::bf16;
   auto once = [&] {
-    if (dtype == DType::bf16)
-      gemm_bf16(false, false, n, n, n, 1.0f, a16.data(), n, b16.data(), n, 0.0f, c.data(), n);
-    else
-      gemm_f32(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    gemm(dtype, false, false, n, n, n, 1.0f, low ? (const void*)a16.data() : a.data(), n,
+         low ? (const void*)b16.data() : b.data(), n, 0.0f, c.data(), n);
   };
   once();  // warm-up: page faults, oneDNN dispatch
   double best = 0.0;

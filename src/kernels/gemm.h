@@ -29,6 +29,11 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
                const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
                int64_t ldc);
 
+// gemm_f32 or gemm_bf16 as the operands' dtype says (A and B both `dtype`;
+// C fp32): what the model and the profile measurement call.
+void gemm(DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+          int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
 // The oneDNN implementation gemm_bf16 uses for an n x n x n product (e.g.
 // "brg:avx512_core_amx_bf16" or "ref:any"): benchmarks print it.
 std::string gemm_bf16_implementation(int64_t n);

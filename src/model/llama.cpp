@@ -398,12 +398,7 @@ struct Step {
   void matmul(bool ta, bool tb, int64_t M, int64_t Nc, int64_t K, float alpha, const void* A,
               int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     ProfileScope p(m.profile.matmul);
-    if (bf16_compute())
-      gemm_bf16(ta, tb, M, Nc, K, alpha, static_cast<const bf16*>(A), lda, static_cast<const bf16*>(B), ldb,
-                beta, C, ldc);
-    else
-      gemm_f32(ta, tb, M, Nc, K, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B), ldb,
-               beta, C, ldc);
+    gemm(m.dtype, ta, tb, M, Nc, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
 
   void norm1(int64_t l) { norm(x(l), m.layer[l].attn_norm); }

@@ -24,6 +24,13 @@ double HardwareProfile::peak_flops(DType dtype) const {
   return peak;
 }
 
+HardwareProfile HardwareProfile::for_dtype(DType dtype) const {
+  HardwareProfile h = *this;
+  if (dtype == DType::bf16 && bf16) static_cast<KernelTables&>(h) = *bf16;
+  h.bf16.reset();
+  return h;
+}
+
 namespace {
 // Log-linear in x (head dim, width) between measured points, clamped to the ends.
 double interpolate(const std::map<int64_t, double>& m, double x) {
@@ -100,15 +107,73 @@ const std::vector<Field>& fields() {
 }
 
 // The tables keyed by an integer (head dim, width), with their YAML keys.
-using IntTable = std::map<int64_t, double> HardwareProfile::*;
+using IntTable = std::map<int64_t, double> KernelTables::*;
 const std::vector<std::pair<const char*, IntTable>>& int_tables() {
-  using H = HardwareProfile;
+  using H = KernelTables;
   static const std::vector<std::pair<const char*, IntTable>> t = {
       {"matmul_efficiency_per_width", &H::matmul_efficiency_per_width},
       {"attention_efficiency_per_head_dim", &H::attention_efficiency_per_head_dim},
       {"attention_forward_efficiency_per_head_dim", &H::attention_forward_efficiency_per_head_dim},
   };
   return t;
+}
+
+// Reads `key` into `t` when it names a kernel table (KernelTables); false
+// when it does not. The top level and the bf16 section both read through it.
+bool read_table(const std::string& key, const YAML::Node& value, KernelTables& t, const std::string& where) {
+  if (key == "elementwise_bandwidth_per_kernel") {
+    try {
+      for (const auto& e : value) t.elementwise_bandwidth_per_kernel[e.first.as<std::string>()] = e.second.as<double>();
+    } catch (const YAML::Exception&) {
+      throw ConfigError("hardware profile " + where + ": " + key + " must map kernel names to bytes/s");
+    }
+    return true;
+  }
+  if (key == "attention_partial_tile_cost") {
+    try {
+      for (const auto& kind : value)
+        for (const auto& e : kind.second)
+          t.attention_partial_tile_cost[kind.first.as<std::string>()][e.first.as<int64_t>()] = e.second.as<double>();
+    } catch (const YAML::Exception&) {
+      throw ConfigError("hardware profile " + where + ": " + key +
+                        " must map mask kinds to maps of head dims to numbers");
+    }
+    return true;
+  }
+  for (const auto& [name, member] : int_tables()) {
+    if (key != name) continue;
+    try {
+      for (const auto& e : value) (t.*member)[e.first.as<int64_t>()] = e.second.as<double>();
+    } catch (const YAML::Exception&) {
+      throw ConfigError("hardware profile " + where + ": " + key + " must map integers to numbers");
+    }
+    return true;
+  }
+  return false;
+}
+
+// The non-empty tables of `t`, under the keys read_table reads.
+void write_tables(YAML::Emitter& out, const KernelTables& t) {
+  for (const auto& [key, member] : int_tables()) {
+    if ((t.*member).empty()) continue;
+    out << YAML::Key << key << YAML::Value << YAML::BeginMap;
+    for (const auto& [d, e] : t.*member) out << YAML::Key << d << YAML::Value << e;
+    out << YAML::EndMap;
+  }
+  if (!t.attention_partial_tile_cost.empty()) {
+    out << YAML::Key << "attention_partial_tile_cost" << YAML::Value << YAML::BeginMap;
+    for (const auto& [kind, by_dim] : t.attention_partial_tile_cost) {
+      out << YAML::Key << kind << YAML::Value << YAML::BeginMap;
+      for (const auto& [d, c] : by_dim) out << YAML::Key << d << YAML::Value << c;
+      out << YAML::EndMap;
+    }
+    out << YAML::EndMap;
+  }
+  if (!t.elementwise_bandwidth_per_kernel.empty()) {
+    out << YAML::Key << "elementwise_bandwidth_per_kernel" << YAML::Value << YAML::BeginMap;
+    for (const auto& [k, bw] : t.elementwise_bandwidth_per_kernel) out << YAML::Key << k << YAML::Value << bw;
+    out << YAML::EndMap;
+  }
 }
 
 std::string executable_dir() {
@@ -164,37 +229,19 @@ HardwareProfile load_hardware_profile(const std::string& name_or_path,
   for (const auto& kv : root) {
     std::string key = kv.first.as<std::string>();
     if (key == "name" || key == "description" || key == "topology" || key == "sources") continue;
-    if (key == "elementwise_bandwidth_per_kernel") {
-      try {
-        for (const auto& e : kv.second)
-          h.elementwise_bandwidth_per_kernel[e.first.as<std::string>()] = e.second.as<double>();
-      } catch (const YAML::Exception&) {
-        throw ConfigError("hardware profile " + path.string() + ": " + key + " must map kernel names to bytes/s");
+    if (key == "bf16") {
+      if (!kv.second.IsMap())
+        throw ConfigError("hardware profile " + path.string() + ": bf16 must be a section of kernel tables");
+      KernelTables& t = h.bf16.emplace();
+      for (const auto& e : kv.second) {
+        const std::string table = e.first.as<std::string>();
+        if (!read_table(table, e.second, t, path.string()))
+          throw ConfigError("hardware profile " + path.string() + ": unknown key 'bf16." + table +
+                            "' (the bf16 section holds kernel tables only)");
       }
       continue;
     }
-    if (key == "attention_partial_tile_cost") {
-      try {
-        for (const auto& kind : kv.second)
-          for (const auto& e : kind.second)
-            h.attention_partial_tile_cost[kind.first.as<std::string>()][e.first.as<int64_t>()] = e.second.as<double>();
-      } catch (const YAML::Exception&) {
-        throw ConfigError("hardware profile " + path.string() + ": " + key +
-                          " must map mask kinds to maps of head dims to numbers");
-      }
-      continue;
-    }
-    bool table = false;
-    for (const auto& [name, member] : int_tables()) {
-      if (key != name) continue;
-      table = true;
-      try {
-        for (const auto& e : kv.second) (h.*member)[e.first.as<int64_t>()] = e.second.as<double>();
-      } catch (const YAML::Exception&) {
-        throw ConfigError("hardware profile " + path.string() + ": " + key + " must map integers to numbers");
-      }
-    }
-    if (table) continue;
+    if (read_table(key, kv.second, h, path.string())) continue;
     bool known = false;
     for (const Field& f : fields())
       if (key == f.key) {
@@ -230,24 +277,10 @@ void save_hardware_profile(const HardwareProfile& h, const std::string& path) {
     if (f.real) out << h.*f.real;
     else out << h.*f.integer;
   }
-  for (const auto& [key, member] : int_tables()) {
-    if ((h.*member).empty()) continue;
-    out << YAML::Key << key << YAML::Value << YAML::BeginMap;
-    for (const auto& [d, e] : h.*member) out << YAML::Key << d << YAML::Value << e;
-    out << YAML::EndMap;
-  }
-  if (!h.attention_partial_tile_cost.empty()) {
-    out << YAML::Key << "attention_partial_tile_cost" << YAML::Value << YAML::BeginMap;
-    for (const auto& [kind, by_dim] : h.attention_partial_tile_cost) {
-      out << YAML::Key << kind << YAML::Value << YAML::BeginMap;
-      for (const auto& [d, c] : by_dim) out << YAML::Key << d << YAML::Value << c;
-      out << YAML::EndMap;
-    }
-    out << YAML::EndMap;
-  }
-  if (!h.elementwise_bandwidth_per_kernel.empty()) {
-    out << YAML::Key << "elementwise_bandwidth_per_kernel" << YAML::Value << YAML::BeginMap;
-    for (const auto& [k, bw] : h.elementwise_bandwidth_per_kernel) out << YAML::Key << k << YAML::Value << bw;
+  write_tables(out, h);
+  if (h.bf16) {
+    out << YAML::Key << "bf16" << YAML::Value << YAML::BeginMap;
+    write_tables(out, *h.bf16);
     out << YAML::EndMap;
   }
   out << YAML::Key << "sources" << YAML::Value << YAML::BeginMap;

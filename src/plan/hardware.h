@@ -4,13 +4,46 @@
 // number; `cpu-local` is measured on this machine by `longctx plan --measure`.
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "core/tensor.h"
 
 namespace longctx {
 
-struct HardwareProfile {
+// The kernel rate tables `plan --measure` takes on this machine (cpu-local),
+// one set per compute dtype: the kernels run at other rates on bf16
+// activations (the GEMM's operands, the attention tiles, the bytes each
+// elementwise kernel moves). Empty tables fall back to the profile's scalars.
+struct KernelTables {
+  // GEMM efficiency by projection width: a projection [tokens, in] -> [tokens,
+  // out], forward and both gradients, with its activations coming from memory
+  // as they do in a training step (narrow layers stream more bytes per FLOP).
+  // The planner looks it up at the harmonic mean 2 in out / (in + out).
+  // Empty = matmul_efficiency everywhere.
+  std::map<int64_t, double> matmul_efficiency_per_width;
+  // Attention efficiency per head dim (the kernel's rate depends on it).
+  // Empty = attention_efficiency for every head dim.
+  std::map<int64_t, double> attention_efficiency_per_head_dim;
+  // The forward pass alone (4 D FLOPs per pair), per head dim: the kernel's
+  // forward and backward run at different rates, and remat repeats only the
+  // forward. Empty = the same as attention_efficiency_at.
+  std::map<int64_t, double> attention_forward_efficiency_per_head_dim;
+  // What a partial tile costs in full ones, per mask kind and head dim (see
+  // attention_block below).
+  std::map<std::string, std::map<int64_t, double>> attention_partial_tile_cost;
+  // bytes/s of each elementwise kernel, bytes counted as the planner counts
+  // them for this dtype (elementwise_kernels() in planner.h). A kernel
+  // missing from the table uses elementwise_bandwidth, and that, when 0,
+  // memory_bandwidth.
+  std::map<std::string, double> elementwise_bandwidth_per_kernel;
+};
+
+// The tables above at the top level are those of fp32 runs (and of every
+// dtype when there is no `bf16` section); cpu-local profiles carry bf16 runs'
+// own tables in `bf16` (YAML: a nested `bf16:` section with the same keys).
+// Datasheet profiles have none: their efficiencies apply to bf16 already.
+struct HardwareProfile : KernelTables {
   std::string name;
   std::string description;
 
@@ -21,12 +54,6 @@ struct HardwareProfile {
   // practice: 1 for a measured GEMM peak, assumptions for datasheet peaks.
   double matmul_efficiency = 1.0;
   double attention_efficiency = 0.5;
-  // Measured GEMM efficiency by projection width (cpu-local): a projection
-  // [tokens, in] -> [tokens, out], forward and both gradients, with its
-  // activations coming from memory as they do in a training step (narrow
-  // layers stream more bytes per FLOP). The planner looks it up at the
-  // harmonic mean 2 in out / (in + out). Empty = matmul_efficiency everywhere.
-  std::map<int64_t, double> matmul_efficiency_per_width;
   double matmul_efficiency_at(double width) const;
   // CPU ranks: OpenMP threads per rank the numbers were measured with (the
   // attention kernel keeps per-thread scratch). 1 for accelerators.
@@ -36,13 +63,11 @@ struct HardwareProfile {
   int64_t memory_bytes = 0;
   double memory_bandwidth = 0;  // bytes/s, streaming (informative; fallback below)
   // bytes/s the elementwise kernels (norms, RoPE, SwiGLU, residual adds,
-  // cross-entropy, the optimizer step) move, bytes counted as the planner
-  // counts them (elementwise_kernels() in planner.h). Per kernel when
-  // measured (cpu-local: their rates differ several-fold, e.g. a kernel bound
-  // by arithmetic rather than by memory); a kernel missing from the table uses
-  // elementwise_bandwidth, and that, when 0, memory_bandwidth.
+  // cross-entropy, the optimizer step) move where
+  // elementwise_bandwidth_per_kernel has no rate (cpu-local measures each:
+  // their rates differ several-fold, e.g. a kernel bound by arithmetic rather
+  // than by memory); 0 = memory_bandwidth.
   double elementwise_bandwidth = 0;
-  std::map<std::string, double> elementwise_bandwidth_per_kernel;
   double elementwise_bandwidth_of(const std::string& kernel) const;
 
   // Interconnect. Groups of at most devices_per_node devices use the fast
@@ -70,16 +95,9 @@ struct HardwareProfile {
   double host_link_bandwidth = 0;
   double disk_bandwidth = 0;
 
-  // Measured attention efficiency per head dim (cpu-local); the kernel's
-  // rate depends on it. Empty = attention_efficiency for every head dim.
-  std::map<int64_t, double> attention_efficiency_per_head_dim;
   // attention_efficiency_per_head_dim interpolated (log head dim), clamped
   // to its ends; attention_efficiency when it is empty.
   double attention_efficiency_at(int64_t head_dim) const;
-  // The forward pass alone (4 D FLOPs per pair), per head dim: the kernel's
-  // forward and backward run at different rates, and remat repeats only the
-  // forward. Empty = the same as attention_efficiency_at.
-  std::map<int64_t, double> attention_forward_efficiency_per_head_dim;
   double attention_forward_efficiency_at(int64_t head_dim) const;
   // The kernel computes whole attention_block x attention_block tiles of
   // (q, kv) pairs (cpu-local: the CPU kernel's 128): time then follows the
@@ -90,7 +108,6 @@ struct HardwareProfile {
   // attention_partial_tile_cost[mask kind][head dim] full tiles.
   // 0 = time follows the unmasked pairs (datasheet profiles).
   int64_t attention_block = 0;
-  std::map<std::string, std::map<int64_t, double>> attention_partial_tile_cost;
   // Interpolated over the head dim; 1 when the kind was not measured.
   double attention_partial_tile_cost_at(const std::string& mask_kind, int64_t head_dim) const;
   // A kernel call's fixed costs per query row and per key row (a flash
@@ -108,6 +125,14 @@ struct HardwareProfile {
   std::map<std::string, std::string> sources;
 
   double peak_flops(DType dtype) const;  // ConfigError when the dtype has no peak
+
+  // bf16 runs' kernel tables (cpu-local), each a fraction of peak_flops_bf16
+  // or bytes/s as the planner counts bf16 bytes; absent = the tables above.
+  std::optional<KernelTables> bf16;
+  // The profile a run in `dtype` is planned on: the tables of that dtype in
+  // place of the top-level ones (and no `bf16` left), so that every lookup
+  // stays the same. The planner calls it once per plan.
+  HardwareProfile for_dtype(DType dtype) const;
 };
 
 // Loads configs/hardware/<name>.yml (name may also be a path to a .yml file).

@@ -75,34 +75,85 @@ double measure_memory_bandwidth(bool quick) {
 
 // Normal random floats: the kernels' speed depends on the values (subnormal
 // intermediates are slow), so they are timed on data like a model's, never
-// on constants.
+// on constants. Drawing hundreds of MiB one by one would take most of the
+// measurement, so 64 Ki normal draws are read in an order scrambled by a
+// hash of the index (no period a kernel could cache), in parallel.
 void fill_normal(std::vector<float>& v, float sigma, uint32_t seed) {
+  constexpr size_t kDraws = size_t{1} << 16;
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, sigma);
-  for (float& x : v) x = normal(rng);
+  if (v.size() <= kDraws) {
+    for (float& x : v) x = normal(rng);
+    return;
+  }
+  std::vector<float> draws(kDraws);
+  for (float& x : draws) x = normal(rng);
+  const int64_t n = static_cast<int64_t>(v.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t z = (uint64_t(i) + uint64_t(seed) * kDraws) * 0x9E3779B97F4A7C15ull;  // splitmix64's mix
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 31;
+    v[size_t(i)] = draws[z & (kDraws - 1)];
+  }
 }
 
-// GEMM efficiency (of `gemm_flops`) of one projection [T, w] -> [T, w] as the
-// model runs it: forward, weight gradient, input gradient, cycling over
-// enough distinct activation buffers that they come from memory, not cache,
-// as in a training step.
-std::map<int64_t, double> measure_matmul_efficiency(double gemm_flops, bool quick) {
+// n normal random values stored as `dtype` (bf16: rounded once, as the model
+// rounds its activations): a kernel operand of either dtype.
+class Values {
+ public:
+  Values(DType dtype, int64_t n, float sigma, uint32_t seed) : dtype_(dtype) {
+    std::vector<float> v(static_cast<size_t>(n));  // sigma 0: zeros (an output)
+    if (sigma > 0) fill_normal(v, sigma, seed);
+    if (dtype == DType::bf16) {
+      b16_.resize(v.size());
+      round_to_bf16(v.data(), b16_.data(), n);
+    } else {
+      f32_ = std::move(v);
+    }
+  }
+  void* data() { return dtype_ == DType::bf16 ? static_cast<void*>(b16_.data()) : f32_.data(); }
+  TensorView view(std::initializer_list<int64_t> shape) { return TensorView(data(), dtype_, shape); }
+  // [rows, cols] columns [first, first + cols) of rows `ld` long (a half of a fused projection).
+  TensorView columns(int64_t rows, int64_t cols, int64_t first, int64_t ld) {
+    char* base = static_cast<char*>(data()) + first * static_cast<int64_t>(dtype_size(dtype_));
+    return TensorView::strided(base, dtype_, {rows, cols}, {ld, 1});
+  }
+
+ private:
+  DType dtype_;
+  std::vector<float> f32_;
+  std::vector<bf16> b16_;
+};
+
+// GEMM efficiency (of `gemm_flops`, the same-run GEMM rate in `dtype`) of one
+// projection [T, w] -> [T, w] as the model runs it in `dtype`: forward, weight
+// gradient, input gradient, operands in `dtype` and outputs fp32 (bf16: the
+// gradient operand is the fp32 gradient's bf16 copy, fp32: the gradient
+// itself), cycling over enough distinct activation buffers that they come
+// from memory, not cache, as in a training step.
+std::map<int64_t, double> measure_matmul_efficiency(DType dtype, double gemm_flops, bool quick) {
   const int64_t T = quick ? 1024 : 4096, min_bytes = int64_t{quick ? 16 : 64} << 20;
+  const bool low = dtype == DType::bf16;
   std::map<int64_t, double> out;
   for (int64_t w : quick ? std::vector<int64_t>{128, 512} : std::vector<int64_t>{64, 128, 256, 512, 1024}) {
     const int64_t sets = std::max<int64_t>(2, min_bytes / (3 * T * w * 4) + 1);
-    std::vector<std::vector<float>> x(sets), y(sets), dx(sets);
+    std::vector<Values> x, g;
+    std::vector<std::vector<float>> y(sets), dx(sets);
     for (int64_t i = 0; i < sets; ++i) {
-      x[i].resize(T * w), y[i].resize(T * w), dx[i].resize(T * w);
-      fill_normal(x[i], 1.0f, uint32_t(i)), fill_normal(y[i], 1.0f, uint32_t(i + sets));
+      x.emplace_back(dtype, T * w, 1.0f, uint32_t(i));
+      if (low) g.emplace_back(dtype, T * w, 1.0f, uint32_t(i + sets));
+      y[i].resize(T * w), dx[i].resize(T * w);
+      fill_normal(y[i], 1.0f, uint32_t(i + sets));
     }
-    std::vector<float> W(w * w), dW(w * w, 0.0f);
-    fill_normal(W, 0.02f, 7);
+    Values W(dtype, w * w, 0.02f, 7);
+    std::vector<float> dW(w * w, 0.0f);
     auto pass = [&] {
       for (int64_t i = 0; i < sets; ++i) {
-        gemm_f32(false, true, T, w, w, 1.0f, x[i].data(), w, W.data(), w, 0.0f, y[i].data(), w);
-        gemm_f32(true, false, w, w, T, 1.0f, y[i].data(), w, x[i].data(), w, 1.0f, dW.data(), w);
-        gemm_f32(false, false, T, w, w, 1.0f, y[i].data(), w, W.data(), w, 0.0f, dx[i].data(), w);
+        const void* grad = low ? g[i].data() : y[i].data();
+        gemm(dtype, false, true, T, w, w, 1.0f, x[i].data(), w, W.data(), w, 0.0f, y[i].data(), w);
+        gemm(dtype, true, false, w, w, T, 1.0f, grad, w, x[i].data(), w, 1.0f, dW.data(), w);
+        gemm(dtype, false, false, T, w, w, 1.0f, grad, w, W.data(), w, 0.0f, dx[i].data(), w);
       }
     };
     pass();  // warm-up
@@ -126,25 +177,27 @@ struct AttentionNumbers {
 // forward + backward, 4 D forward) as a fraction of `gemm_flops`, and what a
 // partial tile costs per mask kind (forward + backward): kv positions strided
 // so that every kv block spans the whole sequence, which leaves every tile
-// partial under causal, local and chunked masks alike.
-AttentionNumbers measure_attention(double gemm_flops, int64_t S, int64_t D, int reps) {
+// partial under causal, local and chunked masks alike. Q, K, V, O and dO in
+// `dtype` (the model's context and its gradient operand), LSE and the
+// gradients fp32, as the model calls it.
+AttentionNumbers measure_attention(DType dtype, double gemm_flops, int64_t S, int64_t D, int reps) {
   const int64_t H = 4, G = 2;
   // {seconds forward + backward, seconds forward, tiles computed}
   auto run = [&](int64_t n, const MaskSpec& mask, bool strided) {
-    std::vector<float> q(n * H * D), k(n * G * D), v(n * G * D), o(n * H * D), dout(n * H * D), dq(q), dk(k),
-        dv(k), lse(n * H), delta(n * H);
-    fill_normal(q, 1.0f, 1), fill_normal(k, 1.0f, 2), fill_normal(v, 1.0f, 3), fill_normal(dout, 1.0f, 4);
+    Values q(dtype, n * H * D, 1.0f, 1), k(dtype, n * G * D, 1.0f, 2), v(dtype, n * G * D, 1.0f, 3),
+        dout(dtype, n * H * D, 1.0f, 4), o(dtype, n * H * D, 0.0f, 5);
+    std::vector<float> dq(n * H * D), dk(n * G * D), dv(n * G * D), lse(n * H), delta(n * H);
     const int64_t block = kAttentionTile, stride = std::max<int64_t>(1, n / block);
     std::vector<int64_t> q_pos(n), kv_pos(n);
     for (int64_t i = 0; i < n; ++i) q_pos[i] = i, kv_pos[i] = strided ? (i % block) * stride + i / block : i;
     AttentionArgs a;
-    a.q = TensorView(q.data(), DType::f32, {1, n, H, D});
-    a.k = TensorView(k.data(), DType::f32, {1, n, G, D});
-    a.v = TensorView(v.data(), DType::f32, {1, n, G, D});
+    a.q = q.view({1, n, H, D});
+    a.k = k.view({1, n, G, D});
+    a.v = v.view({1, n, G, D});
     a.q_pos = q_pos.data();
     a.kv_pos = kv_pos.data();
     a.mask = mask;
-    TensorView ov(o.data(), DType::f32, {1, n, H, D}), dov(dout.data(), DType::f32, {1, n, H, D});
+    const TensorView ov = o.view({1, n, H, D}), dov = dout.view({1, n, H, D});
     TensorView dqv(dq.data(), DType::f32, {1, n, H, D}), dkv(dk.data(), DType::f32, {1, n, G, D}),
         dvv(dv.data(), DType::f32, {1, n, G, D});
     double both = 1e30, fwd = 1e30;
@@ -173,26 +226,29 @@ AttentionNumbers measure_attention(double gemm_flops, int64_t S, int64_t D, int 
   return out;
 }
 
-// Each elementwise kernel of a training step (planner.h elementwise_kernels)
-// as src/model and src/train run it, on random data of a model's widths
-// (d = 512, F = 1536, 10 rotated heads of 64 in rows of 12, V = 259) and on
-// enough tokens that one call moves `footprint` bytes: a step touches more
-// memory (activations, gradients, optimizer state) than the caches hold, so
-// its kernels stream from memory. bytes/s per kernel, bytes as the planner
-// counts them, over the best time.
-std::map<std::string, double> measure_elementwise(bool quick) {
+// Each elementwise kernel of a training step in `dtype` (planner.h
+// elementwise_kernels; those with no bytes in `dtype` do not run) as
+// src/model and src/train run it: views in `dtype` where the model's are
+// (activations), fp32 where its are (gradients, GEMM outputs, RoPE's
+// operand, logits), on random data of a model's widths (d = 512, F = 1536,
+// 10 rotated heads of 64 in rows of 12, V = 259) and on enough tokens that one
+// call moves `footprint` bytes in fp32 (about half that in bf16; the rounding
+// kernel, bf16 only, all of it): a step touches more memory (activations,
+// gradients, optimizer state) than the caches hold, so its kernels stream
+// from memory. bytes/s per kernel, bytes as the planner counts them for
+// `dtype`, over the best time.
+std::map<std::string, double> measure_elementwise(DType dtype, bool quick) {
   const double footprint = double(int64_t{quick ? 128 : 256} << 20);
   const int reps = quick ? 2 : 3;
   const int64_t d = 512, heads = 10, row = 12 * 64, F = 1536, V = 259;
+  auto bytes = [&](const char* kernel) { return elementwise_kernel(kernel).bytes_per_element(dtype); };
+  // The same tokens in both dtypes: the dtype that moves more moves `footprint`.
   auto tokens = [&](const char* kernel, int64_t width) {
-    return std::max<int64_t>(1024, int64_t(footprint / double(width * elementwise_kernel(kernel).bytes_per_element)));
+    const ElementwiseKernel& k = elementwise_kernel(kernel);
+    return std::max<int64_t>(1024, int64_t(footprint / double(width * std::max(k.bytes_fp32, k.bytes_bf16))));
   };
-  auto normal = [](int64_t n, float sigma, uint32_t seed) {
-    std::vector<float> v(n);
-    fill_normal(v, sigma, seed);
-    return v;
-  };
-  auto mat = [](std::vector<float>& b, int64_t r, int64_t c) { return TensorView(b.data(), DType::f32, {r, c}); };
+  auto f32 = [](int64_t n, float sigma, uint32_t seed) { return Values(DType::f32, n, sigma, seed); };
+  auto act = [&](int64_t n, float sigma, uint32_t seed) { return Values(dtype, n, sigma, seed); };
   std::map<std::string, double> out;
   // Best of reps; `setup` restores (untimed) data a kernel overwrote, so every rep sees model-like values.
   auto time = [&](const char* kernel, int64_t elements, auto&& setup, auto&& run) {
@@ -203,44 +259,45 @@ std::map<std::string, double> measure_elementwise(bool quick) {
       run();
       best = std::min(best, t.seconds());
     }
-    out[kernel] = double(elements) * double(elementwise_kernel(kernel).bytes_per_element) / best;
+    out[kernel] = double(elements) * double(bytes(kernel)) / best;
   };
   auto none = [] {};
-  std::vector<float> w = normal(d, 1.0f, 1), dw(d, 0.0f);
+  std::vector<float> w(d), dw(d, 0.0f);
+  fill_normal(w, 1.0f, 1);
   {
     const int64_t N = tokens("rmsnorm_forward", d);
-    std::vector<float> x = normal(N * d, 1.0f, 2), y(N * d);
-    time("rmsnorm_forward", N * d, none, [&] { rmsnorm_forward(mat(x, N, d), w.data(), 1e-5, mat(y, N, d)); });
+    Values x = act(N * d, 1.0f, 2), y = act(N * d, 0.0f, 0);
+    time("rmsnorm_forward", N * d, none, [&] { rmsnorm_forward(x.view({N, d}), w.data(), 1e-5, y.view({N, d})); });
   }
   {
     const int64_t N = tokens("rmsnorm_backward", d);
-    std::vector<float> x = normal(N * d, 1.0f, 3), dy = normal(N * d, 1e-3f, 4), dx = normal(N * d, 1e-3f, 5);
-    time("rmsnorm_backward", N * d, none,
-         [&] { rmsnorm_backward(mat(x, N, d), w.data(), 1e-5, mat(dy, N, d), mat(dx, N, d), dw.data()); });
+    Values x = act(N * d, 1.0f, 3), dy = f32(N * d, 1e-3f, 4), dx = f32(N * d, 1e-3f, 5);
+    time("rmsnorm_backward", N * d, none, [&] {
+      rmsnorm_backward(x.view({N, d}), w.data(), 1e-5, dy.view({N, d}), dx.view({N, d}), dw.data());
+    });
   }
   {
-    const int64_t N = tokens("rope", heads * 64);
-    std::vector<float> qkv = normal(N * row, 1.0f, 6), cs = normal(N * 32, 1.0f, 7), sn = normal(N * 32, 1.0f, 8);
+    const int64_t N = tokens("rope", heads * 64);  // the fp32 GEMM output, rotated before any rounding
+    std::vector<float> qkv(N * row), cs(N * 32), sn(N * 32);
+    fill_normal(qkv, 1.0f, 6), fill_normal(cs, 1.0f, 7), fill_normal(sn, 1.0f, 8);
     const TensorView rot = TensorView::strided(qkv.data(), DType::f32, {N, heads, 64}, {row, 64, 1});
     time("rope", N * heads * 64, none, [&] { rope_forward(rot, cs.data(), sn.data()); });
   }
   {
-    const int64_t n = tokens("residual_add", d) * d;
-    std::vector<float> x = normal(n, 1.0f, 9), y = normal(n, 1.0f, 10);
-    time("residual_add", n, none, [&] {  // LlamaModel's add_into
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) y[i] += x[i];
-    });
+    const int64_t N = tokens("residual_add", d);  // the residual + the fp32 GEMM output
+    Values x = act(N * d, 1.0f, 9), o = f32(N * d, 1.0f, 10), y = act(N * d, 0.0f, 0);
+    time("residual_add", N * d, none, [&] { residual_add(x.view({N, d}), o.view({N, d}), y.view({N, d})); });
   }
   {
     const int64_t N = tokens("swiglu_backward", F);
-    std::vector<float> gu = normal(N * 2 * F, 0.5f, 11), act = normal(N * F, 1e-3f, 12), dgu(N * 2 * F);
-    auto half = [&](std::vector<float>& b, int64_t off) {  // gate or up: [N, F] of [N, 2F]
-      return TensorView::strided(b.data() + off, DType::f32, {N, F}, {2 * F, 1});
-    };
-    time("swiglu_forward", N * F, none, [&] { swiglu_forward(half(gu, 0), half(gu, F), mat(act, N, F)); });
-    time("swiglu_backward", N * F, none,
-         [&] { swiglu_backward(half(gu, 0), half(gu, F), mat(act, N, F), half(dgu, 0), half(dgu, F)); });
+    Values gu = act(N * 2 * F, 0.5f, 11), a = act(N * F, 0.0f, 0), da = f32(N * F, 1e-3f, 12),
+           dgu = act(N * 2 * F, 0.0f, 0);
+    time("swiglu_forward", N * F, none,
+         [&] { swiglu_forward(gu.columns(N, F, 0, 2 * F), gu.columns(N, F, F, 2 * F), a.view({N, F})); });
+    time("swiglu_backward", N * F, none, [&] {
+      swiglu_backward(gu.columns(N, F, 0, 2 * F), gu.columns(N, F, F, 2 * F), da.view({N, F}),
+                      dgu.columns(N, F, 0, 2 * F), dgu.columns(N, F, F, 2 * F));
+    });
   }
   {
     const int64_t N = tokens("cross_entropy", V);
@@ -249,15 +306,22 @@ std::map<std::string, double> measure_elementwise(bool quick) {
     for (int64_t i = 0; i < N; ++i) targets[i] = int32_t(i * 7 % V);
     time("cross_entropy", N * V, [&] { fill_normal(logits, 1.0f, 13); },
          [&] {
-           const TensorView z = mat(logits, N, V);  // the gradient overwrites the logits, as in the model
+           const TensorView z(logits.data(), DType::f32, {N, V});  // the gradient overwrites the logits, as in the model
            cross_entropy(z, targets.data(), nullptr, 1.0f / N, &z);
          });
   }
+  if (bytes("convert") > 0) {  // an fp32 GEMM output rounded to its bf16 copy (qkv_proj's width)
+    const int64_t N = tokens("convert", row);
+    Values src = f32(N * row, 1.0f, 16), dst = act(N * row, 0.0f, 0);
+    time("convert", N * row, none, [&] { convert(src.view({N, row}), dst.view({N, row})); });
+  }
   {
     // The trainer's step around backward: zero the gradients, their global
-    // norm, AdamW. The gradients are refilled (untimed) after zeroing.
+    // norm, AdamW (fp32 in both dtypes). The gradients are refilled (untimed)
+    // after zeroing.
     const int64_t P = tokens("optimizer", 1);
-    std::vector<float> p = normal(P, 0.02f, 14), g(P), m(P, 0.0f), v(P, 0.0f);
+    std::vector<float> p(P), g(P), m(P, 0.0f), v(P, 0.0f);
+    fill_normal(p, 0.02f, 14);
     AdamWParams h;
     h.weight_decay = 0.1f;
     double best = 1e30;
@@ -273,7 +337,7 @@ std::map<std::string, double> measure_elementwise(bool quick) {
       adamw_update(p.data(), g.data(), m.data(), v.data(), P, h);
       best = std::min(best, z + t.seconds());
     }
-    out["optimizer"] = double(P) * double(elementwise_kernel("optimizer").bytes_per_element) / best;
+    out["optimizer"] = double(P) * double(bytes("optimizer")) / best;
   }
   return out;
 }
@@ -336,6 +400,31 @@ LinkNumbers measure_links(const Communicator& comm, bool quick) {
   return r;
 }
 
+// The kernel tables of a step in `dtype` (each number the slowest rank's):
+// efficiencies over `gemm_flops`, the same-run GEMM rate in `dtype`.
+KernelTables measure_kernel_tables(const Communicator& world, DType dtype, double gemm_flops, bool quick) {
+  auto slowest = [&](std::map<int64_t, double>& m) {  // the minimum of rates
+    for (auto& [key, value] : m) world.all_reduce_min(&value, 1);
+  };
+  KernelTables t;
+  t.matmul_efficiency_per_width = measure_matmul_efficiency(dtype, gemm_flops, quick);
+  slowest(t.matmul_efficiency_per_width);
+  for (int64_t D : {16, 32, 64, 128}) {
+    const AttentionNumbers a = measure_attention(dtype, gemm_flops, quick ? 512 : 1024, D, quick ? 1 : 3);
+    t.attention_efficiency_per_head_dim[D] = a.both, t.attention_forward_efficiency_per_head_dim[D] = a.forward;
+    for (const auto& [kind, cost] : a.partial_cost)
+      t.attention_partial_tile_cost[kind][D] = 1.0 / cost;  // a rate: the minimum is the slowest
+  }
+  slowest(t.attention_efficiency_per_head_dim), slowest(t.attention_forward_efficiency_per_head_dim);
+  for (auto& [kind, by_dim] : t.attention_partial_tile_cost) {
+    slowest(by_dim);
+    for (auto& [D, rate] : by_dim) rate = 1.0 / rate;
+  }
+  t.elementwise_bandwidth_per_kernel = measure_elementwise(dtype, quick);
+  for (auto& [kernel, bw] : t.elementwise_bandwidth_per_kernel) world.all_reduce_min(&bw, 1);
+  return t;
+}
+
 int64_t physical_memory_bytes() {
   std::ifstream f("/proc/meminfo");
   std::string key;
@@ -356,26 +445,8 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
   world.all_reduce_min(&gemm, 1);
   double gemm_bf16 = measure_gemm_gflops(DType::bf16, gemm_n, quick ? 0.2 : 0.5) * 1e9;
   world.all_reduce_min(&gemm_bf16, 1);
-  // Each number is the slowest rank's (the minimum of rates).
-  auto slowest = [&](std::map<int64_t, double>& m) {
-    for (auto& [key, value] : m) world.all_reduce_min(&value, 1);
-  };
-  std::map<int64_t, double> matmul = measure_matmul_efficiency(gemm, quick);
-  slowest(matmul);
-  std::map<int64_t, double> attention, attention_fwd;
-  std::map<std::string, std::map<int64_t, double>> partial;
-  for (int64_t D : {16, 32, 64, 128}) {
-    const AttentionNumbers a = measure_attention(gemm, quick ? 512 : 1024, D, quick ? 1 : 3);
-    attention[D] = a.both, attention_fwd[D] = a.forward;
-    for (const auto& [kind, cost] : a.partial_cost) partial[kind][D] = 1.0 / cost;  // a rate: the minimum is the slowest
-  }
-  slowest(attention), slowest(attention_fwd);
-  for (auto& [kind, by_dim] : partial) {
-    slowest(by_dim);
-    for (auto& [D, rate] : by_dim) rate = 1.0 / rate;
-  }
-  std::map<std::string, double> elementwise = measure_elementwise(quick);
-  for (auto& [kernel, bw] : elementwise) world.all_reduce_min(&bw, 1);
+  KernelTables fp32_tables = measure_kernel_tables(world, DType::f32, gemm, quick);
+  KernelTables bf16_tables = measure_kernel_tables(world, DType::bf16, gemm_bf16, quick);
   double bw = measure_memory_bandwidth(quick);
   world.all_reduce_min(&bw, 1);
   LinkNumbers links{bw, 1e-6, bw, bw};
@@ -393,16 +464,13 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
   h.peak_flops_fp32 = gemm;
   h.peak_flops_bf16 = gemm_bf16;
   h.matmul_efficiency = 1.0;
-  h.matmul_efficiency_per_width = matmul;
-  h.attention_efficiency = attention[128];
-  h.attention_efficiency_per_head_dim = attention;
-  h.attention_forward_efficiency_per_head_dim = attention_fwd;
+  static_cast<KernelTables&>(h) = fp32_tables;  // every elementwise kernel measured: elementwise_bandwidth stays 0
+  h.bf16 = bf16_tables;
+  h.attention_efficiency = fp32_tables.attention_efficiency_per_head_dim.at(128);
   h.attention_block = kAttentionTile;  // square tiles, the same for every head dim today
-  h.attention_partial_tile_cost = partial;
   h.threads_per_device = threads;
   h.memory_bytes = physical_memory_bytes() / P;
   h.memory_bandwidth = bw;
-  h.elementwise_bandwidth_per_kernel = elementwise;  // every kernel: elementwise_bandwidth stays 0
   h.devices_per_node = P;
   h.p2p_bandwidth = links.p2p_bandwidth;
   h.collective_bandwidth = links.collective_bandwidth;
@@ -415,9 +483,11 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
   h.sources = {
       {"peak_flops_fp32", "measured: oneDNN sgemm " + n + "^3, all ranks at once, slowest rank" + how},
       {"peak_flops_bf16", "measured: gemm_bf16 " + n + "^3 (" + gemm_bf16_implementation(gemm_n) +
-                              "), all ranks at once, slowest rank" + how +
-                              "; the efficiencies below are measured in fp32 and applied to it as they are "
-                              "(an assumption for bf16 plans: no bf16 tables yet)"},
+                              "), all ranks at once, slowest rank" + how},
+      {"bf16", "measured: the same tables with the kernels run as a bf16 step runs them (GEMM operands, "
+               "attention Q, K, V, O, dO and the activations in bf16; gradients, GEMM outputs, RoPE, logits "
+               "fp32), efficiencies over the bf16 GEMM rate, elementwise bytes as the planner counts bf16 "
+               "bytes; bf16 plans use them (HardwareProfile::for_dtype)"},
       {"matmul_efficiency", "1: the peak above is a measured GEMM rate"},
       {"matmul_efficiency_per_width",
        "measured: projection [T, w] -> [T, w] forward + weight and input gradients, T = " +

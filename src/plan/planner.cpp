@@ -55,6 +55,9 @@ struct Shape {
   int64_t fsdp, shards, shard, replicas, data_ranks;
   // One rank's block of the embedding, of a layer and of the head (parameter_units).
   int64_t embed_block, layer_block, head_block;
+  // bf16 compute: weights rounded to their bf16 copy per step (the flat
+  // vector once, or with FSDP each unit at each gather: the layers twice).
+  int64_t rounded_weights;
   bool fsdp_over_context;
   StateTier optimizer_tier, parameter_tier;  // *_memory_host_offload, state_offload_target
   OffloadTarget state_target;
@@ -141,6 +144,9 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   one_layer.num_layers = 1;
   const std::vector<ParameterUnit> units = parameter_units(one_layer, c.tp, s.shards);
   s.embed_block = units[0].block, s.layer_block = units[1].block, s.head_block = units[2].block;
+  const int64_t tied = m.tie_embeddings ? 1 : 0;
+  s.rounded_weights = s.shards == 1 ? s.shard
+                                    : 2 * s.L * units[1].elements + (1 + tied) * units[0].elements + units[2].elements;
   s.replicas = s.dp * (s.fsdp_over_context ? 1 : s.cp);
   s.data_ranks = s.dp * s.fsdp * s.cp;
   s.segments = c.packing;
@@ -438,10 +444,13 @@ void add_attention_calls(const Shape& s, const HardwareProfile& hw, const std::v
 // norm, RoPE and the out_proj add when recomputed), SwiGLU's and both norms'
 // gradients, RoPE's inverse, the attention norm once more; per step the
 // embedding and its gradient (counted as adds), the final norm and the
-// cross-entropy; per parameter the optimizer step.
+// cross-entropy; per parameter the optimizer step. bf16 compute also rounds
+// (convert): q/k/v and gate/up after their GEMMs (again when recomputed),
+// per layer the gradient operands of backward's GEMMs (dL/dx twice, dO,
+// dq/dk/dv), the loss chunk's dlogits, and the weights' bf16 copy.
 std::vector<std::pair<std::string, double>> elementwise_elements(const Shape& s) {
   const double N = double(s.N), L = double(s.L), nd = double(s.Nr) * s.d;  // the residual stream's rows
-  const double qkv = s.save.qkv ? 0 : 1, out = s.save.out_proj ? 0 : 1;
+  const double qkv = s.save.qkv ? 0 : 1, out = s.save.out_proj ? 0 : 1, mlpwi = s.save.mlpwi ? 0 : 1;
   return {{"rmsnorm_forward", nd * (L * (4 + qkv) + 1)},
           {"rmsnorm_backward", nd * (2 * L + 1)},
           {"rope", N * (s.Hl + s.Gl) * s.D * L * (2 + qkv)},
@@ -449,7 +458,9 @@ std::vector<std::pair<std::string, double>> elementwise_elements(const Shape& s)
           {"swiglu_forward", N * s.Fl * 2 * L},
           {"swiglu_backward", N * s.Fl * L},
           {"cross_entropy", double(s.Nr) * s.V},
-          {"optimizer", double(s.piece.size)}};
+          {"optimizer", double(s.piece.size)},
+          {"convert", N * L * (s.qkv_cols * (1 + qkv) + 2 * s.Fl * (1 + mlpwi) + 2 * s.d + s.Hl * s.D + s.qkv_cols) +
+                          double(s.Nr) * s.V + double(s.rounded_weights)}};
 }
 
 void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w, DType dtype,
@@ -477,12 +488,12 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   p.hardware_flops = mm_model + mm_remat + (fwd_pair * fwd_calls / s.L + bwd_pair) * pairs;
 
   // Elementwise kernels are bound by memory (or, measured, by whatever binds
-  // each): the bytes each moves over its rate. Activations in the config's
-  // dtype; the optimizer's state is fp32.
+  // each): the bytes each moves in the run's dtype over its rate.
   double memory_s = 0;
   for (const auto& [kernel, elements] : elementwise_elements(s)) {
     const ElementwiseKernel& k = elementwise_kernel(kernel);
-    const double bytes = elements * double(k.bytes_per_element) * (kernel == "optimizer" ? 1.0 : s.act / 4.0);
+    const double bytes = elements * double(k.bytes_per_element(dtype));
+    if (bytes == 0) continue;  // not run in this dtype
     memory_s += bytes / hw.elementwise_bandwidth_of(kernel);
   }
 
@@ -564,16 +575,21 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
 }  // namespace
 
 const std::vector<ElementwiseKernel>& elementwise_kernels() {
+  // bf16: x, y, gate, up and the activations are bf16 (2 bytes), dy, dx, the
+  // GEMM outputs the kernels read (out_proj and MLP partial sums, the
+  // activation's gradient) fp32 (4).
   static const std::vector<ElementwiseKernel> k = {
-      {"rmsnorm_forward", 8, "read x, write y"},
-      {"rmsnorm_backward", 16, "read x, dy and dx, write dx (accumulated)"},
-      {"rope", 8, "rotate q and k in place (forward or inverse)"},
-      {"residual_add", 12, "read two, write one"},
-      {"swiglu_forward", 12, "read gate and up, write the activation"},
-      {"swiglu_backward", 20, "read gate, up and the activation's gradient, write both gradients"},
-      {"cross_entropy", 8, "per logit: read it, write its gradient"},
-      {"optimizer", 36, "per parameter: zero the gradient (4), its norm (4), AdamW reads p, g, m, v "
-                        "and writes p, m, v (28)"},
+      {"rmsnorm_forward", 8, 4, "read x, write y"},
+      {"rmsnorm_backward", 16, 14, "read x, dy and dx, write dx (accumulated; only x is bf16)"},
+      {"rope", 8, 8, "rotate q and k in place (forward or inverse), fp32 in both dtypes"},
+      {"residual_add", 12, 8, "read the residual and the fp32 GEMM output, write the residual"},
+      {"swiglu_forward", 12, 6, "read gate and up, write the activation"},
+      {"swiglu_backward", 20, 12, "read gate, up and the activation's fp32 gradient, write both gradients"},
+      {"cross_entropy", 8, 8, "per logit: read it, write its gradient (fp32 in both dtypes)"},
+      {"optimizer", 36, 36, "per parameter: zero the gradient (4), its norm (4), AdamW reads p, g, m, v "
+                            "and writes p, m, v (28), all fp32"},
+      {"convert", 0, 6, "bf16 only: round an fp32 GEMM output, gradient or weight to its bf16 copy "
+                        "(read 4, write 2)"},
   };
   return k;
 }
@@ -626,7 +642,10 @@ std::string fmt_seconds(double s) {
 
 }  // namespace
 
-StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
+StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, const PlanOptions& o) {
+  // The kernel tables of the run's compute dtype (cpu-local measures bf16's
+  // apart); every lookup below reads them.
+  const HardwareProfile hw = profile.for_dtype(c.dtype);
   StrategyPlan p;
   p.strategy = c.strategy();
   p.cp = c.cp;

@@ -140,13 +140,17 @@ StrategyPlan plan_strategy(const RunConfig& config, const HardwareProfile& hw,
                            const PlanOptions& options);
 
 // The elementwise kernels the step time counts, with the bytes each moves per
-// element of its operand in fp32 (src/kernels/ops.cpp, as src/model/llama.cpp
-// calls them; the optimizer: per parameter, src/train). `plan --measure`
-// times these kernels and divides these bytes, so the two cannot drift.
+// element of its operand in each compute dtype (src/kernels/ops.cpp, as
+// src/model/llama.cpp calls them: with dtype bfloat16 the saved activations
+// and GEMM operands are bf16, gradients, GEMM outputs, RoPE's operand and
+// the logits stay fp32; the optimizer: per parameter, src/train). 0 bytes: the
+// kernel does not run in that dtype. `plan --measure` times these kernels in
+// both dtypes and divides these bytes, so the two cannot drift.
 struct ElementwiseKernel {
   const char* name;
-  int64_t bytes_per_element;
+  int64_t bytes_fp32, bytes_bf16;
   const char* what;
+  int64_t bytes_per_element(DType dtype) const { return dtype == DType::bf16 ? bytes_bf16 : bytes_fp32; }
 };
 const std::vector<ElementwiseKernel>& elementwise_kernels();
 const ElementwiseKernel& elementwise_kernel(const std::string& name);  // ConfigError if unknown

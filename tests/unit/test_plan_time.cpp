@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <string>
 
 #include "core/config.h"
@@ -75,9 +76,102 @@ TEST(PlanTime, ProfileTablesRoundTrip) {
   EXPECT_DOUBLE_EQ(g.elementwise_bandwidth_of("residual_add"), 1e9);
 }
 
+// The bf16 section: saved and loaded with the same keys as the top level, an
+// unknown key in it refused by name.
+TEST(PlanTime, ProfileBf16SectionRoundTrip) {
+  TempDir dir;
+  HardwareProfile h = round_profile();
+  h.matmul_efficiency_per_width = {{64, 0.6}, {1024, 0.95}};
+  KernelTables& b = h.bf16.emplace();
+  b.matmul_efficiency_per_width = {{64, 0.3}, {1024, 0.5}};
+  b.attention_efficiency_per_head_dim = {{32, 0.25}};
+  b.attention_forward_efficiency_per_head_dim = {{32, 0.2}};
+  b.attention_partial_tile_cost = {{"causal", {{32, 1.25}}}};
+  b.elementwise_bandwidth_per_kernel = {{"convert", 3e9}, {"rope", 7e9}};
+  const std::string path = (dir.path / "p.yml").string();
+  save_hardware_profile(h, path);
+  const HardwareProfile g = load_hardware_profile(path);
+  ASSERT_TRUE(g.bf16.has_value());
+  EXPECT_EQ(g.matmul_efficiency_per_width, h.matmul_efficiency_per_width);
+  EXPECT_EQ(g.bf16->matmul_efficiency_per_width, b.matmul_efficiency_per_width);
+  EXPECT_EQ(g.bf16->attention_efficiency_per_head_dim, b.attention_efficiency_per_head_dim);
+  EXPECT_EQ(g.bf16->attention_forward_efficiency_per_head_dim, b.attention_forward_efficiency_per_head_dim);
+  EXPECT_EQ(g.bf16->attention_partial_tile_cost, b.attention_partial_tile_cost);
+  EXPECT_EQ(g.bf16->elementwise_bandwidth_per_kernel, b.elementwise_bandwidth_per_kernel);
+  // A bf16 plan's profile reads the section; an fp32 plan's the top level.
+  EXPECT_DOUBLE_EQ(g.for_dtype(DType::bf16).matmul_efficiency_at(64), 0.3);
+  EXPECT_DOUBLE_EQ(g.for_dtype(DType::bf16).elementwise_bandwidth_of("convert"), 3e9);
+  EXPECT_DOUBLE_EQ(g.for_dtype(DType::f32).matmul_efficiency_at(64), 0.6);
+  EXPECT_FALSE(g.for_dtype(DType::bf16).bf16.has_value());
+  // Without a section every dtype reads the top level.
+  EXPECT_DOUBLE_EQ(round_profile().for_dtype(DType::bf16).matmul_efficiency_at(64), 1.0);
+
+  const std::string bad = (dir.path / "bad.yml").string();
+  {
+    std::ofstream f(bad);
+    f << "memory_bytes: 1\nmemory_bandwidth: 1\np2p_bandwidth: 1\ncollective_bandwidth: 1\n"
+         "all_to_all_bandwidth: 1\nbf16:\n  peak_flops_fp32: 1\n";
+  }
+  try {
+    load_hardware_profile(bad);
+    FAIL() << "a number in the bf16 section was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16.peak_flops_fp32"), std::string::npos) << e.what();
+  }
+}
+
+// A profile with both sets of tables: each plan uses its dtype's, and the
+// seconds follow from the tables and a hand count of the work. Flat tables,
+// full mask, no tiles, remat none (every saved point kept), one rank.
+TEST(PlanTime, Bf16PlansUseTheBf16Tables) {
+  HardwareProfile h = round_profile();
+  h.peak_flops_bf16 = 4e12;
+  auto tables = [](double matmul, double attention, double forward, double swiglu_bw, double convert_bw) {
+    KernelTables t;
+    t.matmul_efficiency_per_width = {{16, matmul}, {4096, matmul}};
+    t.attention_efficiency_per_head_dim = {{16, attention}};
+    t.attention_forward_efficiency_per_head_dim = {{16, forward}};
+    for (const ElementwiseKernel& k : elementwise_kernels()) t.elementwise_bandwidth_per_kernel[k.name] = 1e30;
+    t.elementwise_bandwidth_per_kernel["swiglu_forward"] = swiglu_bw;
+    t.elementwise_bandwidth_per_kernel["convert"] = convert_bw;
+    return t;
+  };
+  static_cast<KernelTables&>(h) = tables(0.8, 0.6, 0.5, 2.0, 5.0);
+  h.bf16 = tables(0.4, 0.3, 0.2, 1.0, 0.5);
+  RunConfig c = small_config("full", 1024, "none");
+  const double N = 1024, d = 64, H = 4, D = 16, F = 128, L = 2, qkv = (4 + 2 * 2) * D, V = double(c.model.vocab_size);
+  // Per layer q/k/v, output, gate/up and down projections, then the LM head; forward and two gradients.
+  const double matmul_flops = 3 * 2 * N * (L * (d * qkv + H * D * d + d * 2 * F + F * d) + d * V);
+  const double pairs = L * H * N * N;  // full mask, one batch row
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    c.dtype = dtype;
+    const bool low = dtype == DType::bf16;
+    const KernelTables& t = low ? *h.bf16 : h;
+    const double peak = low ? h.peak_flops_bf16 : h.peak_flops_fp32;
+    const StrategyPlan p = plan(c, h);
+    const std::string what = name_of(dtype);
+    EXPECT_NEAR(p.matmul_seconds, matmul_flops / (peak * t.matmul_efficiency_per_width.at(16)), 1e-9 * p.matmul_seconds)
+        << what;
+    // Forward and backward once per layer: 14 D FLOPs per pair at the forward + backward rate.
+    EXPECT_NEAR(p.attention_seconds, pairs * 14 * D / (peak * t.attention_efficiency_per_head_dim.at(16)),
+                1e-9 * p.attention_seconds)
+        << what;
+    // SwiGLU forward twice per layer (forward, again in backward): fp32 reads
+    // gate and up and writes the activation, 12 bytes; bf16 6. bf16 also
+    // rounds q/k/v and gate/up after their GEMMs, per layer the gradient
+    // operands dL/dx (twice), dO and dq/dk/dv, the dlogits and the weights:
+    // 6 bytes each (read fp32, write bf16); fp32 rounds nothing.
+    const double swiglu = N * F * 2 * L * (low ? 6 : 12) / t.elementwise_bandwidth_per_kernel.at("swiglu_forward");
+    const double rounded = N * L * (qkv + 2 * F + 2 * d + H * D + qkv) + N * V + double(c.model.num_parameters());
+    const double convert = low ? rounded * 6 / t.elementwise_bandwidth_per_kernel.at("convert") : 0.0;
+    EXPECT_NEAR(p.elementwise_seconds, swiglu + convert, 1e-9 * p.elementwise_seconds) << what;
+  }
+}
+
 TEST(PlanTime, DatasheetProfilesUseTheirScalars) {
   for (const char* name : {"tpu-v5p", "tpu-v7", "h100", "h200"}) {
     const HardwareProfile h = load_hardware_profile(name, LONGCTX_SOURCE_DIR "/configs/hardware");
+    EXPECT_FALSE(h.bf16.has_value()) << name << ": its efficiencies apply to bf16 already";
     EXPECT_DOUBLE_EQ(h.matmul_efficiency_at(512), h.matmul_efficiency) << name;
     // The calibrated numbers each say where they come from.
     for (const char* key : {"matmul_efficiency", "attention_efficiency", "attention_block",
