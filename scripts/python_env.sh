@@ -31,7 +31,9 @@ if ! [ -x "$venv/bin/python" ]; then
   fi
   [ -x "$venv/bin/python" ] || { echo "python_env.sh: cannot create a virtual environment at $venv (install python3-venv)" >&2; exit 1; }
 fi
-if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@" >&2; then
+# --no-compile: no bytecode for every file of every package up front (torch and
+# transformers: ~10k files, ~35 CPU-s); Python compiles the modules it imports.
+if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile "$@" >&2; then
   echo "python_env.sh: pip could not install: $want (no network to PyPI?)" >&2
   exit 1
 fi
