@@ -398,6 +398,8 @@ int run_plan(const Args& args) {
   Timer t;
   RunConfig config = load_config(config_path, overrides);
   HardwareProfile hw = load_hardware_profile(hardware);
+  if (const std::string w = hw.dtype_tables_warning(config.dtype); !w.empty())
+    std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (longest) return print_longest(config, longest_length(config, hw, options, granule), as_json);
   PlanReport report = make_plan(config, hw, options);
   double elapsed = t.seconds();

@@ -54,6 +54,8 @@ void resolve_auto_strategy(RunConfig& config, const Communicator& world) {
     std::snprintf(buf, sizeof buf, "quick profile measured in %.1f s", t.seconds());
     source = buf;
   }
+  if (const std::string w = hw.dtype_tables_warning(config.dtype); !w.empty() && rank == 0)
+    std::fprintf(stderr, "warning: context_parallel_strategy=auto: %s\n", w.c_str());
   PlanOptions options;
   options.devices = world.size();
   PlanRecommendation r = recommend(config, hw, options);

@@ -31,6 +31,12 @@ HardwareProfile HardwareProfile::for_dtype(DType dtype) const {
   return h;
 }
 
+std::string HardwareProfile::dtype_tables_warning(DType dtype) const {
+  if (dtype != DType::bf16 || bf16 || matmul_efficiency_per_width.empty()) return "";
+  return "hardware profile '" + name + "' has no bf16 tables (measured before `plan --measure` took them): "
+         "this bf16 plan uses its fp32 kernel rates; rerun `mpiexec -n N longctx plan --measure`";
+}
+
 namespace {
 // Log-linear in x (head dim, width) between measured points, clamped to the ends.
 double interpolate(const std::map<int64_t, double>& m, double x) {

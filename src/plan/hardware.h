@@ -133,6 +133,10 @@ struct HardwareProfile : KernelTables {
   // place of the top-level ones (and no `bf16` left), so that every lookup
   // stays the same. The planner calls it once per plan.
   HardwareProfile for_dtype(DType dtype) const;
+  // Why a `dtype` plan on this profile would use rates taken in another
+  // dtype: a measured profile (its tables filled) without a bf16 section,
+  // written before plan --measure took bf16 tables. "" when none.
+  std::string dtype_tables_warning(DType dtype) const;
 };
 
 // Loads configs/hardware/<name>.yml (name may also be a path to a .yml file).

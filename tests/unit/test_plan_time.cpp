@@ -105,6 +105,14 @@ TEST(PlanTime, ProfileBf16SectionRoundTrip) {
   EXPECT_FALSE(g.for_dtype(DType::bf16).bf16.has_value());
   // Without a section every dtype reads the top level.
   EXPECT_DOUBLE_EQ(round_profile().for_dtype(DType::bf16).matmul_efficiency_at(64), 1.0);
+  // A measured profile without the section (older plan --measure) warns bf16 plans only; a
+  // datasheet profile (no tables) never does.
+  HardwareProfile old_measure = g;
+  old_measure.bf16.reset();
+  EXPECT_NE(old_measure.dtype_tables_warning(DType::bf16).find("no bf16 tables"), std::string::npos);
+  EXPECT_EQ(old_measure.dtype_tables_warning(DType::f32), "");
+  EXPECT_EQ(g.dtype_tables_warning(DType::bf16), "");
+  EXPECT_EQ(round_profile().dtype_tables_warning(DType::bf16), "");
 
   const std::string bad = (dir.path / "bad.yml").string();
   {
