@@ -131,6 +131,7 @@ const std::vector<ConfigKey>& config_keys() {
       {"optimizer_memory_host_offload", false, "AdamW moments in the host pool instead of device memory", F(optimizer_memory_host_offload)},
       {"parameter_memory_host_offload", false, "FSDP parameter shards in the host pool (units gathered to the device)", F(parameter_memory_host_offload)},
       {"state_offload_target", S("host"), "where *_memory_host_offload put the state: host|disk (spill files in offload_dir)", ENUM(state_offload_target)},
+      {"layer_token_chunk", I(0), "tokens a layer's norms, projections and SwiGLU process at once; 0 = all", F(layer_token_chunk)},
       {"offload_dir", S(""), "disk offload spill files; empty = <base_output_directory>/<run_name>/offload", F(offload_dir)},
       // attention
       {"attention_type", S("causal"), "full|causal|local|chunked", ENUM(attention_type)},
@@ -705,6 +706,8 @@ void validate_config(RunConfig& c, int64_t world) {
   require(a != MaskKind::chunked || c.chunk_attn_window_size > 0,
           "attention_type=chunked needs chunk_attn_window_size > 0 (got " + str(c.chunk_attn_window_size) + ")");
   require(c.sliding_window_size >= 0 && c.chunk_attn_window_size >= 0, "window sizes must be >= 0");
+  require(c.layer_token_chunk >= 0, "layer_token_chunk must be >= 0 (0 = all local tokens; got " +
+                                        str(c.layer_token_chunk) + ")");
 
   // ---- sequence and layout
   require(c.max_target_length >= 2, "max_target_length must be >= 2 (got " + str(c.max_target_length) + ")");
@@ -724,6 +727,9 @@ void validate_config(RunConfig& c, int64_t world) {
     require(local % c.tp == 0, "tensor_sequence_parallelism needs the tokens of a cp rank, per_device_batch_size * "
                                "max_target_length / ici_context_parallelism = " + str(local) +
                                ", divisible by ici_tensor_parallelism (" + str(c.tp) + ")");
+    require(c.layer_token_chunk == 0 || c.layer_token_chunk >= local,
+            "layer_token_chunk (" + str(c.layer_token_chunk) + ") below the tokens of a cp rank (" + str(local) +
+                ") does not combine with tensor_sequence_parallelism");
   }
   // The largest activation, the logits of a replica's batch (and the data's
   // 2 * max_target_length), must have a size that fits int64.

@@ -81,6 +81,9 @@ struct RunConfig {
   CustomOffload remat_custom_offload{};
   OffloadTarget offload_target = OffloadTarget::host;  // offload_target
   std::string offload_dir;  // offload_dir ("" = <base_output_directory>/<run_name>/offload)
+  // layer_token_chunk: tokens whose norms, projections and SwiGLU a layer
+  // computes at once (0 = all local tokens; model/llama.h).
+  int64_t layer_token_chunk = 0;
 
   // ---- attention
   MaskKind attention_type = MaskKind::causal;  // attention_type

@@ -64,6 +64,8 @@ struct Workspace {
   int64_t loss_rows = 0;  // rows of one loss chunk
   std::array<std::vector<Buffer>, kNumActivations> bufs;
   std::array<DType, kNumActivations> dtype{};
+  std::array<bool, kNumActivations> per_chunk{};  // ActivationBuffer::per_chunk
+  int64_t rope_r0 = 0, rope_n = 0;  // the rows whose RoPE cos and sin the tables hold
 
   void* at(Activation a, int64_t layer = 0) const {
     const std::vector<Buffer>& v = bufs[static_cast<int>(a)];
@@ -92,6 +94,7 @@ struct LlamaModel::Impl {
   KernelImpl impl;
   MaskSpec mask;
   int64_t loss_chunk_rows;
+  int64_t layer_token_chunk;  // ModelOptions::layer_token_chunk
   DType dtype;  // activations and GEMM operands
   bool seq_parallel = false;  // residual stream sharded over tp along the tokens (llama.h)
 
@@ -200,6 +203,8 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options, u
   m.impl = options.impl;
   m.mask = options.mask;
   m.loss_chunk_rows = options.loss_chunk_rows;
+  if (options.layer_token_chunk < 0) throw ConfigError("model: layer_token_chunk must be >= 0");
+  m.layer_token_chunk = options.layer_token_chunk;
   m.dtype = options.dtype;
   m.seq_parallel = options.sequence_parallel;
   if (m.seq_parallel && tp == 1)
@@ -326,6 +331,13 @@ class ProfileScope {
   Timer timer_;
 };
 
+// Rows [r0, r0 + n) of the N GEMM rows that a layer's token-wise parts
+// (norms, projections, SwiGLU, RoPE, residual adds) process at once
+// (ModelOptions::layer_token_chunk). Attention always sees all N rows.
+struct Chunk {
+  int64_t r0 = 0, n = 0;
+};
+
 // The pieces of a step, over the model's state. Kept in one place so that
 // forward and the recomputation in backward run literally the same code.
 struct Step {
@@ -337,56 +349,89 @@ struct Step {
   int64_t N;   // tokens of the batch: rows of the attention and of the tp-split GEMMs
   int64_t Nr;  // rows of the residual stream on this rank: N / tp with sequence parallelism, else N
   int64_t r0;  // the first of them in the batch
+  int64_t C;   // rows of a chunk (N: one chunk)
 
   bool bf16_compute() const { return m.dtype == DType::bf16; }
+  template <typename F>
+  void for_each_chunk(F&& f) {
+    for (int64_t c0 = 0; c0 < N; c0 += C) f(Chunk{c0, std::min(C, N - c0)});
+  }
+  // The residual-stream rows of chunk c: with sequence parallelism (one
+  // chunk, checked in run()) this rank's Nr rows, else the chunk's.
+  Chunk residual(Chunk c) const { return m.seq_parallel ? Chunk{0, Nr} : c; }
   // Parameter i while its unit is gathered (model/sharded_parameters.h).
   float* param(int i) const { return m.store->param(i); }  // fp32 master (norms, embedding lookup)
   float* grad(int i) const { return m.store->grad(i); }
   // Weight i as a GEMM operand: its bf16 copy or the master.
   const void* weight(int i) const { return m.store->weight(i); }
-  // Activation a of layer l as [N, cols] (or rows [r0, r0 + rows)), in its dtype.
-  TensorView act(Activation a, int64_t l, int64_t cols) const { return w.rows(a, l, cols, 0, N); }
-  const void* ptr(Activation a, int64_t l = 0) const { return w.at(a, l); }
-  // Residual-stream activation a (x, out_proj, normed, d_resid, d_normed) of layer l: this rank's rows.
-  TensorView resid(Activation a, int64_t l = 0) const { return w.rows(a, l, m.d, 0, Nr); }
-  TensorView x(int64_t l) const { return resid(Activation::x, l); }
-  // Where an fp32 GEMM output goes before its consumer: the activation
-  // itself (fp32 compute) or the fp32 staging buffer (bf16 compute: it is
-  // then rotated, reduced over tp and/or rounded into the activation).
-  float* gemm_out(Activation a, int64_t l) const {
-    return bf16_compute() ? w.f32(Activation::matmul_out) : w.f32(a, l);
+  // Rows c of activation a of layer l seen as [*, cols], in its dtype: a
+  // buffer of all rows at c.r0, a buffer of one chunk (per_chunk) at 0.
+  TensorView act(Activation a, int64_t l, int64_t cols, Chunk c) const {
+    return w.rows(a, l, cols, w.per_chunk[static_cast<int>(a)] ? 0 : c.r0, c.n);
   }
-  // An fp32 gradient [N, cols] as a GEMM operand: itself, or its bf16 copy.
-  const void* grad_operand(float* g, int64_t cols) const {
+  void* ptr(Activation a, int64_t l, int64_t cols, Chunk c) const { return act(a, l, cols, c).data; }
+  float* f32(Activation a, int64_t l, int64_t cols, Chunk c) const {
+    const TensorView v = act(a, l, cols, c);
+    check_shape(v.dtype == DType::f32, "model: an fp32 buffer was expected");
+    return v.f32();
+  }
+  Chunk all() const { return Chunk{0, N}; }
+  // Residual-stream activation a (x, out_proj, normed, d_resid, d_normed) of
+  // layer l: this rank's rows of chunk c.
+  TensorView resid(Activation a, int64_t l, Chunk c) const { return act(a, l, m.d, residual(c)); }
+  TensorView x(int64_t l, Chunk c) const { return resid(Activation::x, l, c); }
+  // Where an fp32 GEMM output [c.n, cols] goes before its consumer: the
+  // activation itself (fp32 compute) or the fp32 staging buffer (bf16
+  // compute: it is then rotated, reduced over tp and/or rounded into the
+  // activation).
+  float* gemm_out(Activation a, int64_t l, int64_t cols, Chunk c) const {
+    return bf16_compute() ? f32(Activation::matmul_out, 0, cols, c) : f32(a, l, cols, c);
+  }
+  // An fp32 gradient [rows, cols] as a GEMM operand: itself, or its bf16 copy.
+  const void* grad_operand(float* g, int64_t rows, int64_t cols) const {
     if (!bf16_compute()) return g;
-    convert(mat(g, N, cols), act(Activation::grad_operand, 0, cols));
-    return ptr(Activation::grad_operand);
+    const TensorView op = act(Activation::grad_operand, 0, cols, Chunk{0, rows});
+    convert(mat(g, rows, cols), op);
+    return op.data;
   }
-  // The normed input of all N rows, operand of the column-parallel GEMMs.
-  const void* normed_operand() const {
-    return ptr(m.seq_parallel ? Activation::normed_gathered : Activation::normed);
+  // The normed input of chunk c's rows, operand of the column-parallel GEMMs.
+  const void* normed_operand(Chunk c) const {
+    return ptr(m.seq_parallel ? Activation::normed_gathered : Activation::normed, 0, m.d, c);
   }
-  // dL/dx of all N rows as a GEMM operand (sequence parallelism: all-gathered
-  // in fp32 from the ranks' rows into tp_partial, free until the next GEMM
-  // that needs a reduction).
-  const void* resid_grad_operand() {
-    float* dy = w.f32(Activation::d_resid);
+  // dL/dx of chunk c's rows as a GEMM operand (sequence parallelism:
+  // all-gathered in fp32 from the ranks' rows into tp_partial, free until
+  // the next GEMM that needs a reduction).
+  const void* resid_grad_operand(Chunk c) {
+    float* dy = resid(Activation::d_resid, 0, c).f32();
     if (m.seq_parallel) {
       m.tp_all_gather(dy, w.f32(Activation::tp_partial), Nr * m.d * 4);
       dy = w.f32(Activation::tp_partial);
     }
-    return grad_operand(dy, m.d);
+    return grad_operand(dy, c.n, m.d);
   }
-  // Row-parallel outputs and column-parallel input gradients are [N, d] fp32
-  // partial sums over tp: the GEMM writes them to partial_sums(dst), and
-  // sum_over_tp(dst) leaves this rank's rows of the sum in dst (all-reduce in
-  // place, or with sequence parallelism a reduce-scatter into dst's Nr rows).
+  // Row-parallel outputs and column-parallel input gradients are [c.n, d]
+  // fp32 partial sums over tp: the GEMM writes them to partial_sums(dst),
+  // and sum_over_tp(dst) leaves this rank's rows of the sum in dst
+  // (all-reduce in place, or with sequence parallelism a reduce-scatter
+  // into dst's Nr rows).
   float* partial_sums(float* dst) const { return m.seq_parallel ? w.f32(Activation::tp_partial) : dst; }
-  void sum_over_tp(float* dst) {
+  void sum_over_tp(float* dst, Chunk c) {
     if (m.seq_parallel)
       m.tp_reduce_scatter(w.f32(Activation::tp_partial), dst, Nr * m.d);
     else
-      m.tp_all_reduce(dst, N * m.d);
+      m.tp_all_reduce(dst, c.n * m.d);
+  }
+  // RoPE's cos and sin of chunk c's rows (computed when the chunk changes:
+  // once per call with one chunk).
+  std::pair<const float*, const float*> rope_rows(Chunk c) {
+    float* cos = f32(Activation::rope_cos, 0, m.D / 2, c);
+    float* sin = f32(Activation::rope_sin, 0, m.D / 2, c);
+    if (w.rope_r0 != c.r0 || w.rope_n != c.n) {
+      rope_table(m.rope, m.D, b.positions + c.r0, c.n, cos, sin);
+      w.rope_r0 = c.r0;
+      w.rope_n = c.n;
+    }
+    return {cos, sin};
   }
 
   template <typename F>
@@ -401,92 +446,95 @@ struct Step {
     gemm(m.dtype, ta, tb, M, Nc, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
 
-  void norm1(int64_t l) { norm(x(l), m.layer[l].attn_norm); }
-  void norm2(int64_t l) { norm(resid(Activation::out_proj, l), m.layer[l].mlp_norm); }
+  void norm1(int64_t l, Chunk c) { norm(x(l, c), m.layer[l].attn_norm, c); }
+  void norm2(int64_t l, Chunk c) { norm(resid(Activation::out_proj, l, c), m.layer[l].mlp_norm, c); }
   // normed = rmsnorm(in), then (sequence parallelism) all-gathered over tp.
-  void norm(const TensorView& in, int weight) {
-    elementwise([&] { rmsnorm_forward(in, param(weight), m.eps, resid(Activation::normed)); });
-    if (m.seq_parallel) {
-      const TensorView local = resid(Activation::normed);
+  void norm(const TensorView& in, int weight, Chunk c) {
+    const TensorView local = resid(Activation::normed, 0, c);
+    elementwise([&] { rmsnorm_forward(in, param(weight), m.eps, local); });
+    if (m.seq_parallel)
       m.tp_all_gather(local.data, w.at(Activation::normed_gathered),
                       local.numel() * static_cast<int64_t>(dtype_size(local.dtype)));
-    }
   }
-  TensorView heads(float* qkv, int64_t first_col, int64_t n_heads) const {  // [N, n_heads, D] fp32
-    return TensorView::strided(qkv + first_col, DType::f32, {N, n_heads, m.D},
-                               {m.qkv_cols, m.D, 1});
+  // [rows, n_heads, D] fp32 view of a [rows, qkv_cols] buffer.
+  TensorView heads(float* qkv, int64_t rows, int64_t first_col, int64_t n_heads) const {
+    return TensorView::strided(qkv + first_col, DType::f32, {rows, n_heads, m.D}, {m.qkv_cols, m.D, 1});
   }
   // qkv = h1 Wqkv^T, then RoPE on q and k (in fp32, before any rounding). Needs normed = h1.
-  void project_qkv(int64_t l) {
-    float* out = gemm_out(Activation::qkv, l);
-    matmul(false, true, N, m.qkv_cols, m.d, 1.0f, normed_operand(), m.d, weight(m.layer[l].q), m.d,
+  void project_qkv(int64_t l, Chunk c) {
+    float* out = gemm_out(Activation::qkv, l, m.qkv_cols, c);
+    matmul(false, true, c.n, m.qkv_cols, m.d, 1.0f, normed_operand(c), m.d, weight(m.layer[l].q), m.d,
            0.0f, out, m.qkv_cols);
     ProfileScope p(m.profile.elementwise);
-    rope_forward(heads(out, 0, m.Hl + m.Gl), w.f32(Activation::rope_cos),
-                 w.f32(Activation::rope_sin));  // q and k heads are adjacent
-    if (bf16_compute()) convert(mat(out, N, m.qkv_cols), act(Activation::qkv, l, m.qkv_cols));
+    const auto [cos, sin] = rope_rows(c);
+    rope_forward(heads(out, c.n, 0, m.Hl + m.Gl), cos, sin);  // q and k heads are adjacent
+    if (bf16_compute()) convert(mat(out, c.n, m.qkv_cols), act(Activation::qkv, l, m.qkv_cols, c));
   }
   AttentionArgs attention_args(int64_t l) const {
     AttentionArgs a;
     m.attention_args(w.at(Activation::qkv, l), w.dtype[static_cast<int>(Activation::qkv)], a);
     return a;
   }
-  // [B, S, Hl, D] view of a context-shaped buffer.
-  TensorView context_view(void* ctx, DType t) const {
-    return TensorView(ctx, t, {b.batch, b.seq_local, m.Hl, m.D});
-  }
-  TensorView context(int64_t l) const {
-    return context_view(w.at(Activation::context, l), w.dtype[static_cast<int>(Activation::context)]);
+  // [B, S, Hl, D] view of a context-shaped buffer of all N rows.
+  TensorView context_view(Activation a, int64_t l) const {
+    return TensorView(w.at(a, l), w.dtype[static_cast<int>(a)], {b.batch, b.seq_local, m.Hl, m.D});
   }
   void attend(int64_t l) {
     ProfileScope p(m.profile.attention);
-    m.attention->forward(attention_args(l), context(l), w.f32(Activation::context_lse, l));
+    m.attention->forward(attention_args(l), context_view(Activation::context, l),
+                         w.f32(Activation::context_lse, l));
   }
   // x2 = x + ctx Wo^T (row-parallel: partial sums reduced over tp, in fp32).
-  void out_proj(int64_t l) {
-    float* o = gemm_out(Activation::out_proj, l);
-    matmul(false, true, N, m.d, m.Hl * m.D, 1.0f, ptr(Activation::context, l), m.Hl * m.D,
+  void out_proj(int64_t l, Chunk c) {
+    const Chunk rc = residual(c);
+    float* o = gemm_out(Activation::out_proj, l, m.d, rc);
+    matmul(false, true, c.n, m.d, m.Hl * m.D, 1.0f, ptr(Activation::context, l, m.Hl * m.D, c), m.Hl * m.D,
            weight(m.layer[l].o), m.Hl * m.D, 0.0f, partial_sums(o), m.d);
-    sum_over_tp(o);
-    elementwise([&] { residual_add(x(l), mat(o, Nr, m.d), resid(Activation::out_proj, l)); });
+    sum_over_tp(o, c);
+    elementwise([&] { residual_add(x(l, c), mat(o, rc.n, m.d), resid(Activation::out_proj, l, c)); });
   }
   // gu = h2 Wgu^T. Needs normed = h2.
-  void mlp_in(int64_t l) {
-    float* out = gemm_out(Activation::mlpwi, l);
-    matmul(false, true, N, 2 * m.Fl, m.d, 1.0f, normed_operand(), m.d, weight(m.layer[l].gate), m.d,
+  void mlp_in(int64_t l, Chunk c) {
+    float* out = gemm_out(Activation::mlpwi, l, 2 * m.Fl, c);
+    matmul(false, true, c.n, 2 * m.Fl, m.d, 1.0f, normed_operand(c), m.d, weight(m.layer[l].gate), m.d,
            0.0f, out, 2 * m.Fl);
     if (bf16_compute())
-      elementwise([&] { convert(mat(out, N, 2 * m.Fl), act(Activation::mlpwi, l, 2 * m.Fl)); });
+      elementwise([&] { convert(mat(out, c.n, 2 * m.Fl), act(Activation::mlpwi, l, 2 * m.Fl, c)); });
   }
-  TensorView mlpwi_half(int64_t l, int64_t first_col) const {  // gate (0) or up (Fl) [N, Fl]
-    const DType t = w.dtype[static_cast<int>(Activation::mlpwi)];
-    char* base = static_cast<char*>(w.at(Activation::mlpwi, l)) + first_col * static_cast<int64_t>(dtype_size(t));
-    return TensorView::strided(base, t, {N, m.Fl}, {2 * m.Fl, 1});
+  TensorView mlpwi_half(int64_t l, Chunk c, int64_t first_col) const {  // gate (0) or up (Fl) [c.n, Fl]
+    const TensorView gu = act(Activation::mlpwi, l, 2 * m.Fl, c);
+    char* base = static_cast<char*>(gu.data) + first_col * static_cast<int64_t>(dtype_size(gu.dtype));
+    return TensorView::strided(base, gu.dtype, {c.n, m.Fl}, {2 * m.Fl, 1});
   }
-  TensorView gate(int64_t l) const { return mlpwi_half(l, 0); }
-  TensorView up(int64_t l) const { return mlpwi_half(l, m.Fl); }
-  void swiglu(int64_t l) {
+  TensorView gate(int64_t l, Chunk c) const { return mlpwi_half(l, c, 0); }
+  TensorView up(int64_t l, Chunk c) const { return mlpwi_half(l, c, m.Fl); }
+  void swiglu(int64_t l, Chunk c) {
     ProfileScope p(m.profile.elementwise);
-    swiglu_forward(gate(l), up(l), act(Activation::mlp_act, 0, m.Fl));
+    swiglu_forward(gate(l, c), up(l, c), act(Activation::mlp_act, 0, m.Fl, c));
   }
   // x[l+1] = x2 + act Wdown^T (row-parallel).
-  void mlp_out(int64_t l) {
-    float* o = gemm_out(Activation::x, l + 1);
-    matmul(false, true, N, m.d, m.Fl, 1.0f, ptr(Activation::mlp_act), m.Fl, weight(m.layer[l].down), m.Fl,
-           0.0f, partial_sums(o), m.d);
-    sum_over_tp(o);
-    elementwise([&] { residual_add(resid(Activation::out_proj, l), mat(o, Nr, m.d), x(l + 1)); });
+  void mlp_out(int64_t l, Chunk c) {
+    const Chunk rc = residual(c);
+    float* o = gemm_out(Activation::x, l + 1, m.d, rc);
+    matmul(false, true, c.n, m.d, m.Fl, 1.0f, ptr(Activation::mlp_act, 0, m.Fl, c), m.Fl, weight(m.layer[l].down),
+           m.Fl, 0.0f, partial_sums(o), m.d);
+    sum_over_tp(o, c);
+    elementwise([&] { residual_add(resid(Activation::out_proj, l, c), mat(o, rc.n, m.d), x(l + 1, c)); });
   }
 
   void forward_layer(int64_t l) {
-    norm1(l);
-    project_qkv(l);
+    for_each_chunk([&](Chunk c) {
+      norm1(l, c);
+      project_qkv(l, c);
+    });
     attend(l);
-    out_proj(l);
-    norm2(l);
-    mlp_in(l);
-    swiglu(l);
-    mlp_out(l);
+    for_each_chunk([&](Chunk c) {
+      out_proj(l, c);
+      norm2(l, c);
+      mlp_in(l, c);
+      swiglu(l, c);
+      mlp_out(l, c);
+    });
   }
 
   // Final norm, LM head and cross-entropy, a chunk of rows at a time; with
@@ -528,68 +576,92 @@ struct Step {
   }
 
   // Recomputes what layer l did not save, then backpropagates dresid
-  // (dL/dx[l+1] on entry, dL/dx[l] on exit). Gradients of activations are
-  // fp32 GEMM outputs; the ones that feed GEMMs pass through grad_operand().
+  // (dL/dx[l+1] on entry, dL/dx[l] on exit), a chunk of rows at a time
+  // around the attention, which needs all of dL/dcontext first. Gradients
+  // of activations are fp32 GEMM outputs; the ones that feed GEMMs pass
+  // through grad_operand().
   void backward_layer(int64_t l) {
-    const LlamaModel::Impl::LayerIdx& li = m.layer[l];
-    if (!m.save.qkv) { norm1(l); project_qkv(l); }
+    if (!m.save.qkv)
+      for_each_chunk([&](Chunk c) {
+        norm1(l, c);
+        project_qkv(l, c);
+      });
     if (!m.save.context) attend(l);
-    if (!m.save.out_proj) out_proj(l);
-    norm2(l);
-    if (!m.save.mlpwi) mlp_in(l);
-    swiglu(l);
-
-    float* dy = w.f32(Activation::d_resid);  // [Nr, d]
-    float* dnorm = w.f32(Activation::d_normed);  // [Nr, d]
-    // MLP: down projection, SwiGLU (in place over gu), gate/up projection.
-    const void* dy_op = resid_grad_operand();
-    matmul(true, false, m.d, m.Fl, N, 1.0f, dy_op, m.d, ptr(Activation::mlp_act), m.Fl, 1.0f, grad(li.down),
-           m.Fl);
-    float* dact = gemm_out(Activation::mlp_act, 0);  // over the activation once its gradient GEMM has read it
-    matmul(false, false, N, m.Fl, m.d, 1.0f, dy_op, m.d, weight(li.down), m.Fl, 0.0f, dact, m.Fl);
-    elementwise([&] { swiglu_backward(gate(l), up(l), mat(dact, N, m.Fl), gate(l), up(l)); });
-    const void* dgu = ptr(Activation::mlpwi, l);
-    matmul(true, false, 2 * m.Fl, m.d, N, 1.0f, dgu, 2 * m.Fl, normed_operand(), m.d, 1.0f,
-           grad(li.gate), m.d);
-    matmul(false, false, N, m.d, 2 * m.Fl, 1.0f, dgu, 2 * m.Fl, weight(li.gate), m.d, 0.0f, partial_sums(dnorm),
-           m.d);
-    sum_over_tp(dnorm);
-    elementwise([&] {
-      rmsnorm_backward(resid(Activation::out_proj, l), param(li.mlp_norm), m.eps, mat(dnorm, Nr, m.d),
-                       mat(dy, Nr, m.d), grad(li.mlp_norm));  // dy is now dL/dx2
-    });
-
-    // Attention: output projection, attention, RoPE, q/k/v projection.
-    const int64_t hd = m.Hl * m.D;
-    dy_op = resid_grad_operand();
-    matmul(true, false, m.d, hd, N, 1.0f, dy_op, m.d, ptr(Activation::context, l), hd, 1.0f, grad(li.o), hd);
-    float* dctx = gemm_out(Activation::d_context, 0);
-    matmul(false, false, N, hd, m.d, 1.0f, dy_op, m.d, weight(li.o), hd, 0.0f, dctx, hd);
+    for_each_chunk([&](Chunk c) { backward_mlp_and_out_proj(l, c); });
     // dO enters attention in the compute dtype, as O does (bf16: its rounded
     // copy, which is what ulysses sends).
-    const void* dout = grad_operand(dctx, hd);
-    float* dqkv = w.f32(Activation::d_qkv);
     AttentionArgs a = attention_args(l);
     AttentionArgs da;
-    m.attention_args(dqkv, DType::f32, da);
+    m.attention_args(w.f32(Activation::d_qkv), DType::f32, da);
     {
       ProfileScope p(m.profile.attention);
-      m.attention->backward(a, context(l), w.f32(Activation::context_lse, l),
-                            context_view(const_cast<void*>(dout), m.dtype), da.q, da.k, da.v);
+      m.attention->backward(a, context_view(Activation::context, l), w.f32(Activation::context_lse, l),
+                            context_view(Activation::d_context, 0), da.q, da.k, da.v);
     }
-    elementwise([&] {
-      rope_backward(heads(dqkv, 0, m.Hl + m.Gl), w.f32(Activation::rope_cos), w.f32(Activation::rope_sin));
-    });
-    norm1(l);  // normed = h1 again
-    const void* dqkv_op = grad_operand(dqkv, m.qkv_cols);
-    matmul(true, false, m.qkv_cols, m.d, N, 1.0f, dqkv_op, m.qkv_cols, normed_operand(), m.d, 1.0f,
-           grad(li.q), m.d);
-    matmul(false, false, N, m.d, m.qkv_cols, 1.0f, dqkv_op, m.qkv_cols, weight(li.q), m.d, 0.0f,
+    for_each_chunk([&](Chunk c) { backward_qkv(l, c); });
+  }
+
+  // The MLP of chunk c (recomputed up to SwiGLU, then down projection,
+  // SwiGLU in place over gu, gate/up projection, norm: dresid becomes
+  // dL/dx2), then the attention's output projection: dL/dcontext of its rows.
+  void backward_mlp_and_out_proj(int64_t l, Chunk c) {
+    const LlamaModel::Impl::LayerIdx& li = m.layer[l];
+    const Chunk rc = residual(c);
+    if (!m.save.out_proj) out_proj(l, c);
+    norm2(l, c);
+    if (!m.save.mlpwi) mlp_in(l, c);
+    swiglu(l, c);
+
+    float* dy = resid(Activation::d_resid, 0, c).f32();
+    float* dnorm = resid(Activation::d_normed, 0, c).f32();
+    const void* dy_op = resid_grad_operand(c);
+    matmul(true, false, m.d, m.Fl, c.n, 1.0f, dy_op, m.d, ptr(Activation::mlp_act, 0, m.Fl, c), m.Fl, 1.0f,
+           grad(li.down), m.Fl);
+    // Over the activation once its gradient GEMM has read it.
+    float* dact = gemm_out(Activation::mlp_act, 0, m.Fl, c);
+    matmul(false, false, c.n, m.Fl, m.d, 1.0f, dy_op, m.d, weight(li.down), m.Fl, 0.0f, dact, m.Fl);
+    elementwise([&] { swiglu_backward(gate(l, c), up(l, c), mat(dact, c.n, m.Fl), gate(l, c), up(l, c)); });
+    const void* dgu = ptr(Activation::mlpwi, l, 2 * m.Fl, c);
+    matmul(true, false, 2 * m.Fl, m.d, c.n, 1.0f, dgu, 2 * m.Fl, normed_operand(c), m.d, 1.0f, grad(li.gate),
+           m.d);
+    matmul(false, false, c.n, m.d, 2 * m.Fl, 1.0f, dgu, 2 * m.Fl, weight(li.gate), m.d, 0.0f,
            partial_sums(dnorm), m.d);
-    sum_over_tp(dnorm);
+    sum_over_tp(dnorm, c);
     elementwise([&] {
-      rmsnorm_backward(x(l), param(li.attn_norm), m.eps, mat(dnorm, Nr, m.d), mat(dy, Nr, m.d),
-                       grad(li.attn_norm));  // dy is now dL/dx[l]
+      rmsnorm_backward(resid(Activation::out_proj, l, c), param(li.mlp_norm), m.eps, mat(dnorm, rc.n, m.d),
+                       mat(dy, rc.n, m.d), grad(li.mlp_norm));  // dy is now dL/dx2
+    });
+
+    const int64_t hd = m.Hl * m.D;
+    dy_op = resid_grad_operand(c);
+    matmul(true, false, m.d, hd, c.n, 1.0f, dy_op, m.d, ptr(Activation::context, l, hd, c), hd, 1.0f, grad(li.o),
+           hd);
+    float* dctx = gemm_out(Activation::d_context, 0, hd, c);
+    matmul(false, false, c.n, hd, m.d, 1.0f, dy_op, m.d, weight(li.o), hd, 0.0f, dctx, hd);
+    if (bf16_compute()) convert(mat(dctx, c.n, hd), act(Activation::d_context, 0, hd, c));
+  }
+
+  // RoPE, the q/k/v projection and the first norm of chunk c, after the
+  // attention's backward: dresid becomes dL/dx[l].
+  void backward_qkv(int64_t l, Chunk c) {
+    const LlamaModel::Impl::LayerIdx& li = m.layer[l];
+    const Chunk rc = residual(c);
+    float* dqkv = f32(Activation::d_qkv, 0, m.qkv_cols, c);
+    elementwise([&] {
+      const auto [cos, sin] = rope_rows(c);
+      rope_backward(heads(dqkv, c.n, 0, m.Hl + m.Gl), cos, sin);
+    });
+    norm1(l, c);  // normed = h1 again
+    float* dnorm = resid(Activation::d_normed, 0, c).f32();
+    const void* dqkv_op = grad_operand(dqkv, c.n, m.qkv_cols);
+    matmul(true, false, m.qkv_cols, m.d, c.n, 1.0f, dqkv_op, m.qkv_cols, normed_operand(c), m.d, 1.0f,
+           grad(li.q), m.d);
+    matmul(false, false, c.n, m.d, m.qkv_cols, 1.0f, dqkv_op, m.qkv_cols, weight(li.q), m.d, 0.0f,
+           partial_sums(dnorm), m.d);
+    sum_over_tp(dnorm, c);
+    elementwise([&] {
+      rmsnorm_backward(x(l, c), param(li.attn_norm), m.eps, mat(dnorm, rc.n, m.d),
+                       resid(Activation::d_resid, 0, c), grad(li.attn_norm));  // dy is now dL/dx[l]
     });
   }
 };
@@ -605,16 +677,19 @@ void check_batch(const Batch& b) {
 std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig& c, int64_t tp,
                                                                const SaveSet& save, int64_t N, bool training,
                                                                int64_t loss_chunk_rows, DType dtype,
-                                                               bool sequence_parallel) {
+                                                               bool sequence_parallel, int64_t layer_token_chunk) {
   const int64_t d = c.d_model, D = c.head_dim, L = c.num_layers, Hl = c.num_heads / tp;
   const int64_t qkv = (Hl + 2 * c.num_kv_heads / tp) * D, Fl = c.mlp_dim / tp;
   const SaveSet kept = training ? save : SaveSet{};  // evaluation recomputes nothing
-  auto per_layer = [&](bool saved) { return saved ? L : 1; };
   const int64_t t = training ? 1 : 0;  // backward buffers only when training
   const bool low = dtype == DType::bf16;
   const int64_t staged = low ? 1 : 0;  // the bf16-only buffers
   const int64_t sp = sequence_parallel ? 1 : 0;  // the sequence-parallel-only buffers
   const int64_t Nr = sequence_parallel ? N / tp : N;  // rows of the residual stream on this rank
+  // Rows of a chunk of the layer's token-wise parts, and their residual
+  // rows (sequence parallelism: one chunk, this rank's Nr).
+  const int64_t C = layer_token_chunk > 0 && !sequence_parallel ? std::min(layer_token_chunk, N) : N;
+  const int64_t Cr = sequence_parallel ? Nr : C;
   // Loss chunk: rows x vocab fp32 logits under 64 MiB unless asked otherwise.
   int64_t R = loss_chunk_rows > 0 ? loss_chunk_rows : std::max<int64_t>(1, (int64_t{64} << 20) / (4 * c.vocab_size));
   R = std::min(R, Nr);
@@ -624,36 +699,43 @@ std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig
   // (accumulated over layers and kv shards), GEMM outputs before their
   // consumers, the LSE, RoPE tables and the loss chunk's logits.
   const DType act = dtype, f32 = DType::f32;
+  // All rows: one copy per layer when saved (a few staging slots when
+  // offloaded), else one that every layer reuses.
   auto set = [&](Activation a, const char* name, int64_t elements, DType type, int64_t copies = 1) {
     const int point = offload_save_point(a);
     if (point >= 0 && kept.offload[point]) copies = std::min(copies, offload_staging_slots(a));
     table[static_cast<int>(a)] = {name, elements, copies, type};
   };
+  // One chunk's rows (the whole tensor when it is saved for backward).
+  auto set_chunk = [&](Activation a, const char* name, int64_t rows, int64_t all_rows, int64_t cols, DType type,
+                       bool saved = false) {
+    set(a, name, (saved ? all_rows : rows) * cols, type, saved ? L : 1);
+    table[static_cast<int>(a)].per_chunk = !saved && rows < all_rows;
+  };
   set(Activation::x, "x (layer input)", Nr * d, act, L + 1);
-  set(Activation::qkv, "qkv_proj", N * qkv, act, per_layer(kept.qkv));
-  set(Activation::context, "context", N * Hl * D, act, per_layer(kept.context));
-  set(Activation::context_lse, "context lse", N * Hl, f32, per_layer(kept.context));
-  set(Activation::out_proj, "out_proj residual", Nr * d, act, per_layer(kept.out_proj));
-  set(Activation::mlpwi, "mlpwi", N * 2 * Fl, act, per_layer(kept.mlpwi));
-  set(Activation::normed, "normed", Nr * d, act);
-  set(Activation::mlp_act, "mlp activation", N * Fl, act);
-  set(Activation::rope_cos, "rope cos", N * D / 2, f32);
-  set(Activation::rope_sin, "rope sin", N * D / 2, f32);
+  set(Activation::qkv, "qkv_proj", N * qkv, act, kept.qkv ? L : 1);
+  set(Activation::context, "context", N * Hl * D, act, kept.context ? L : 1);
+  set(Activation::context_lse, "context lse", N * Hl, f32, kept.context ? L : 1);
+  set_chunk(Activation::out_proj, "out_proj residual", Cr, Nr, d, act, kept.out_proj);
+  set_chunk(Activation::mlpwi, "mlpwi", C, N, 2 * Fl, act, kept.mlpwi);
+  set_chunk(Activation::normed, "normed", Cr, Nr, d, act);
+  set_chunk(Activation::mlp_act, "mlp activation", C, N, Fl, act);
+  set_chunk(Activation::rope_cos, "rope cos", C, N, D / 2, f32);
+  set_chunk(Activation::rope_sin, "rope sin", C, N, D / 2, f32);
   set(Activation::d_resid, "d residual", t * Nr * d, f32);
-  set(Activation::d_normed, "d normed", t * Nr * d, f32);
-  set(Activation::d_context, "d context", (1 - staged) * t * N * Hl * D, f32);  // bf16: in matmul_out
+  set_chunk(Activation::d_normed, "d normed", t * Cr, Nr, d, f32);
+  set(Activation::d_context, "d context", t * N * Hl * D, act);  // dO: an operand of the attention's backward
   set(Activation::d_qkv, "d qkv", t * N * qkv, f32);
   set(Activation::loss_hidden, "loss chunk hidden", R * d, act);
   set(Activation::loss_d_hidden, "loss chunk d hidden", t * R * d, f32);
   set(Activation::loss_logits, "loss chunk logits", R * c.vocab_size, f32);
   set(Activation::normed_gathered, "normed, all-gathered over tp", sp * N * d, act);
   set(Activation::tp_partial, "fp32 partial sums over tp (reduce-scatter input)", sp * N * d, f32);
-  set(Activation::matmul_out, "fp32 GEMM output", staged * N * std::max({qkv, 2 * Fl, d}), f32);
-  set(Activation::grad_operand, "bf16 gradient operand", staged * t * N * std::max(qkv, d), act);
+  set_chunk(Activation::matmul_out, "fp32 GEMM output", staged * C, N, std::max({qkv, 2 * Fl, d}), f32);
+  set_chunk(Activation::grad_operand, "bf16 gradient operand", staged * t * C, N, std::max(qkv, d), act);
   set(Activation::loss_d_logits, "loss chunk d logits (bf16)", staged * t * R * c.vocab_size, act);
   return table;
 }
-
 
 // Allocates (or reuses) the activation workspace for this batch size.
 static Workspace& workspace_for(LlamaModel::Impl& m, const LlamaConfig& c, int64_t N, bool training) {
@@ -664,10 +746,12 @@ static Workspace& workspace_for(LlamaModel::Impl& m, const LlamaConfig& c, int64
   w->tokens = N;
   w->training = training;
   w->save = training ? m.save : SaveSet{};
-  const auto table = activation_table(c, m.tp, m.save, N, training, m.loss_chunk_rows, m.dtype, m.seq_parallel);
+  const auto table = activation_table(c, m.tp, m.save, N, training, m.loss_chunk_rows, m.dtype, m.seq_parallel,
+                                      m.layer_token_chunk);
   for (int a = 0; a < kNumActivations; ++a) {
     const ActivationBuffer& t = table[a];
     w->dtype[a] = t.dtype;
+    w->per_chunk[a] = t.per_chunk;
     if (t.elements == 0) continue;
     for (int64_t i = 0; i < t.copies; ++i) {
       w->bufs[a].emplace_back(MemCategory::activations, t.name, static_cast<size_t>(t.bytes()));
@@ -697,7 +781,12 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
   m.peak_bytes = w.bytes;
   m.batch = &b;
   const int64_t Nr = m.seq_parallel ? N / m.tp : N;
-  Step s{m, P, Gr, w, b, N, Nr, m.seq_parallel ? m.tp_rank * Nr : 0};
+  const int64_t C = m.layer_token_chunk > 0 ? std::min(m.layer_token_chunk, N) : N;
+  if (m.seq_parallel && C < N)
+    throw ConfigError("model: layer_token_chunk (" + std::to_string(C) + ") below the local tokens (" +
+                      std::to_string(N) + ") does not combine with tensor_sequence_parallelism");
+  Step s{m, P, Gr, w, b, N, Nr, m.seq_parallel ? m.tp_rank * Nr : 0, C};
+  w.rope_n = 0;  // new positions
   m.profile = StepProfile{};
   // FSDP (model/sharded_parameters.h): a unit's weights are used only
   // between gather and release, the next unit's prefetched meanwhile; its
@@ -733,8 +822,7 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
   s.elementwise([&] {
     // The bf16 weights of this call (unsharded: gathered units round their own).
     st.refresh_compute_copy();
-    rope_table(m.rope, m.D, b.positions, N, w.f32(Activation::rope_cos), w.f32(Activation::rope_sin));
-    embedding_forward(b.tokens + s.r0, Nr, s.param(m.embed), m.V, s.x(0));
+    embedding_forward(b.tokens + s.r0, Nr, s.param(m.embed), m.V, s.x(0, s.all()));
   });
   st.release(embed_unit);
   // Offload (training only: evaluation keeps nothing for backward).

@@ -68,6 +68,12 @@ struct ModelOptions {
   // Megatron's sequence parallelism over tp (config tensor_sequence_parallelism):
   // needs tp > 1 and B * S_local divisible by tp.
   bool sequence_parallel = false;
+  // Tokens whose norms, projections, SwiGLU and residual adds (and their
+  // gradients) a layer computes at once (config layer_token_chunk); 0 = all
+  // the local tokens. Only the attention's operands and outputs (q, k, v,
+  // context and their gradients), the layer inputs and dL/dx then scale with
+  // the sequence. Chunks below the local tokens need sequence_parallel off.
+  int64_t layer_token_chunk = 0;
   // parameter_memory_host_offload: the FSDP parameter shard in the host pool
   // or on disk (spill files in offload_dir).
   StateTier parameter_tier = StateTier::device;
@@ -120,7 +126,9 @@ struct NamedTensor {
 // compute. The model allocates exactly these (each `copies` times, one per
 // layer when saved, a few staging slots when offloaded: src/model/offload.h);
 // the planner counts the same table. With sequence parallelism the rows
-// marked N_r are N / tp (this rank's tokens), else N.
+// marked N_r are N / tp (this rank's tokens), else N. With
+// layer_token_chunk the buffers of the layer's token-wise parts hold one
+// chunk's rows (per_chunk) unless the policy saves them.
 enum class Activation {
   x,            // residual stream, one per layer + 1       [N_r, d]
   qkv,          // q, k (after RoPE), v                      [N, (H+2G) D / tp]
@@ -131,7 +139,8 @@ enum class Activation {
   normed,       // rmsnorm output, h1 or h2                  [N_r, d]
   mlp_act,      // SwiGLU output, then its gradient          [N, F / tp]
   rope_cos, rope_sin,                                     // [N, D / 2]
-  d_resid, d_normed, d_context, d_qkv,                    // backward only; d_resid, d_normed [N_r, d]
+  d_resid, d_normed, d_context, d_qkv,                    // backward only; d_resid, d_normed [N_r, d];
+                                                          // d_context (dO) in the compute dtype
   loss_hidden, loss_d_hidden, loss_logits,                // one chunk of rows (of N_r)
   // Sequence parallelism only: transients of the tp collectives.
   normed_gathered,  // normed of all N rows, the column-parallel GEMMs' operand   [N, d]
@@ -140,7 +149,7 @@ enum class Activation {
   // bf16 only: fp32 GEMM outputs before they are rounded (or reduced over
   // tp), and bf16 copies of fp32 gradients that feed GEMMs.
   matmul_out,      // [N, max(qkv, 2 F / tp, d)] fp32
-  grad_operand,    // [N, max(qkv, d)] bf16: dL/dx, dL/dcontext, then dL/dqkv
+  grad_operand,    // [N, max(qkv, d)] bf16: dL/dx, then dL/dqkv
   loss_d_logits,   // one chunk of rows x vocab, bf16
 };
 constexpr int kNumActivations = 22;
@@ -149,15 +158,18 @@ struct ActivationBuffer {
   int64_t elements = 0;  // elements of one copy (0: not allocated)
   int64_t copies = 1;
   DType dtype = DType::f32;
+  bool per_chunk = false;  // rows of one chunk of tokens (ModelOptions::layer_token_chunk), not all
   int64_t bytes() const { return elements * static_cast<int64_t>(dtype_size(dtype)); }
 };
 // loss_chunk_rows: ModelOptions::loss_chunk_rows (0 = automatic).
 // dtype: ModelOptions::dtype. sequence_parallel: ModelOptions::sequence_parallel.
+// layer_token_chunk: ModelOptions::layer_token_chunk.
 std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig& config, int64_t tp,
                                                                const SaveSet& save, int64_t tokens,
                                                                bool training, int64_t loss_chunk_rows = 0,
                                                                DType dtype = DType::f32,
-                                                               bool sequence_parallel = false);
+                                                               bool sequence_parallel = false,
+                                                               int64_t layer_token_chunk = 0);
 
 class LlamaModel {
  public:

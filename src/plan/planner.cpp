@@ -28,6 +28,11 @@ std::string gib(double bytes) {
   return buf;
 }
 
+// The chunk the memory ladder sets for a layer's token-wise parts: long
+// enough that the GEMMs keep their rate, short enough that its transients
+// are small next to a long sequence's attention operands.
+constexpr int64_t kLadderTokenChunk = 4096;
+
 // Policies from most to least memory; the planner escalates along it.
 constexpr RematPolicy kRematLadder[] = {RematPolicy::none, RematPolicy::minimal, RematPolicy::save_context,
                                         RematPolicy::full};
@@ -40,6 +45,7 @@ struct Shape {
   int64_t N;      // tokens per device: B * S / cp
   bool sp;        // tensor_sequence_parallelism
   int64_t Nr;     // rows of the residual stream per device: N / tp with sp, else N
+  int64_t chunk;  // layer_token_chunk
   int64_t act;    // bytes per activation element
   DType dtype;    // the compute dtype (activations, GEMM operands)
   MaskSpec mask;
@@ -80,6 +86,9 @@ std::string invalid_reason(const RunConfig& c, int64_t cp, int64_t U) {
   if (c.tp_sequence_parallel && (c.per_device_batch_size * S / cp) % tp != 0)
     return "tensor_sequence_parallelism: the " + str(c.per_device_batch_size * S / cp) +
            " tokens of a cp rank are not divisible by tp=" + str(tp);
+  if (c.tp_sequence_parallel && c.layer_token_chunk > 0 && c.layer_token_chunk < c.per_device_batch_size * S / cp)
+    return "layer_token_chunk=" + str(c.layer_token_chunk) + " below the " + str(c.per_device_batch_size * S / cp) +
+           " tokens of a cp rank does not combine with tensor_sequence_parallelism";
   const int64_t R = cp / U;  // zigzag cuts the sequence over the ring axis
   if (c.cp_load_balance && R > 1 && S % (2 * R) != 0)
     return "zigzag needs max_target_length=" + str(S) + " divisible by 2 x ring=" + str(2 * R);
@@ -127,6 +136,7 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.N = s.B * s.S / s.cp;
   s.sp = c.tp_sequence_parallel;
   s.Nr = s.sp ? s.N / s.tp : s.N;
+  s.chunk = c.layer_token_chunk;
   s.act = static_cast<int64_t>(dtype_size(c.dtype));
   s.dtype = c.dtype;
   s.mask = c.mask();
@@ -228,9 +238,11 @@ void plan_memory(const Shape& s, StrategyPlan& p) {
 
   // The model's own activation table: per layer when the policy saves a
   // tensor, else one buffer every layer reuses; each in its own dtype.
-  for (const ActivationBuffer& a : activation_table(s.model, s.tp, s.save, s.N, true, 0, s.dtype, s.sp))
+  for (const ActivationBuffer& a : activation_table(s.model, s.tp, s.save, s.N, true, 0, s.dtype, s.sp, s.chunk))
     if (a.elements > 0)
-      add_memory(p, "activations", std::string(a.name) + (a.copies > 1 ? " x" + str(a.copies) : ""),
+      add_memory(p, "activations",
+                 std::string(a.name) + (a.copies > 1 ? " x" + str(a.copies) : "") +
+                     (a.per_chunk ? " (one chunk of " + str(s.chunk) + " tokens)" : ""),
                  a.copies * a.bytes());
 
   // Transient communication buffers, never alive together: each attention
@@ -245,7 +257,7 @@ void plan_memory(const Shape& s, StrategyPlan& p) {
   for (const MemoryLine& m : p.memory) p.memory_total += m.bytes;
 
   p.offload_target = s.offload_target;
-  const auto table = activation_table(s.model, s.tp, s.save, s.N, true, 0, s.dtype, s.sp);
+  const auto table = activation_table(s.model, s.tp, s.save, s.N, true, 0, s.dtype, s.sp, s.chunk);
   for (int i = 0; i < kNumActivations; ++i) {
     const int64_t items = offloaded_items(s, static_cast<Activation>(i));
     if (items == 0) continue;
@@ -264,7 +276,7 @@ void plan_memory(const Shape& s, StrategyPlan& p) {
 void plan_offload_time(const Shape& s, const HardwareProfile& hw, StrategyPlan& p) {
   p.offload_bandwidth = s.offload_target == OffloadTarget::host ? hw.host_link_bandwidth : hw.disk_bandwidth;
   if (p.offload_bytes == 0 || p.offload_bandwidth <= 0) return;
-  const auto table = activation_table(s.model, s.tp, s.save, s.N, true, 0, s.dtype, s.sp);
+  const auto table = activation_table(s.model, s.tp, s.save, s.N, true, 0, s.dtype, s.sp, s.chunk);
   const double layer_seconds = p.compute_seconds / double(s.L);
   for (int64_t l = 0; l < s.L; ++l) {
     int64_t bytes = 0;  // of layer l's items
@@ -931,6 +943,16 @@ std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw) {
   if (c.tp > 1 && !c.tp_sequence_parallel)
     add("tensor_sequence_parallelism=true", "layer inputs and norms sharded over tp",
         [](RunConfig& k) { k.tp_sequence_parallel = true; });
+  // Chunking moves no bytes and recomputes nothing (the GEMMs only get
+  // shorter), so it comes before any offload; it needs sequence parallelism
+  // off, and saves nothing when a rank's tokens fit one chunk.
+  const RunConfig& sharded = ladder.back().config;
+  if (c.layer_token_chunk == 0 && !sharded.tp_sequence_parallel &&
+      c.per_device_batch_size * c.max_target_length > kLadderTokenChunk * std::max<int64_t>(c.cp, 1))
+    add("layer_token_chunk=" + str(kLadderTokenChunk),
+        "a layer's norms, projections and SwiGLU computed " + str(kLadderTokenChunk) +
+            " tokens at a time: their transients stop growing with the sequence",
+        [](RunConfig& k) { k.layer_token_chunk = kLadderTokenChunk; });
   const bool host_link = hw.host_link_bandwidth > 0;
   const bool host = host_link || c.offload_target == OffloadTarget::disk;
   std::vector<RematPolicy> remats{c.remat_policy};

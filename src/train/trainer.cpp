@@ -88,6 +88,7 @@ ModelOptions model_options_from_config(const RunConfig& c, const Mesh& mesh) {
   o.impl = c.attention_kernel;
   o.dtype = c.dtype;
   o.sequence_parallel = c.tp_sequence_parallel;
+  o.layer_token_chunk = c.layer_token_chunk;
   o.parameter_tier = c.parameter_tier();
   return o;
 }

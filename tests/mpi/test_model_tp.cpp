@@ -75,12 +75,15 @@ TEST(ModelTp, ShardsAndLossEqualSingleRank) {
   }
   Batch batch{B, S, tokens.data(), targets.data(), positions.data(), nullptr, nullptr};
 
-  for (RematPolicy remat : {RematPolicy::none, RematPolicy::full}) {
+  // The last: the tp ranks in token chunks (of 4 of the 18 rows; their
+  // all-reduces per chunk) against one rank without.
+  for (auto [remat, chunk] : {std::pair{RematPolicy::none, 0}, {RematPolicy::full, 0}, {RematPolicy::minimal, 4}}) {
     ModelOptions single_opt;
     single_opt.remat = remat;
     single_opt.impl = KernelImpl::reference;
     ModelOptions tp_opt = single_opt;
     tp_opt.mesh = &mesh;
+    tp_opt.layer_token_chunk = chunk;
     LlamaModel single(c, single_opt, 21), sharded(c, tp_opt, 21);
     // Initialisation does not depend on the mesh.
     EXPECT_EQ(shard_error(sharded.parameters(), single.parameters()), 0.0);

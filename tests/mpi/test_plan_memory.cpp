@@ -9,6 +9,8 @@
 // - with shard_optimizer_over_data (ZeRO-1): the same, plus the replicas'
 //   reduce-scatter and all-gather bytes exactly, and the optimizer memory
 //   exactly on the last replica (the busiest: it owns the tail);
+// - with layer_token_chunk: the activation peak exactly, below the same
+//   run's without chunks;
 // - with tensor_sequence_parallelism: the tp all-gather and reduce-scatter
 //   bytes exactly, the tracker's activation peak exactly, and the saved layer
 //   inputs 1/tp of the same run's without it;
@@ -51,6 +53,7 @@ struct Case {
   int64_t fsdp = 1;
   bool over_context = false;  // fsdp_over_context
   bool tied = false;          // logits_via_embedding
+  int64_t chunk = 0;          // layer_token_chunk
 };
 
 std::string describe(const Case& k) {
@@ -65,6 +68,7 @@ std::string describe(const Case& k) {
   if (k.sequence_parallel) out += " seq-parallel";
   if (k.fsdp > 1 || k.over_context) out += " fsdp=" + std::to_string(k.fsdp) + (k.over_context ? " over cp" : "");
   if (k.tied) out += " tied";
+  if (k.chunk > 0) out += " chunk=" + std::to_string(k.chunk);
   return out;
 }
 
@@ -84,7 +88,7 @@ RunConfig config_for(const Case& k) {
       {"shard_optimizer_over_data", k.shard}, {"dtype", k.dtype},
       {"tensor_sequence_parallelism", k.sequence_parallel},
       {"ici_fsdp_parallelism", k.fsdp},    {"fsdp_over_context", k.over_context},
-      {"logits_via_embedding", k.tied}};
+      {"logits_via_embedding", k.tied},    {"layer_token_chunk", k.chunk}};
   return config_from_values(v);
 }
 
@@ -145,6 +149,16 @@ std::vector<Case> cases(int world) {
   if (world == 8) out.push_back({"usp", 1, 4, 2, 2, 1024, 1, "save_context", true, false, 32, "float32", true});
   if (world >= 2)
     out.push_back({"all_gather", 1, world / 2, 1, 2, 256, 2, "full", false, false, 32, "bfloat16", true});
+  // Token chunks (sizes that divide nothing), every remat policy, fp32 and
+  // bf16, with cp, tp, dp and a batch of two.
+  out.push_back({world == 1 ? "all_gather" : "ring", 1, world, 1, 1, 1024, 1, "full", false, false, 32, "float32",
+                 false, 1, false, false, 100});
+  out.push_back({"all_gather", 1, world, 1, 1, 512, 2, "minimal", true, false, 32, "bfloat16", false, 1, false, false, 77});
+  if (world >= 2)
+    out.push_back({"all_gather", 1, world / 2, 1, 2, 512, 1, "none", false, false, 32, "float32", false, 1, false, false, 50});
+  if (world >= 4)
+    out.push_back({"ulysses", 2, world / 2, 1, 1, 512, 1, "save_context", false, false, 32, "bfloat16", false, 1, false,
+                   false, 33});
   return out;
 }
 
@@ -224,6 +238,12 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
     EXPECT_EQ(tp_rs, kSteps * predicted_bytes(plan, "reduce_scatter", "tp")) << what << " rank " << rank;
     EXPECT_EQ(tp_ag, kSteps * predicted_bytes(plan, "all_gather", "tp")) << what << " rank " << rank;
     EXPECT_EQ(activations, predicted_memory(plan, "activations")) << what << " rank " << rank;
+    if (k.chunk > 0) {  // the chunk's transients replace the whole sequence's
+      RunConfig whole = c;
+      whole.layer_token_chunk = 0;
+      EXPECT_LT(activations, predicted_memory(plan_strategy(whole, any_profile(), PlanOptions{}), "activations"))
+          << what;
+    }
     if (k.sequence_parallel) {
       EXPECT_GT(tp_rs, 0) << what;
       EXPECT_GT(tp_ag, 0) << what;

@@ -257,6 +257,55 @@ TEST(Model, LossChunkingDoesNotChangeResults) {
   }
 }
 
+// layer_token_chunk: the norms, projections, SwiGLU and RoPE a chunk of
+// rows at a time. Chunks of 3 and 5 of the batch's 14 rows cross its row
+// boundary and leave a short last chunk; saved tensors (none, minimal,
+// custom) are whole and read at the chunk's rows. Finite differences are
+// the oracle.
+TEST(Model, TokenChunksMatchFiniteDifferencesUnderEveryPolicy) {
+  BatchData data(2, 7, 11, 5);
+  for (RematPolicy r : {RematPolicy::none, RematPolicy::minimal, RematPolicy::full}) {
+    ModelOptions o = reference_options(r);
+    o.layer_token_chunk = 3;
+    check_gradients(tiny_config(false), data, o);
+  }
+  ModelOptions custom = reference_options(RematPolicy::custom);
+  custom.custom_save = {true, false, true, true, true, false};  // context, out_proj, mlpwi
+  custom.layer_token_chunk = 5;
+  check_gradients(tiny_config(true), data, custom);
+}
+
+// Chunks change the order in which the weight gradients sum over tokens
+// (and the rows of each GEMM), nothing else; their buffers shrink with the
+// chunk and a chunk of all rows or more is the unchunked run.
+TEST(Model, TokenChunksChangeOnlyTheSummationOrderAndShrinkTheTransients) {
+  LlamaConfig c = tiny_config(false);
+  BatchData data(2, 7, c.vocab_size, 9);
+  struct Result { double loss; std::vector<float> grads; size_t bytes; };
+  auto run = [&](int64_t chunk) {
+    ModelOptions o = reference_options(RematPolicy::full);
+    o.layer_token_chunk = chunk;
+    LlamaModel model(c, o, 5);
+    randomise(model, 6);
+    const double loss = model.forward_backward(data.batch(), 1.0f).loss_sum;
+    return Result{loss, grads_copy(model), model.peak_activation_bytes()};
+  };
+  const Result all = run(0);
+  size_t previous = 0;
+  for (int64_t chunk : {1, 4, 13, 14, 100}) {
+    const Result r = run(chunk);
+    EXPECT_NEAR(r.loss, all.loss, 1e-6 * all.loss) << chunk;
+    EXPECT_LT(max_rel_diff(r.grads, all.grads), 1e-5) << chunk;
+    if (chunk < 14) {
+      EXPECT_GT(r.bytes, previous) << chunk;
+      EXPECT_LT(r.bytes, all.bytes) << chunk;
+    } else {
+      EXPECT_EQ(r.bytes, all.bytes) << chunk;
+    }
+    previous = r.bytes;
+  }
+}
+
 TEST(Model, BatchOfTwoEqualsTwoBatchesOfOne) {
   // Checks the batch strides of every view (attention reads [B, S, H, D]).
   LlamaConfig c = tiny_config(false);
@@ -361,17 +410,20 @@ TEST(ModelBf16, TracksFp32WithinRoundingBounds) {
       BatchData data(2, 37, c.vocab_size, 31);  // 37: not a multiple of any tile
       data.with_segments = data.with_weights = tied;
       struct Result { double loss; std::vector<float> grads; size_t bytes; };
-      auto run = [&](DType dtype) {
+      auto run = [&](DType dtype, int64_t chunk) {
         ModelOptions o;
         o.impl = impl;
         o.dtype = dtype;
+        o.layer_token_chunk = chunk;
         o.remat = RematPolicy::none;
         LlamaModel model(c, o, 3);
         randomise(model, 4);
         const double loss = model.forward_backward(data.batch(), 0.01f).loss_sum;
         return Result{loss, grads_copy(model), model.peak_activation_bytes()};
       };
-      const Result f32 = run(DType::f32), b16 = run(DType::bf16);
+      const Result f32 = run(DType::f32, 0), b16 = run(DType::bf16, 0);
+      // Chunks (of 5: the 74 rows end in a short one) only reorder fp32 sums.
+      const Result b16_chunked = run(DType::bf16, 5);
       const double L = static_cast<double>(c.num_layers);
       const double loss_err = std::abs(b16.loss - f32.loss) / std::abs(f32.loss);
       const double grad_err = norm_rel_diff(b16.grads, f32.grads);
@@ -379,30 +431,37 @@ TEST(ModelBf16, TracksFp32WithinRoundingBounds) {
                   name_of(impl), loss_err, (8 * L + 2) * kBf16Unit, grad_err, (13 * L + 3) * kBf16Unit);
       EXPECT_LE(loss_err, (8 * L + 2) * kBf16Unit);
       EXPECT_LE(grad_err, (13 * L + 3) * kBf16Unit);
+      EXPECT_LE(std::abs(b16_chunked.loss - f32.loss) / std::abs(f32.loss), (8 * L + 2) * kBf16Unit);
+      EXPECT_LE(norm_rel_diff(b16_chunked.grads, f32.grads), (13 * L + 3) * kBf16Unit);
+      EXPECT_LT(b16_chunked.bytes, b16.bytes);
       EXPECT_GT(loss_err, 0.0) << "the bf16 run computed in fp32";
       EXPECT_LT(b16.bytes, f32.bytes);
     }
 }
 
 // Recomputation runs the same code as the forward pass, so it reproduces the
-// same roundings: every policy gives bit-identical bf16 results.
+// same roundings: every policy gives bit-identical bf16 results, unchunked
+// and in chunks of 6 of the 29 rows.
 TEST(ModelBf16, RematPoliciesAreBitIdentical) {
   LlamaConfig c = tiny_config(false);
   BatchData data(1, 29, c.vocab_size, 41);
-  std::vector<std::vector<float>> grads;
-  std::vector<double> losses;
-  for (RematPolicy r : {RematPolicy::none, RematPolicy::minimal, RematPolicy::save_context, RematPolicy::full}) {
-    ModelOptions o;
-    o.dtype = DType::bf16;
-    o.remat = r;
-    LlamaModel model(c, o, 5);
-    randomise(model, 6);
-    losses.push_back(model.forward_backward(data.batch(), 1.0f).loss_sum);
-    grads.push_back(grads_copy(model));
-  }
-  for (size_t i = 1; i < grads.size(); ++i) {
-    EXPECT_EQ(losses[i], losses[0]) << i;
-    EXPECT_EQ(grads[i], grads[0]) << i;
+  for (int64_t chunk : {0, 6}) {
+    std::vector<std::vector<float>> grads;
+    std::vector<double> losses;
+    for (RematPolicy r : {RematPolicy::none, RematPolicy::minimal, RematPolicy::save_context, RematPolicy::full}) {
+      ModelOptions o;
+      o.dtype = DType::bf16;
+      o.remat = r;
+      o.layer_token_chunk = chunk;
+      LlamaModel model(c, o, 5);
+      randomise(model, 6);
+      losses.push_back(model.forward_backward(data.batch(), 1.0f).loss_sum);
+      grads.push_back(grads_copy(model));
+    }
+    for (size_t i = 1; i < grads.size(); ++i) {
+      EXPECT_EQ(losses[i], losses[0]) << "chunk " << chunk << " policy " << i;
+      EXPECT_EQ(grads[i], grads[0]) << "chunk " << chunk << " policy " << i;
+    }
   }
 }
 
