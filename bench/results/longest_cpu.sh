@@ -50,6 +50,7 @@ OFF_FULL="remat_policy=custom qkv_proj=remat context=remat out_proj=remat mlpwi=
 RUNGS_ONE=(
   "remat none, nothing else|remat_policy=none"
   "+ ZeRO-1 (no-op at 1 rank: no replicas to shard over)|shard_optimizer_over_data=true"
+  "+ layer token chunks of 4096|layer_token_chunk=4096"
   "+ offload saved activations (host)|$OFF_NONE offload_target=host"
   "+ optimizer state to host|optimizer_memory_host_offload=true"
   "+ layer inputs to host|decoder_layer_input=offload"
@@ -57,11 +58,13 @@ RUNGS_ONE=(
   "+ remat minimal (its saved tensors on disk)|$OFF_MINIMAL"
   "+ remat save_context (its saved tensors on disk)|$OFF_SAVE_CONTEXT"
   "+ remat full (layer inputs on disk)|$OFF_FULL"
+  "+ bf16 activations and saved tensors|dtype=bfloat16"
 )
 RUNGS_TWO=(
   "remat none, nothing else|remat_policy=none"
   "+ ZeRO-1 (moments split over the 2 cp ranks)|shard_optimizer_over_data=true"
   "+ FSDP over the cp ranks|fsdp_over_context=true"
+  "+ layer token chunks of 4096|layer_token_chunk=4096"
   "+ offload saved activations (host)|$OFF_NONE offload_target=host"
   "+ optimizer state to host|optimizer_memory_host_offload=true"
   "+ layer inputs to host|decoder_layer_input=offload"
@@ -70,6 +73,7 @@ RUNGS_TWO=(
   "+ remat minimal (its saved tensors on disk)|$OFF_MINIMAL"
   "+ remat save_context (its saved tensors on disk)|$OFF_SAVE_CONTEXT"
   "+ remat full (layer inputs on disk)|$OFF_FULL"
+  "+ bf16 activations and saved tensors|dtype=bfloat16"
 )
 
 gib() { /usr/bin/python3 -c "import sys; print(f'{int(sys.argv[1]) / 2**30:.2f}')" "$1"; }
@@ -147,7 +151,7 @@ EOF
   echo "memory: $(awk '/MemTotal/ {printf "%.1f GiB", $2 / 2^20}' /proc/meminfo), no swap; $(date -u +%F); load: $(uptime | sed 's/.*load average/load average/')"
   echo
   echo "Model (why: README \"Planning\"): d_model 128, 2 heads x 64, 1 KV head, SwiGLU 256, 3 layers, vocab 259,"
-  echo "local attention window 512, fp32, synthetic data unpacked. Granule $GRANULE tokens."
+  echo "local attention window 512, fp32 (bf16 in the last rung), synthetic data unpacked. Granule $GRANULE tokens."
   echo "Device budget: 18 GiB for 1 rank; 9 GiB per rank for 2 ranks on this one machine (the 2-rank rows are"
   echo "what two such ranks train; machines of 18 GiB each, one rank per machine: the line below the table)."
   echo "The host pool column is memory the planner counts apart (a GPU's host RAM); on this CPU it is the same"
