@@ -1,7 +1,7 @@
 // The planner's memory ladder (recommend): when a run does not fit, the
 // levers come in MaxText's order, each only when the ones before it are not
 // enough: ZeRO-1, FSDP over the dp and cp ranks, sequence parallelism,
-// offload of the saved activations, of the optimizer state, of the layer
+// token chunks (without sequence parallelism), offload of the saved activations, of the optimizer state, of the layer
 // inputs, of the parameters, and heavier remat last. For each rung the test builds the config by hand, plans it,
 // and gives the device exactly that rung's memory: the recommendation must
 // use exactly the levers up to that rung.
@@ -52,6 +52,44 @@ int64_t least_memory(const RunConfig& c, const HardwareProfile& hw) {
   return least;
 }
 
+// Gives the device exactly each rung's memory (rungs built by hand from
+// `asked`): the recommendation must use exactly the levers up to that rung.
+// Returns the last rung's memory.
+int64_t check_rungs(const RunConfig& asked_config, HardwareProfile hw,
+                    const std::vector<std::pair<std::string, RunConfig>>& rungs) {
+  int64_t previous = std::numeric_limits<int64_t>::max();
+  for (size_t i = 0; i < rungs.size(); ++i) {
+    const auto& [lever, config] = rungs[i];
+    const int64_t need = least_memory(config, hw);
+    EXPECT_LT(need, previous) << "rung " << i << " (" << lever << ") saves nothing";
+    previous = need;
+    hw.memory_bytes = need;  // fits this rung, not the one before
+    RunConfig asked = asked_config;
+    asked.cp_strategy = std::nullopt;
+    const PlanRecommendation r = recommend(asked, hw, PlanOptions{8, 0});
+    EXPECT_TRUE(r.found) << "rung " << i << ": " << r.reason;
+    EXPECT_EQ(r.plan.memory_total, need) << "rung " << i;
+    // Every lever so far, in order, and nothing after.
+    size_t at = 0;
+    for (size_t j = 1; j <= i; ++j) {
+      const size_t found = r.levers.find(rungs[j].first, at);
+      EXPECT_NE(found, std::string::npos) << "rung " << i << " lacks " << rungs[j].first << ": " << r.levers;
+      if (found != std::string::npos) at = found;
+    }
+    if (i + 1 < rungs.size())
+      EXPECT_EQ(r.levers.find(rungs[i + 1].first), std::string::npos) << "rung " << i << ": " << r.levers;
+    EXPECT_EQ(r.levers.find("remat_policy=save_context"), std::string::npos) << "remat comes last: " << r.levers;
+    EXPECT_EQ(r.config.shard_optimizer_over_data, config.shard_optimizer_over_data) << "rung " << i;
+    EXPECT_EQ(r.config.fsdp_over_context, config.fsdp_over_context) << "rung " << i;
+    EXPECT_EQ(r.config.tp_sequence_parallel, config.tp_sequence_parallel) << "rung " << i;
+    EXPECT_EQ(r.config.layer_token_chunk, config.layer_token_chunk) << "rung " << i;
+    EXPECT_EQ(r.config.remat_custom_offload, config.remat_custom_offload) << "rung " << i;
+    EXPECT_EQ(r.config.optimizer_memory_host_offload, config.optimizer_memory_host_offload) << "rung " << i;
+    EXPECT_EQ(r.config.parameter_memory_host_offload, config.parameter_memory_host_offload) << "rung " << i;
+  }
+  return previous;
+}
+
 TEST(PlanLevers, EachRungIsAddedOnlyWhenTheOnesBeforeDoNotFit) {
   HardwareProfile hw = profile();
   // The rungs, by hand.
@@ -75,36 +113,7 @@ TEST(PlanLevers, EachRungIsAddedOnlyWhenTheOnesBeforeDoNotFit) {
   k.parameter_memory_host_offload = true;
   rungs.push_back({"parameter_memory_host_offload=true", k});
 
-  int64_t previous = std::numeric_limits<int64_t>::max();
-  std::string levers_before;
-  for (size_t i = 0; i < rungs.size(); ++i) {
-    const auto& [lever, config] = rungs[i];
-    const int64_t need = least_memory(config, hw);
-    ASSERT_LT(need, previous) << "rung " << i << " (" << lever << ") saves nothing";
-    previous = need;
-    hw.memory_bytes = need;  // fits this rung, not the one before
-    RunConfig asked = base();
-    asked.cp_strategy = std::nullopt;
-    const PlanRecommendation r = recommend(asked, hw, PlanOptions{8, 0});
-    ASSERT_TRUE(r.found) << "rung " << i << ": " << r.reason;
-    EXPECT_EQ(r.plan.memory_total, need) << "rung " << i;
-    // Every lever so far, in order, and nothing after.
-    size_t at = 0;
-    for (size_t j = 1; j <= i; ++j) {
-      const size_t found = r.levers.find(rungs[j].first, at);
-      EXPECT_NE(found, std::string::npos) << "rung " << i << " lacks " << rungs[j].first << ": " << r.levers;
-      if (found != std::string::npos) at = found;
-    }
-    if (i + 1 < rungs.size())
-      EXPECT_EQ(r.levers.find(rungs[i + 1].first), std::string::npos) << "rung " << i << ": " << r.levers;
-    EXPECT_EQ(r.levers.find("remat_policy=save_context"), std::string::npos) << "remat comes last: " << r.levers;
-    EXPECT_EQ(r.config.shard_optimizer_over_data, config.shard_optimizer_over_data) << "rung " << i;
-    EXPECT_EQ(r.config.fsdp_over_context, config.fsdp_over_context) << "rung " << i;
-    EXPECT_EQ(r.config.tp_sequence_parallel, config.tp_sequence_parallel) << "rung " << i;
-    EXPECT_EQ(r.config.remat_custom_offload, config.remat_custom_offload) << "rung " << i;
-    EXPECT_EQ(r.config.optimizer_memory_host_offload, config.optimizer_memory_host_offload) << "rung " << i;
-    EXPECT_EQ(r.config.parameter_memory_host_offload, config.parameter_memory_host_offload) << "rung " << i;
-  }
+  const int64_t previous = check_rungs(base(), hw, rungs);
   // Below the last rung only heavier remat helps, and it comes with every lever.
   hw.memory_bytes = previous - 1;
   RunConfig asked = base();
@@ -114,6 +123,29 @@ TEST(PlanLevers, EachRungIsAddedOnlyWhenTheOnesBeforeDoNotFit) {
     EXPECT_NE(r.levers.find("remat_policy="), std::string::npos) << r.levers;
     EXPECT_TRUE(r.config.fsdp_over_context && r.config.tp_sequence_parallel && r.config.shard_optimizer_over_data);
   }
+}
+
+// Without tp (so without sequence parallelism) token chunks come after the
+// sharding levers and before any offload.
+TEST(PlanLevers, TokenChunksComeAfterShardingAndBeforeAnyOffload) {
+  RunConfig asked = base();
+  asked.dp = 4;
+  asked.tp = 1;
+  asked.max_target_length = 32768;  // 16384 tokens per cp rank: 4 chunks
+  std::vector<std::pair<std::string, RunConfig>> rungs;
+  RunConfig k = asked;
+  rungs.push_back({"", k});
+  k.shard_optimizer_over_data = true;
+  rungs.push_back({"shard_optimizer_over_data=true", k});
+  k.fsdp = 4, k.dp = 1, k.fsdp_over_context = true;
+  rungs.push_back({"fsdp_over_context=true", k});
+  k.layer_token_chunk = 4096;
+  rungs.push_back({"layer_token_chunk=4096", k});
+  k.remat_policy = RematPolicy::custom;
+  k.remat_custom_save = {true, true, false, true, true, false};
+  k.remat_custom_offload = {false, true, false, true, true, false};
+  rungs.push_back({"minimal's saved tensors: offload", k});
+  check_rungs(asked, profile(), rungs);
 }
 
 }  // namespace
