@@ -9,7 +9,7 @@ void widen_bf16(const bf16* src, float* dst, int64_t n) {
 
 void round_to_bf16(const float* src, bf16* dst, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16(src[i]);
+  for (int64_t i = 0; i < n; ++i) dst[i].bits = bf16::round_bits(std::bit_cast<uint32_t>(src[i]));
 }
 
 TensorView::TensorView(void* d, DType t, std::initializer_list<int64_t> shp) : data(d), dtype(t) {

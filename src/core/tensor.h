@@ -2,6 +2,7 @@
 // Tensor views (shape + strides over fp32 or bf16 storage) and owning tensors
 // whose memory comes from the MemoryTracker.
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -17,15 +18,14 @@ namespace longctx {
 struct bf16 {
   uint16_t bits = 0;
   bf16() = default;
-  explicit bf16(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-      bits = static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-    } else {
-      u += 0x7fffu + ((u >> 16) & 1u);
-      bits = static_cast<uint16_t>(u >> 16);
-    }
+  explicit bf16(float f) { bits = round_bits(std::bit_cast<uint32_t>(f)); }
+  // fp32 bits -> bf16 bits, rounded to nearest even; NaN stays NaN (quieted).
+  // The NaN case is a mask, not a branch, so that loops over arrays
+  // vectorise (round_to_bf16; as a branch it was 4% of a bf16 step).
+  static uint16_t round_bits(uint32_t u) {
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t nan = 0u - static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
+    return static_cast<uint16_t>((rounded & ~nan) | (((u >> 16) | 0x40u) & nan));
   }
   explicit operator float() const {
     uint32_t u = static_cast<uint32_t>(bits) << 16;

@@ -1,6 +1,7 @@
 // Each model op against its float64 reference on odd shapes and strided views.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -278,6 +279,42 @@ TEST(OpsBf16, SwigluBf16InPlaceMatchesReferenceWithinOneRounding) {
                             view2(dgu_ref, N, F, ld, 0), view2(dgu_ref, N, F, ld, F));
   swiglu_backward(g, u, view2(da, N, F, F), g, u);
   EXPECT_EQ(outside_bf16_bound(widened(gu.bits), dgu_ref), 0);
+}
+
+// round_to_bf16 against float64: every bf16 value's interval, probed at its
+// ends, its midpoint (ties go to the even pattern), just around the midpoint
+// and at random, both signs, subnormals and the overflow to infinity; NaN
+// stays NaN, infinity stays infinity.
+TEST(OpsBf16, RoundToBf16IsNearestEvenAndKeepsNaN) {
+  std::mt19937 gen(77);
+  std::vector<float> in;
+  for (uint32_t hi = 0; hi < 0x10000u; ++hi)
+    for (uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu, static_cast<uint32_t>(gen() & 0xffffu)})
+      in.push_back(std::bit_cast<float>(hi << 16 | lo));
+  std::vector<bf16> out(in.size());
+  round_to_bf16(in.data(), out.data(), static_cast<int64_t>(in.size()));
+  for (size_t i = 0; i < in.size(); ++i) {
+    const float x = in[i];
+    const float y = static_cast<float>(out[i]);
+    if (std::isnan(x)) {
+      ASSERT_TRUE(std::isnan(y)) << i;
+      continue;
+    }
+    if (std::isinf(x)) {
+      ASSERT_EQ(y, x) << i;
+      continue;
+    }
+    // The bf16 below |x| (truncation) and the next one up, as reals (2^128 past the largest).
+    const uint32_t down = std::bit_cast<uint32_t>(std::fabs(x)) >> 16;
+    const int exponent = static_cast<int>(down >> 7);
+    const double ulp = std::ldexp(1.0, (exponent == 0 ? 1 : exponent) - 127 - 7);
+    const double lo = static_cast<double>(std::bit_cast<float>(down << 16)), hi = lo + ulp;
+    const double ax = std::fabs(static_cast<double>(x));
+    const bool up = ax - lo > hi - ax || (ax - lo == hi - ax && (down & 1u));
+    const double want = std::copysign(up ? hi : lo, static_cast<double>(x));
+    const double got = std::isinf(y) ? std::copysign(std::ldexp(1.0, 128), static_cast<double>(y)) : y;
+    ASSERT_EQ(got, want) << "x = " << x << " (bits " << std::hex << std::bit_cast<uint32_t>(x) << ")";
+  }
 }
 
 TEST(OpsBf16, ConvertResidualAddAndEmbeddingRoundOnce) {
