@@ -4,7 +4,7 @@
 # tp = 8, from 64K to 14M tokens. One summary line per length (from
 # `longctx plan --json`): the recommendation and the memory levers the
 # planner had to add, in MaxText's order (ZeRO-1, FSDP over dp x cp,
-# sequence parallelism, offload of saved activations, optimizer state, layer
+# sequence parallelism, token chunks, offload of saved activations, optimizer state, layer
 # inputs, parameters, heavier remat); then the full table at 1M tokens, v5p, tp = 8.
 #   bench/results/plan_llama8b_tpu_v5p.sh [BUILD_DIR] > bench/results/plan_llama8b_tpu_v5p.txt
 set -euo pipefail
@@ -24,7 +24,7 @@ if not r["found"]:
     print("%9d  nothing fits with every lever" % S)
 else:
     p = r["plan"]; lv = r.get("levers", "")
-    names = [("ZeRO-1", "shard_optimizer_over_data"), ("FSDP", "fsdp_over_context"), ("SP", "tensor_sequence_parallelism"),
+    names = [("ZeRO-1", "shard_optimizer_over_data"), ("FSDP", "fsdp_over_context"), ("SP", "tensor_sequence_parallelism"), ("chunks", "layer_token_chunk"),
              ("offload acts", "saved tensors: offload"), ("offload optimizer", "optimizer_memory_host_offload"),
              ("offload inputs", "decoder_layer_input: offload"), ("offload params", "parameter_memory_host_offload")]
     added = [n for n, key in names if key in lv]

@@ -727,9 +727,6 @@ void validate_config(RunConfig& c, int64_t world) {
     require(local % c.tp == 0, "tensor_sequence_parallelism needs the tokens of a cp rank, per_device_batch_size * "
                                "max_target_length / ici_context_parallelism = " + str(local) +
                                ", divisible by ici_tensor_parallelism (" + str(c.tp) + ")");
-    require(c.layer_token_chunk == 0 || c.layer_token_chunk >= local,
-            "layer_token_chunk (" + str(c.layer_token_chunk) + ") below the tokens of a cp rank (" + str(local) +
-                ") does not combine with tensor_sequence_parallelism");
   }
   // The largest activation, the logits of a replica's batch (and the data's
   // 2 * max_target_length), must have a size that fits int64.

@@ -331,15 +331,27 @@ class ProfileScope {
   Timer timer_;
 };
 
-// Rows [r0, r0 + n) of the N GEMM rows that a layer's token-wise parts
-// (norms, projections, SwiGLU, RoPE, residual adds) process at once
-// (ModelOptions::layer_token_chunk). Attention always sees all N rows.
+// A chunk of the rank's tokens that a layer's token-wise parts (norms,
+// projections, SwiGLU, RoPE, residual adds) process at once
+// (ModelOptions::layer_token_chunk): rows [r0, r0 + n) of this rank's
+// residual stream. Its GEMM rows, `pieces` x n, are those rows of every tp
+// rank with sequence parallelism (piece p: rows p Nr + r0 ... of the N;
+// what the all-gather over tp assembles, in tp-rank order), else the same
+// rows (one piece). Attention always sees all N rows.
 struct Chunk {
-  int64_t r0 = 0, n = 0;
+  int64_t r0 = 0, n = 0, pieces = 1;
+  int64_t rows() const { return pieces * n; }  // GEMM rows
 };
 
 // The pieces of a step, over the model's state. Kept in one place so that
 // forward and the recomputation in backward run literally the same code.
+//
+// Buffers and a chunk's rows in them: residual-stream buffers (x,
+// out_proj, normed, d_resid, d_normed) hold this rank's Nr rows or one
+// chunk's n (ActivationBuffer::per_chunk); the others hold all N rows or
+// one chunk's rows() (pieces in order). A chunk's rows of an all-N buffer
+// are its pieces, apart with sequence parallelism, so what touches those
+// buffers (q/k/v, context, dO, dq/dk/dv, a saved gate/up) runs piece by piece.
 struct Step {
   LlamaModel::Impl& m;
   const std::vector<NamedTensor>& P;
@@ -349,89 +361,117 @@ struct Step {
   int64_t N;   // tokens of the batch: rows of the attention and of the tp-split GEMMs
   int64_t Nr;  // rows of the residual stream on this rank: N / tp with sequence parallelism, else N
   int64_t r0;  // the first of them in the batch
-  int64_t C;   // rows of a chunk (N: one chunk)
+  int64_t Cr;  // residual rows of a chunk (Nr: one chunk)
 
   bool bf16_compute() const { return m.dtype == DType::bf16; }
   template <typename F>
   void for_each_chunk(F&& f) {
-    for (int64_t c0 = 0; c0 < N; c0 += C) f(Chunk{c0, std::min(C, N - c0)});
+    for (int64_t c0 = 0; c0 < Nr; c0 += Cr) f(Chunk{c0, std::min(Cr, Nr - c0), m.seq_parallel ? m.tp : 1});
   }
-  // The residual-stream rows of chunk c: with sequence parallelism (one
-  // chunk, checked in run()) this rank's Nr rows, else the chunk's.
-  Chunk residual(Chunk c) const { return m.seq_parallel ? Chunk{0, Nr} : c; }
+  Chunk all() const { return Chunk{0, Nr, m.seq_parallel ? m.tp : 1}; }
   // Parameter i while its unit is gathered (model/sharded_parameters.h).
   float* param(int i) const { return m.store->param(i); }  // fp32 master (norms, embedding lookup)
   float* grad(int i) const { return m.store->grad(i); }
   // Weight i as a GEMM operand: its bf16 copy or the master.
   const void* weight(int i) const { return m.store->weight(i); }
-  // Rows c of activation a of layer l seen as [*, cols], in its dtype: a
-  // buffer of all rows at c.r0, a buffer of one chunk (per_chunk) at 0.
-  TensorView act(Activation a, int64_t l, int64_t cols, Chunk c) const {
-    return w.rows(a, l, cols, w.per_chunk[static_cast<int>(a)] ? 0 : c.r0, c.n);
+  bool per_chunk(Activation a) const { return w.per_chunk[static_cast<int>(a)]; }
+  // Piece p of chunk c in activation a of layer l seen as [*, cols], in its dtype.
+  TensorView piece(Activation a, int64_t l, int64_t cols, Chunk c, int64_t p) const {
+    return w.rows(a, l, cols, per_chunk(a) ? p * c.n : p * Nr + c.r0, c.n);
   }
-  void* ptr(Activation a, int64_t l, int64_t cols, Chunk c) const { return act(a, l, cols, c).data; }
-  float* f32(Activation a, int64_t l, int64_t cols, Chunk c) const {
-    const TensorView v = act(a, l, cols, c);
-    check_shape(v.dtype == DType::f32, "model: an fp32 buffer was expected");
-    return v.f32();
+  // All rows of chunk c as [rows(), cols]: in a one-chunk buffer, with one
+  // piece, or for the one chunk of all rows (its pieces are adjacent).
+  TensorView gathered(Activation a, int64_t l, int64_t cols, Chunk c) const {
+    check_shape(per_chunk(a) || c.pieces == 1 || c.n == Nr, "model: a chunk's pieces are apart in this buffer");
+    return w.rows(a, l, cols, per_chunk(a) ? 0 : c.r0, c.rows());
   }
-  Chunk all() const { return Chunk{0, N}; }
   // Residual-stream activation a (x, out_proj, normed, d_resid, d_normed) of
   // layer l: this rank's rows of chunk c.
-  TensorView resid(Activation a, int64_t l, Chunk c) const { return act(a, l, m.d, residual(c)); }
+  TensorView resid(Activation a, int64_t l, Chunk c) const {
+    return w.rows(a, l, m.d, per_chunk(a) ? 0 : c.r0, c.n);
+  }
   TensorView x(int64_t l, Chunk c) const { return resid(Activation::x, l, c); }
-  // Where an fp32 GEMM output [c.n, cols] goes before its consumer: the
+  float* staging(int64_t cols, Chunk c, int64_t p) const {  // the fp32 GEMM staging (bf16)
+    return piece(Activation::matmul_out, 0, cols, c, p).f32();
+  }
+  // Where an fp32 GEMM output of piece p goes before its consumer: the
   // activation itself (fp32 compute) or the fp32 staging buffer (bf16
   // compute: it is then rotated, reduced over tp and/or rounded into the
   // activation).
-  float* gemm_out(Activation a, int64_t l, int64_t cols, Chunk c) const {
-    return bf16_compute() ? f32(Activation::matmul_out, 0, cols, c) : f32(a, l, cols, c);
+  float* gemm_out(Activation a, int64_t l, int64_t cols, Chunk c, int64_t p) const {
+    return bf16_compute() ? staging(cols, c, p) : piece(a, l, cols, c, p).f32();
   }
-  // An fp32 gradient [rows, cols] as a GEMM operand: itself, or its bf16 copy.
-  const void* grad_operand(float* g, int64_t rows, int64_t cols) const {
+  // Same for a residual-stream output (this rank's n rows).
+  float* resid_gemm_out(Activation a, int64_t l, Chunk c) const {
+    return bf16_compute() ? staging(m.d, c, 0) : resid(a, l, c).f32();
+  }
+  // An fp32 gradient [n, cols] (piece p of a chunk) as a GEMM operand:
+  // itself, or its bf16 copy at piece p of the gradient operand buffer.
+  const void* grad_operand(float* g, int64_t cols, Chunk c, int64_t p) const {
     if (!bf16_compute()) return g;
-    const TensorView op = act(Activation::grad_operand, 0, cols, Chunk{0, rows});
-    convert(mat(g, rows, cols), op);
+    const TensorView op = piece(Activation::grad_operand, 0, cols, c, p);
+    convert(mat(g, c.n, cols), op);
     return op.data;
   }
-  // The normed input of chunk c's rows, operand of the column-parallel GEMMs.
-  const void* normed_operand(Chunk c) const {
-    return ptr(m.seq_parallel ? Activation::normed_gathered : Activation::normed, 0, m.d, c);
+  // The normed input of chunk c's rows(), operand of the column-parallel GEMMs.
+  const char* normed_operand(Chunk c) const {
+    return static_cast<const char*>(gathered(m.seq_parallel ? Activation::normed_gathered : Activation::normed, 0,
+                                             m.d, c).data);
   }
-  // dL/dx of chunk c's rows as a GEMM operand (sequence parallelism:
+  const char* normed_operand(Chunk c, int64_t p) const {
+    return normed_operand(c) + p * c.n * m.d * static_cast<int64_t>(dtype_size(m.dtype));
+  }
+  // dL/dx of chunk c's rows() as a GEMM operand (sequence parallelism:
   // all-gathered in fp32 from the ranks' rows into tp_partial, free until
   // the next GEMM that needs a reduction).
-  const void* resid_grad_operand(Chunk c) {
+  const char* resid_grad_operand(Chunk c) {
     float* dy = resid(Activation::d_resid, 0, c).f32();
     if (m.seq_parallel) {
-      m.tp_all_gather(dy, w.f32(Activation::tp_partial), Nr * m.d * 4);
-      dy = w.f32(Activation::tp_partial);
+      float* all = gathered(Activation::tp_partial, 0, m.d, c).f32();
+      m.tp_all_gather(dy, all, c.n * m.d * 4);
+      dy = all;
     }
-    return grad_operand(dy, c.n, m.d);
+    Chunk whole = c;  // all rows() as one piece
+    whole.n = c.rows();
+    whole.pieces = 1;
+    return static_cast<const char*>(grad_operand(dy, m.d, whole, 0));
   }
-  // Row-parallel outputs and column-parallel input gradients are [c.n, d]
-  // fp32 partial sums over tp: the GEMM writes them to partial_sums(dst),
-  // and sum_over_tp(dst) leaves this rank's rows of the sum in dst
-  // (all-reduce in place, or with sequence parallelism a reduce-scatter
-  // into dst's Nr rows).
-  float* partial_sums(float* dst) const { return m.seq_parallel ? w.f32(Activation::tp_partial) : dst; }
+  // Row-parallel outputs and column-parallel input gradients are [rows(), d]
+  // fp32 partial sums over tp: the GEMMs write them to partial_sums(dst),
+  // and sum_over_tp(dst) leaves this rank's n rows of the sum in dst
+  // (all-reduce in place, or with sequence parallelism a reduce-scatter:
+  // piece q of the sums is rank q's rows).
+  float* partial_sums(float* dst, Chunk c) const {
+    return m.seq_parallel ? gathered(Activation::tp_partial, 0, m.d, c).f32() : dst;
+  }
   void sum_over_tp(float* dst, Chunk c) {
     if (m.seq_parallel)
-      m.tp_reduce_scatter(w.f32(Activation::tp_partial), dst, Nr * m.d);
+      m.tp_reduce_scatter(gathered(Activation::tp_partial, 0, m.d, c).f32(), dst, c.n * m.d);
     else
       m.tp_all_reduce(dst, c.n * m.d);
   }
-  // RoPE's cos and sin of chunk c's rows (computed when the chunk changes:
-  // once per call with one chunk).
+  // RoPE's cos and sin of chunk c's rows(), piece by piece (computed when
+  // the chunk changes: once per call with one chunk).
   std::pair<const float*, const float*> rope_rows(Chunk c) {
-    float* cos = f32(Activation::rope_cos, 0, m.D / 2, c);
-    float* sin = f32(Activation::rope_sin, 0, m.D / 2, c);
+    float* cos = gathered(Activation::rope_cos, 0, m.D / 2, c).f32();
+    float* sin = gathered(Activation::rope_sin, 0, m.D / 2, c).f32();
     if (w.rope_r0 != c.r0 || w.rope_n != c.n) {
-      rope_table(m.rope, m.D, b.positions + c.r0, c.n, cos, sin);
+      for (int64_t p = 0; p < c.pieces; ++p)
+        rope_table(m.rope, m.D, b.positions + p * Nr + c.r0, c.n, cos + p * c.n * m.D / 2, sin + p * c.n * m.D / 2);
       w.rope_r0 = c.r0;
       w.rope_n = c.n;
     }
     return {cos, sin};
+  }
+  // RoPE forward (sign +1) or backward (-1) on piece p's q and k heads of a [n, qkv_cols] fp32 buffer.
+  void rope_piece(float* qkv, Chunk c, int64_t p, bool forward) {
+    const auto [cos, sin] = rope_rows(c);
+    const TensorView qk = TensorView::strided(qkv, DType::f32, {c.n, m.Hl + m.Gl, m.D}, {m.qkv_cols, m.D, 1});
+    const int64_t off = p * c.n * m.D / 2;
+    if (forward)
+      rope_forward(qk, cos + off, sin + off);
+    else
+      rope_backward(qk, cos + off, sin + off);
   }
 
   template <typename F>
@@ -453,22 +493,19 @@ struct Step {
     const TensorView local = resid(Activation::normed, 0, c);
     elementwise([&] { rmsnorm_forward(in, param(weight), m.eps, local); });
     if (m.seq_parallel)
-      m.tp_all_gather(local.data, w.at(Activation::normed_gathered),
+      m.tp_all_gather(local.data, gathered(Activation::normed_gathered, 0, m.d, c).data,
                       local.numel() * static_cast<int64_t>(dtype_size(local.dtype)));
-  }
-  // [rows, n_heads, D] fp32 view of a [rows, qkv_cols] buffer.
-  TensorView heads(float* qkv, int64_t rows, int64_t first_col, int64_t n_heads) const {
-    return TensorView::strided(qkv + first_col, DType::f32, {rows, n_heads, m.D}, {m.qkv_cols, m.D, 1});
   }
   // qkv = h1 Wqkv^T, then RoPE on q and k (in fp32, before any rounding). Needs normed = h1.
   void project_qkv(int64_t l, Chunk c) {
-    float* out = gemm_out(Activation::qkv, l, m.qkv_cols, c);
-    matmul(false, true, c.n, m.qkv_cols, m.d, 1.0f, normed_operand(c), m.d, weight(m.layer[l].q), m.d,
-           0.0f, out, m.qkv_cols);
-    ProfileScope p(m.profile.elementwise);
-    const auto [cos, sin] = rope_rows(c);
-    rope_forward(heads(out, c.n, 0, m.Hl + m.Gl), cos, sin);  // q and k heads are adjacent
-    if (bf16_compute()) convert(mat(out, c.n, m.qkv_cols), act(Activation::qkv, l, m.qkv_cols, c));
+    for (int64_t p = 0; p < c.pieces; ++p) {
+      float* out = gemm_out(Activation::qkv, l, m.qkv_cols, c, p);
+      matmul(false, true, c.n, m.qkv_cols, m.d, 1.0f, normed_operand(c, p), m.d, weight(m.layer[l].q), m.d, 0.0f,
+             out, m.qkv_cols);
+      ProfileScope s(m.profile.elementwise);
+      rope_piece(out, c, p, true);
+      if (bf16_compute()) convert(mat(out, c.n, m.qkv_cols), piece(Activation::qkv, l, m.qkv_cols, c, p));
+    }
   }
   AttentionArgs attention_args(int64_t l) const {
     AttentionArgs a;
@@ -486,40 +523,45 @@ struct Step {
   }
   // x2 = x + ctx Wo^T (row-parallel: partial sums reduced over tp, in fp32).
   void out_proj(int64_t l, Chunk c) {
-    const Chunk rc = residual(c);
-    float* o = gemm_out(Activation::out_proj, l, m.d, rc);
-    matmul(false, true, c.n, m.d, m.Hl * m.D, 1.0f, ptr(Activation::context, l, m.Hl * m.D, c), m.Hl * m.D,
-           weight(m.layer[l].o), m.Hl * m.D, 0.0f, partial_sums(o), m.d);
+    const int64_t hd = m.Hl * m.D;
+    float* o = resid_gemm_out(Activation::out_proj, l, c);
+    float* sums = partial_sums(o, c);
+    for (int64_t p = 0; p < c.pieces; ++p)
+      matmul(false, true, c.n, m.d, hd, 1.0f, piece(Activation::context, l, hd, c, p).data, hd,
+             weight(m.layer[l].o), hd, 0.0f, sums + p * c.n * m.d, m.d);
     sum_over_tp(o, c);
-    elementwise([&] { residual_add(x(l, c), mat(o, rc.n, m.d), resid(Activation::out_proj, l, c)); });
+    elementwise([&] { residual_add(x(l, c), mat(o, c.n, m.d), resid(Activation::out_proj, l, c)); });
   }
   // gu = h2 Wgu^T. Needs normed = h2.
   void mlp_in(int64_t l, Chunk c) {
-    float* out = gemm_out(Activation::mlpwi, l, 2 * m.Fl, c);
-    matmul(false, true, c.n, 2 * m.Fl, m.d, 1.0f, normed_operand(c), m.d, weight(m.layer[l].gate), m.d,
-           0.0f, out, 2 * m.Fl);
-    if (bf16_compute())
-      elementwise([&] { convert(mat(out, c.n, 2 * m.Fl), act(Activation::mlpwi, l, 2 * m.Fl, c)); });
+    for (int64_t p = 0; p < c.pieces; ++p) {
+      float* out = gemm_out(Activation::mlpwi, l, 2 * m.Fl, c, p);
+      matmul(false, true, c.n, 2 * m.Fl, m.d, 1.0f, normed_operand(c, p), m.d, weight(m.layer[l].gate), m.d, 0.0f,
+             out, 2 * m.Fl);
+      if (bf16_compute())
+        elementwise([&] { convert(mat(out, c.n, 2 * m.Fl), piece(Activation::mlpwi, l, 2 * m.Fl, c, p)); });
+    }
   }
-  TensorView mlpwi_half(int64_t l, Chunk c, int64_t first_col) const {  // gate (0) or up (Fl) [c.n, Fl]
-    const TensorView gu = act(Activation::mlpwi, l, 2 * m.Fl, c);
+  // Gate (first_col 0) or up (Fl) of piece p: [n, Fl].
+  TensorView mlpwi_half(int64_t l, Chunk c, int64_t p, int64_t first_col) const {
+    const TensorView gu = piece(Activation::mlpwi, l, 2 * m.Fl, c, p);
     char* base = static_cast<char*>(gu.data) + first_col * static_cast<int64_t>(dtype_size(gu.dtype));
     return TensorView::strided(base, gu.dtype, {c.n, m.Fl}, {2 * m.Fl, 1});
   }
-  TensorView gate(int64_t l, Chunk c) const { return mlpwi_half(l, c, 0); }
-  TensorView up(int64_t l, Chunk c) const { return mlpwi_half(l, c, m.Fl); }
+  TensorView gate(int64_t l, Chunk c, int64_t p) const { return mlpwi_half(l, c, p, 0); }
+  TensorView up(int64_t l, Chunk c, int64_t p) const { return mlpwi_half(l, c, p, m.Fl); }
   void swiglu(int64_t l, Chunk c) {
-    ProfileScope p(m.profile.elementwise);
-    swiglu_forward(gate(l, c), up(l, c), act(Activation::mlp_act, 0, m.Fl, c));
+    ProfileScope s(m.profile.elementwise);
+    for (int64_t p = 0; p < c.pieces; ++p)
+      swiglu_forward(gate(l, c, p), up(l, c, p), piece(Activation::mlp_act, 0, m.Fl, c, p));
   }
   // x[l+1] = x2 + act Wdown^T (row-parallel).
   void mlp_out(int64_t l, Chunk c) {
-    const Chunk rc = residual(c);
-    float* o = gemm_out(Activation::x, l + 1, m.d, rc);
-    matmul(false, true, c.n, m.d, m.Fl, 1.0f, ptr(Activation::mlp_act, 0, m.Fl, c), m.Fl, weight(m.layer[l].down),
-           m.Fl, 0.0f, partial_sums(o), m.d);
+    float* o = resid_gemm_out(Activation::x, l + 1, c);
+    matmul(false, true, c.rows(), m.d, m.Fl, 1.0f, gathered(Activation::mlp_act, 0, m.Fl, c).data, m.Fl,
+           weight(m.layer[l].down), m.Fl, 0.0f, partial_sums(o, c), m.d);
     sum_over_tp(o, c);
-    elementwise([&] { residual_add(resid(Activation::out_proj, l, c), mat(o, rc.n, m.d), x(l + 1, c)); });
+    elementwise([&] { residual_add(resid(Activation::out_proj, l, c), mat(o, c.n, m.d), x(l + 1, c)); });
   }
 
   void forward_layer(int64_t l) {
@@ -606,7 +648,7 @@ struct Step {
   // dL/dx2), then the attention's output projection: dL/dcontext of its rows.
   void backward_mlp_and_out_proj(int64_t l, Chunk c) {
     const LlamaModel::Impl::LayerIdx& li = m.layer[l];
-    const Chunk rc = residual(c);
+    const int64_t g = c.rows(), e = static_cast<int64_t>(dtype_size(m.dtype));
     if (!m.save.out_proj) out_proj(l, c);
     norm2(l, c);
     if (!m.save.mlpwi) mlp_in(l, c);
@@ -614,54 +656,62 @@ struct Step {
 
     float* dy = resid(Activation::d_resid, 0, c).f32();
     float* dnorm = resid(Activation::d_normed, 0, c).f32();
-    const void* dy_op = resid_grad_operand(c);
-    matmul(true, false, m.d, m.Fl, c.n, 1.0f, dy_op, m.d, ptr(Activation::mlp_act, 0, m.Fl, c), m.Fl, 1.0f,
+    const char* dy_op = resid_grad_operand(c);
+    matmul(true, false, m.d, m.Fl, g, 1.0f, dy_op, m.d, gathered(Activation::mlp_act, 0, m.Fl, c).data, m.Fl, 1.0f,
            grad(li.down), m.Fl);
     // Over the activation once its gradient GEMM has read it.
-    float* dact = gemm_out(Activation::mlp_act, 0, m.Fl, c);
-    matmul(false, false, c.n, m.Fl, m.d, 1.0f, dy_op, m.d, weight(li.down), m.Fl, 0.0f, dact, m.Fl);
-    elementwise([&] { swiglu_backward(gate(l, c), up(l, c), mat(dact, c.n, m.Fl), gate(l, c), up(l, c)); });
-    const void* dgu = ptr(Activation::mlpwi, l, 2 * m.Fl, c);
-    matmul(true, false, 2 * m.Fl, m.d, c.n, 1.0f, dgu, 2 * m.Fl, normed_operand(c), m.d, 1.0f, grad(li.gate),
-           m.d);
-    matmul(false, false, c.n, m.d, 2 * m.Fl, 1.0f, dgu, 2 * m.Fl, weight(li.gate), m.d, 0.0f,
-           partial_sums(dnorm), m.d);
+    float* dact = bf16_compute() ? staging(m.Fl, c, 0) : gathered(Activation::mlp_act, 0, m.Fl, c).f32();
+    matmul(false, false, g, m.Fl, m.d, 1.0f, dy_op, m.d, weight(li.down), m.Fl, 0.0f, dact, m.Fl);
+    float* sums = partial_sums(dnorm, c);
+    for (int64_t p = 0; p < c.pieces; ++p) {
+      elementwise([&] {
+        swiglu_backward(gate(l, c, p), up(l, c, p), mat(dact + p * c.n * m.Fl, c.n, m.Fl), gate(l, c, p),
+                        up(l, c, p));
+      });
+      const void* dgu = piece(Activation::mlpwi, l, 2 * m.Fl, c, p).data;
+      matmul(true, false, 2 * m.Fl, m.d, c.n, 1.0f, dgu, 2 * m.Fl, normed_operand(c, p), m.d, 1.0f, grad(li.gate),
+             m.d);
+      matmul(false, false, c.n, m.d, 2 * m.Fl, 1.0f, dgu, 2 * m.Fl, weight(li.gate), m.d, 0.0f,
+             sums + p * c.n * m.d, m.d);
+    }
     sum_over_tp(dnorm, c);
     elementwise([&] {
-      rmsnorm_backward(resid(Activation::out_proj, l, c), param(li.mlp_norm), m.eps, mat(dnorm, rc.n, m.d),
-                       mat(dy, rc.n, m.d), grad(li.mlp_norm));  // dy is now dL/dx2
+      rmsnorm_backward(resid(Activation::out_proj, l, c), param(li.mlp_norm), m.eps, mat(dnorm, c.n, m.d),
+                       mat(dy, c.n, m.d), grad(li.mlp_norm));  // dy is now dL/dx2
     });
 
     const int64_t hd = m.Hl * m.D;
     dy_op = resid_grad_operand(c);
-    matmul(true, false, m.d, hd, c.n, 1.0f, dy_op, m.d, ptr(Activation::context, l, hd, c), hd, 1.0f, grad(li.o),
-           hd);
-    float* dctx = gemm_out(Activation::d_context, 0, hd, c);
-    matmul(false, false, c.n, hd, m.d, 1.0f, dy_op, m.d, weight(li.o), hd, 0.0f, dctx, hd);
-    if (bf16_compute()) convert(mat(dctx, c.n, hd), act(Activation::d_context, 0, hd, c));
+    for (int64_t p = 0; p < c.pieces; ++p) {
+      const char* dy_p = dy_op + p * c.n * m.d * e;
+      matmul(true, false, m.d, hd, c.n, 1.0f, dy_p, m.d, piece(Activation::context, l, hd, c, p).data, hd, 1.0f,
+             grad(li.o), hd);
+      float* dctx = gemm_out(Activation::d_context, 0, hd, c, p);
+      matmul(false, false, c.n, hd, m.d, 1.0f, dy_p, m.d, weight(li.o), hd, 0.0f, dctx, hd);
+      if (bf16_compute()) convert(mat(dctx, c.n, hd), piece(Activation::d_context, 0, hd, c, p));
+    }
   }
 
   // RoPE, the q/k/v projection and the first norm of chunk c, after the
   // attention's backward: dresid becomes dL/dx[l].
   void backward_qkv(int64_t l, Chunk c) {
     const LlamaModel::Impl::LayerIdx& li = m.layer[l];
-    const Chunk rc = residual(c);
-    float* dqkv = f32(Activation::d_qkv, 0, m.qkv_cols, c);
-    elementwise([&] {
-      const auto [cos, sin] = rope_rows(c);
-      rope_backward(heads(dqkv, c.n, 0, m.Hl + m.Gl), cos, sin);
-    });
     norm1(l, c);  // normed = h1 again
     float* dnorm = resid(Activation::d_normed, 0, c).f32();
-    const void* dqkv_op = grad_operand(dqkv, c.n, m.qkv_cols);
-    matmul(true, false, m.qkv_cols, m.d, c.n, 1.0f, dqkv_op, m.qkv_cols, normed_operand(c), m.d, 1.0f,
-           grad(li.q), m.d);
-    matmul(false, false, c.n, m.d, m.qkv_cols, 1.0f, dqkv_op, m.qkv_cols, weight(li.q), m.d, 0.0f,
-           partial_sums(dnorm), m.d);
+    float* sums = partial_sums(dnorm, c);
+    for (int64_t p = 0; p < c.pieces; ++p) {
+      float* dqkv = piece(Activation::d_qkv, 0, m.qkv_cols, c, p).f32();
+      elementwise([&] { rope_piece(dqkv, c, p, false); });
+      const void* dqkv_op = grad_operand(dqkv, m.qkv_cols, c, p);
+      matmul(true, false, m.qkv_cols, m.d, c.n, 1.0f, dqkv_op, m.qkv_cols, normed_operand(c, p), m.d, 1.0f,
+             grad(li.q), m.d);
+      matmul(false, false, c.n, m.d, m.qkv_cols, 1.0f, dqkv_op, m.qkv_cols, weight(li.q), m.d, 0.0f,
+             sums + p * c.n * m.d, m.d);
+    }
     sum_over_tp(dnorm, c);
     elementwise([&] {
-      rmsnorm_backward(x(l, c), param(li.attn_norm), m.eps, mat(dnorm, rc.n, m.d),
-                       resid(Activation::d_resid, 0, c), grad(li.attn_norm));  // dy is now dL/dx[l]
+      rmsnorm_backward(x(l, c), param(li.attn_norm), m.eps, mat(dnorm, c.n, m.d), resid(Activation::d_resid, 0, c),
+                       grad(li.attn_norm));  // dy is now dL/dx[l]
     });
   }
 };
@@ -673,6 +723,14 @@ void check_batch(const Batch& b) {
 }
 
 }  // namespace
+
+// The residual rows of a chunk: layer_token_chunk (0 = all) GEMM rows
+// split over the tp ranks whose rows a GEMM row of a chunk gathers
+// (`pieces`: tp with sequence parallelism, else 1), at least 1, at most Nr.
+static int64_t chunk_residual_rows(int64_t layer_token_chunk, int64_t pieces, int64_t Nr) {
+  if (layer_token_chunk <= 0) return Nr;
+  return std::clamp<int64_t>(layer_token_chunk / pieces, 1, Nr);
+}
 
 std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig& c, int64_t tp,
                                                                const SaveSet& save, int64_t N, bool training,
@@ -686,10 +744,10 @@ std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig
   const int64_t staged = low ? 1 : 0;  // the bf16-only buffers
   const int64_t sp = sequence_parallel ? 1 : 0;  // the sequence-parallel-only buffers
   const int64_t Nr = sequence_parallel ? N / tp : N;  // rows of the residual stream on this rank
-  // Rows of a chunk of the layer's token-wise parts, and their residual
-  // rows (sequence parallelism: one chunk, this rank's Nr).
-  const int64_t C = layer_token_chunk > 0 && !sequence_parallel ? std::min(layer_token_chunk, N) : N;
-  const int64_t Cr = sequence_parallel ? Nr : C;
+  // A chunk of the layer's token-wise parts: its residual rows and its GEMM
+  // rows (those of every tp rank with sequence parallelism).
+  const int64_t pieces = sequence_parallel ? tp : 1;
+  const int64_t Cr = chunk_residual_rows(layer_token_chunk, pieces, Nr), C = pieces * Cr;
   // Loss chunk: rows x vocab fp32 logits under 64 MiB unless asked otherwise.
   int64_t R = loss_chunk_rows > 0 ? loss_chunk_rows : std::max<int64_t>(1, (int64_t{64} << 20) / (4 * c.vocab_size));
   R = std::min(R, Nr);
@@ -729,8 +787,8 @@ std::array<ActivationBuffer, kNumActivations> activation_table(const LlamaConfig
   set(Activation::loss_hidden, "loss chunk hidden", R * d, act);
   set(Activation::loss_d_hidden, "loss chunk d hidden", t * R * d, f32);
   set(Activation::loss_logits, "loss chunk logits", R * c.vocab_size, f32);
-  set(Activation::normed_gathered, "normed, all-gathered over tp", sp * N * d, act);
-  set(Activation::tp_partial, "fp32 partial sums over tp (reduce-scatter input)", sp * N * d, f32);
+  set_chunk(Activation::normed_gathered, "normed, all-gathered over tp", sp * C, N, d, act);
+  set_chunk(Activation::tp_partial, "fp32 partial sums over tp (reduce-scatter input)", sp * C, N, d, f32);
   set_chunk(Activation::matmul_out, "fp32 GEMM output", staged * C, N, std::max({qkv, 2 * Fl, d}), f32);
   set_chunk(Activation::grad_operand, "bf16 gradient operand", staged * t * C, N, std::max(qkv, d), act);
   set(Activation::loss_d_logits, "loss chunk d logits (bf16)", staged * t * R * c.vocab_size, act);
@@ -781,11 +839,8 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
   m.peak_bytes = w.bytes;
   m.batch = &b;
   const int64_t Nr = m.seq_parallel ? N / m.tp : N;
-  const int64_t C = m.layer_token_chunk > 0 ? std::min(m.layer_token_chunk, N) : N;
-  if (m.seq_parallel && C < N)
-    throw ConfigError("model: layer_token_chunk (" + std::to_string(C) + ") below the local tokens (" +
-                      std::to_string(N) + ") does not combine with tensor_sequence_parallelism");
-  Step s{m, P, Gr, w, b, N, Nr, m.seq_parallel ? m.tp_rank * Nr : 0, C};
+  Step s{m, P, Gr, w, b, N, Nr, m.seq_parallel ? m.tp_rank * Nr : 0,
+         chunk_residual_rows(m.layer_token_chunk, m.seq_parallel ? m.tp : 1, Nr)};
   w.rope_n = 0;  // new positions
   m.profile = StepProfile{};
   // FSDP (model/sharded_parameters.h): a unit's weights are used only

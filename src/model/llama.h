@@ -72,7 +72,8 @@ struct ModelOptions {
   // gradients) a layer computes at once (config layer_token_chunk); 0 = all
   // the local tokens. Only the attention's operands and outputs (q, k, v,
   // context and their gradients), the layer inputs and dL/dx then scale with
-  // the sequence. Chunks below the local tokens need sequence_parallel off.
+  // the sequence. With sequence_parallel a chunk is layer_token_chunk / tp
+  // rows of each tp rank, gathered into layer_token_chunk GEMM rows.
   int64_t layer_token_chunk = 0;
   // parameter_memory_host_offload: the FSDP parameter shard in the host pool
   // or on disk (spill files in offload_dir).

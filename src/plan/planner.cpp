@@ -86,9 +86,6 @@ std::string invalid_reason(const RunConfig& c, int64_t cp, int64_t U) {
   if (c.tp_sequence_parallel && (c.per_device_batch_size * S / cp) % tp != 0)
     return "tensor_sequence_parallelism: the " + str(c.per_device_batch_size * S / cp) +
            " tokens of a cp rank are not divisible by tp=" + str(tp);
-  if (c.tp_sequence_parallel && c.layer_token_chunk > 0 && c.layer_token_chunk < c.per_device_batch_size * S / cp)
-    return "layer_token_chunk=" + str(c.layer_token_chunk) + " below the " + str(c.per_device_batch_size * S / cp) +
-           " tokens of a cp rank does not combine with tensor_sequence_parallelism";
   const int64_t R = cp / U;  // zigzag cuts the sequence over the ring axis
   if (c.cp_load_balance && R > 1 && S % (2 * R) != 0)
     return "zigzag needs max_target_length=" + str(S) + " divisible by 2 x ring=" + str(2 * R);
@@ -944,10 +941,9 @@ std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw) {
     add("tensor_sequence_parallelism=true", "layer inputs and norms sharded over tp",
         [](RunConfig& k) { k.tp_sequence_parallel = true; });
   // Chunking moves no bytes and recomputes nothing (the GEMMs only get
-  // shorter), so it comes before any offload; it needs sequence parallelism
-  // off, and saves nothing when a rank's tokens fit one chunk.
-  const RunConfig& sharded = ladder.back().config;
-  if (c.layer_token_chunk == 0 && !sharded.tp_sequence_parallel &&
+  // shorter), so it comes before any offload; it saves nothing when a
+  // rank's tokens fit one chunk.
+  if (c.layer_token_chunk == 0 &&
       c.per_device_batch_size * c.max_target_length > kLadderTokenChunk * std::max<int64_t>(c.cp, 1))
     add("layer_token_chunk=" + str(kLadderTokenChunk),
         "a layer's norms, projections and SwiGLU computed " + str(kLadderTokenChunk) +

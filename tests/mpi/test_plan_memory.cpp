@@ -159,6 +159,12 @@ std::vector<Case> cases(int world) {
   if (world >= 4)
     out.push_back({"ulysses", 2, world / 2, 1, 1, 512, 1, "save_context", false, false, 32, "bfloat16", false, 1, false,
                    false, 33});
+  // ... and with sequence parallelism: tp pieces per chunk (odd: 77 / 2 = 38 rows per rank).
+  if (world >= 2)
+    out.push_back({"ring", 1, world / 2, 1, 2, 512, 1, "none", true, false, 32, "float32", true, 1, false, false, 77});
+  if (world >= 4)
+    out.push_back({"all_gather", 2, world / 4, 1, 2, 512, 2, "full", false, false, 32, "bfloat16", true, 1, false,
+                   false, 100});
   return out;
 }
 

@@ -1,7 +1,7 @@
 // ranks: 2 4
 // Sequence parallelism over tp (tensor_sequence_parallelism, Megatron's):
 // - the model, for every (cp, tp >= 2) factorisation of the world, with
-//   all_gather and ring, remat none and full: loss, per-token losses
+//   all_gather and ring, remat none and full, whole or in token chunks: loss, per-token losses
 //   (evaluation) and every gradient shard equal a single-rank model's, also
 //   when gradients accumulate over two calls (the tp-replicated gradients
 //   must count what was accumulated before once);
@@ -91,16 +91,20 @@ TEST(SequenceParallel, ModelEqualsSingleRankOnEveryFactorisation) {
     single.forward(full, single_token_losses.data());
 
     for (int cp = 1; cp <= world / 2; cp *= 2)
-      for (CpStrategy st : {CpStrategy::all_gather, CpStrategy::ring}) {
+      // Token chunks of 10 GEMM rows: 10 / tp rows of each tp rank (5 or 2),
+      // which divide none of the ranks' 12, 6 or 3 rows.
+      for (CpStrategy st : {CpStrategy::all_gather, CpStrategy::ring})
+        for (int64_t chunk : {int64_t{0}, int64_t{10}}) {
         if (cp == 1 && st != CpStrategy::all_gather) continue;
         const int tp = world / cp;
         const std::string what = std::string(name_of(st)) + " cp=" + std::to_string(cp) + " tp=" +
-                                 std::to_string(tp) + " remat=" + name_of(remat);
+                                 std::to_string(tp) + " remat=" + name_of(remat) + " chunk=" + std::to_string(chunk);
         Mesh mesh(1, cp, 1, tp);
         ModelOptions o = single_opt;
         o.mesh = &mesh;
         o.cp_strategy = st;
         o.sequence_parallel = true;
+        o.layer_token_chunk = chunk;
         LlamaModel sp(c, o, 7);
         const CpLayout layout(LayoutKind::zigzag, S, cp, 1);
         const int64_t L = layout.local_len();

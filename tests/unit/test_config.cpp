@@ -189,16 +189,7 @@ TEST(Config, ValidationRulesNameTheRule) {
   with_zero1["shard_optimizer_over_data"] = true;
   EXPECT_NE(rule(with_zero1, 4).find("does not combine with shard_optimizer_over_data"), S::npos);
   EXPECT_NE(error_of([] { config_from_values({{"state_offload_target", S("tape")}}); }).find("host|disk"), S::npos);
-  // Token chunks: not negative; below a cp rank's tokens, not with sequence parallelism (1024 tokens here).
   EXPECT_NE(rule({{"layer_token_chunk", I(-1)}}, 1).find("layer_token_chunk must be >= 0"), S::npos);
-  const std::map<std::string, ConfigValue> sp = {{"tensor_sequence_parallelism", true}, {"ici_tensor_parallelism", I(2)}};
-  auto sp_chunk = [&](int64_t chunk) {
-    auto v = sp;
-    v["layer_token_chunk"] = chunk;
-    return rule(v, 2);
-  };
-  EXPECT_EQ(sp_chunk(1024), "");
-  EXPECT_NE(sp_chunk(1023).find("does not combine with tensor_sequence_parallelism"), S::npos);
   // dp = -1 fills the world.
   RunConfig c = config_from_values({{"dataset_type", S("synthetic")}, {"ici_data_parallelism", I(-1)},
                                     {"ici_context_parallelism", I(2)}});
