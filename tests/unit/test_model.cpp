@@ -86,6 +86,19 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return num / den;
 }
 
+// One forward/backward of a model initialised (seed 5) and randomised (seed 6).
+struct StepResult {
+  double loss;
+  std::vector<float> grads;
+  size_t activation_bytes;
+};
+StepResult one_step(const LlamaConfig& c, const ModelOptions& o, const BatchData& data) {
+  LlamaModel model(c, o, 5);
+  randomise(model, 6);
+  const double loss = model.forward_backward(data.batch(), 1.0f).loss_sum;
+  return {loss, grads_copy(model), model.peak_activation_bytes()};
+}
+
 ModelOptions reference_options(RematPolicy remat = RematPolicy::full) {
   ModelOptions o;
   o.remat = remat;
@@ -241,19 +254,15 @@ TEST(Model, RematPoliciesGiveSameGradientsAndOrderedMemory) {
 TEST(Model, LossChunkingDoesNotChangeResults) {
   LlamaConfig c = tiny_config(true);
   BatchData data(2, 7, c.vocab_size, 8);
-  std::vector<std::vector<float>> grads;
-  std::vector<double> losses;
+  std::vector<StepResult> runs;
   for (int64_t rows : {1, 5, 0}) {
     ModelOptions o = reference_options();
     o.loss_chunk_rows = rows;
-    LlamaModel model(c, o, 5);
-    randomise(model, 6);
-    losses.push_back(model.forward_backward(data.batch(), 1.0f).loss_sum);
-    grads.push_back(grads_copy(model));
+    runs.push_back(one_step(c, o, data));
   }
-  for (size_t i = 1; i < grads.size(); ++i) {
-    EXPECT_NEAR(losses[i], losses[0], 1e-5 * losses[0]);
-    EXPECT_LT(max_rel_diff(grads[i], grads[0]), 1e-5);
+  for (size_t i = 1; i < runs.size(); ++i) {
+    EXPECT_NEAR(runs[i].loss, runs[0].loss, 1e-5 * runs[0].loss);
+    EXPECT_LT(max_rel_diff(runs[i].grads, runs[0].grads), 1e-5);
   }
 }
 
@@ -281,28 +290,24 @@ TEST(Model, TokenChunksMatchFiniteDifferencesUnderEveryPolicy) {
 TEST(Model, TokenChunksChangeOnlyTheSummationOrderAndShrinkTheTransients) {
   LlamaConfig c = tiny_config(false);
   BatchData data(2, 7, c.vocab_size, 9);
-  struct Result { double loss; std::vector<float> grads; size_t bytes; };
   auto run = [&](int64_t chunk) {
     ModelOptions o = reference_options(RematPolicy::full);
     o.layer_token_chunk = chunk;
-    LlamaModel model(c, o, 5);
-    randomise(model, 6);
-    const double loss = model.forward_backward(data.batch(), 1.0f).loss_sum;
-    return Result{loss, grads_copy(model), model.peak_activation_bytes()};
+    return one_step(c, o, data);
   };
-  const Result all = run(0);
+  const StepResult all = run(0);
   size_t previous = 0;
   for (int64_t chunk : {1, 4, 13, 14, 100}) {
-    const Result r = run(chunk);
+    const StepResult r = run(chunk);
     EXPECT_NEAR(r.loss, all.loss, 1e-6 * all.loss) << chunk;
     EXPECT_LT(max_rel_diff(r.grads, all.grads), 1e-5) << chunk;
     if (chunk < 14) {
-      EXPECT_GT(r.bytes, previous) << chunk;
-      EXPECT_LT(r.bytes, all.bytes) << chunk;
+      EXPECT_GT(r.activation_bytes, previous) << chunk;
+      EXPECT_LT(r.activation_bytes, all.activation_bytes) << chunk;
     } else {
-      EXPECT_EQ(r.bytes, all.bytes) << chunk;
+      EXPECT_EQ(r.activation_bytes, all.activation_bytes) << chunk;
     }
-    previous = r.bytes;
+    previous = r.activation_bytes;
   }
 }
 
@@ -446,21 +451,17 @@ TEST(ModelBf16, RematPoliciesAreBitIdentical) {
   LlamaConfig c = tiny_config(false);
   BatchData data(1, 29, c.vocab_size, 41);
   for (int64_t chunk : {0, 6}) {
-    std::vector<std::vector<float>> grads;
-    std::vector<double> losses;
+    std::vector<StepResult> runs;
     for (RematPolicy r : {RematPolicy::none, RematPolicy::minimal, RematPolicy::save_context, RematPolicy::full}) {
       ModelOptions o;
       o.dtype = DType::bf16;
       o.remat = r;
       o.layer_token_chunk = chunk;
-      LlamaModel model(c, o, 5);
-      randomise(model, 6);
-      losses.push_back(model.forward_backward(data.batch(), 1.0f).loss_sum);
-      grads.push_back(grads_copy(model));
+      runs.push_back(one_step(c, o, data));
     }
-    for (size_t i = 1; i < grads.size(); ++i) {
-      EXPECT_EQ(losses[i], losses[0]) << "chunk " << chunk << " policy " << i;
-      EXPECT_EQ(grads[i], grads[0]) << "chunk " << chunk << " policy " << i;
+    for (size_t i = 1; i < runs.size(); ++i) {
+      EXPECT_EQ(runs[i].loss, runs[0].loss) << "chunk " << chunk << " policy " << i;
+      EXPECT_EQ(runs[i].grads, runs[0].grads) << "chunk " << chunk << " policy " << i;
     }
   }
 }
