@@ -286,6 +286,13 @@ TEST(Model, TokenChunksMatchFiniteDifferencesWhenRecomputedAndWhenSaved) {
 // Chunks change the order in which the weight gradients sum over tokens
 // (and the rows of each GEMM), nothing else; their buffers shrink with the
 // chunk and a chunk of all rows or more is the unchunked run.
+// Bounds (fp32, u = 2^-24 = 6e-8): the forward is row-local, so only a
+// GEMM's blocking can differ: a few u on the loss, which 1e-6 (17 u) covers.
+// A weight gradient sums 14 rows; summed in another grouping it moves by at
+// most 13 u of the sum of |terms| (Higham's bound for recursive summation),
+// and the two layers' backward carries such changes through 2 x 6 GEMM and
+// norm steps into the earlier gradients: 1e-5 (170 u) of the largest
+// gradient is above 13 u x 12 with a margin for the gradients' cancellation.
 TEST(Model, TokenChunksChangeOnlyTheSummationOrderAndShrinkTheTransients) {
   LlamaConfig c = tiny_config(false);
   BatchData data(2, 7, c.vocab_size, 9);
