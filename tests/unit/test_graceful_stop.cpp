@@ -220,10 +220,17 @@ TEST(GracefulStop, ASecondSignalExitsAtOnce) {
   ASSERT_TRUE(job.wait_for(std::regex("\nstep 1 \\|"), 120)) << job.output();
   const std::vector<pid_t> ranks = children_of(job.pid());
   ASSERT_EQ(ranks.size(), 2u);
+  // The other rank is frozen first, so the step (and the all-reduce that
+  // agrees on the stop) cannot finish before the second signal: without it
+  // a loaded machine may deliver that signal after the checkpoint is out.
+  ::kill(ranks.front(), SIGSTOP);
   ::kill(ranks.back(), SIGTERM);
   // Two pending SIGTERMs would merge into one: the second after the first's line.
-  ASSERT_TRUE(job.wait_for(std::regex("longctx: stop signal: finishing this step"), 60)) << job.output();
+  const bool first_seen = job.wait_for(std::regex("longctx: stop signal: finishing this step"), 60);
   ::kill(ranks.back(), SIGTERM);
+  const bool second_seen = job.wait_for(std::regex("longctx: second stop signal"), 60);
+  ::kill(ranks.front(), SIGCONT);  // mpiexec ends it once the signalled rank has exited
+  ASSERT_TRUE(first_seen && second_seen) << job.output();
   const int rc = job.finish(120);
   SCOPED_TRACE(job.output());
   EXPECT_NE(rc, 0);
