@@ -28,18 +28,19 @@ const char* const kBenchAttentionUsage =
     "usage: longctx bench attention [--batch B] [--seq S] [--kv-seq S] [--heads H]\n"
     "         [--kv-heads G] [--head-dim D] [--mask full|causal|local:W|chunked:C|documents:N]\n"
     "         [--dtype fp32|bf16] [--threads T] [--reps N] [--warmup N]\n"
-    "         [--clock wall|cpu] [--json]\n"
+    "         [--clock wall|cpu] [--tile-path auto|widened|native|fused] [--json]\n"
     "  defaults: B=1 S=8192 kv-seq=S H=8 G=H D=128 causal, all threads, 1 warm-up call, 3 timed\n"
     "  q rows are the last S positions of the kv sequence (end-aligned);\n"
     "  documents:N = N equal packed documents, causal within each;\n"
-    "  --clock cpu times by process CPU seconds / threads (steadier on a shared machine)\n";
+    "  --clock cpu times by process CPU seconds / threads (steadier on a shared machine);\n"
+    "  --tile-path: bf16 only, a tile path instead of the automatic choice (attention.h)\n";
 
 namespace {
 
 struct Flags {
   int64_t batch = 1, seq = 8192, kv_seq = 0, heads = 8, kv_heads = 0, head_dim = 128;
   int64_t reps = 3, warmup = 1;
-  std::string mask = "causal", dtype = "fp32", clock = "wall";
+  std::string mask = "causal", dtype = "fp32", clock = "wall", tile_path = "auto";
   int threads = 0;
   bool json = false;
 };
@@ -76,6 +77,7 @@ Flags parse_flags(const Args& args) {
     else if (a == "--mask") f.mask = v;
     else if (a == "--dtype") f.dtype = v;
     else if (a == "--clock") f.clock = v;
+    else if (a == "--tile-path") f.tile_path = v;
     else throw ConfigError("bench attention: unknown flag '" + a + "'\n" + kBenchAttentionUsage);
   }
   if (f.kv_seq == 0) f.kv_seq = f.seq;
@@ -86,6 +88,8 @@ Flags parse_flags(const Args& args) {
   if (f.clock != "wall" && f.clock != "cpu")
     throw ConfigError("bench attention: --clock must be wall or cpu, got '" + f.clock + "'");
   parse_enum<DType>(f.dtype);  // fp32, float32, bf16 or bfloat16, else a ConfigError naming them
+  if (f.tile_path != "auto" && f.tile_path != "widened" && f.tile_path != "native" && f.tile_path != "fused")
+    throw ConfigError("bench attention: --tile-path must be auto, widened, native or fused, got '" + f.tile_path + "'");
   return f;
 }
 
@@ -180,6 +184,10 @@ int run_bench_attention(const Args& args) {
 
   const auto act = MemCategory::activations;
   const DType dt = parse_enum<DType>(f.dtype);  // q, k, v, o, dout; gradients fp32
+  if (f.tile_path != "auto")
+    set_attention_bf16_tile_path(f.tile_path == "widened"  ? AttentionTilePath::bf16_widened
+                                 : f.tile_path == "native" ? AttentionTilePath::bf16_native
+                                                           : AttentionTilePath::bf16_fused);
   Tensor q({B, Sq, H, D}, dt, act, "bench q"), o({B, Sq, H, D}, dt, act, "bench o");
   Tensor dout({B, Sq, H, D}, dt, act, "bench dout");
   Tensor dq({B, Sq, H, D}, DType::f32, act, "bench dq");
@@ -224,7 +232,7 @@ int run_bench_attention(const Args& args) {
   // The GEMM is measured on both sides, best kept: the machine may be shared.
   const double gemm = std::max(gemm_before, gemm_gflops(cpu_clock, dt));
   const std::string tile_path = attention_tile_path_name(attention_tile_path(dt));
-  const std::string gemm_name = dt == DType::bf16 ? "oneDNN bf16 matmul: " + gemm_bf16_implementation(2048)
+  const std::string gemm_name = dt == DType::bf16 ? "gemm_bf16: " + gemm_bf16_implementation(2048)
                                                   : std::string("oneDNN sgemm");
   const double fwd_gflops = fwd_flops / fwd.median / 1e9, bwd_gflops = bwd_flops / bwd.median / 1e9;
   const double fwd_best = fwd_flops / fwd.best / 1e9, bwd_best = bwd_flops / bwd.best / 1e9;

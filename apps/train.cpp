@@ -86,9 +86,9 @@ int run_train(const Args& args) {
   require_memory_fits(config, Communicator::world("memory check"));
   Mesh mesh(mesh_shape_from_config(config));
   if (config.dtype == DType::bf16 && comm_world_rank() == 0 && !gemm_bf16_is_native())
-    std::fprintf(stderr, "note: dtype=bfloat16 on a CPU without a bf16 matmul (no AVX512-BF16 or AMX): "
-                         "bf16 halves activation memory and bytes sent, but each GEMM widens its operands "
-                         "to fp32 first, so steps are not faster than float32 here\n");
+    std::fprintf(stderr, "note: dtype=bfloat16 here multiplies in fp32 (gemm_bf16: %s): bf16 halves activation "
+                         "memory and bytes sent, but each GEMM widens its operands first, so steps are not faster "
+                         "than float32 here\n", gemm_bf16_implementation(2048).c_str());
   Trainer trainer(config, mesh);
   trainer.run(stdout);
   // Stopped early by a signal: non-zero, as a killed process would exit.

@@ -58,9 +58,13 @@ AttentionTilePath attention_tile_path(DType dtype) {
   if (dtype == DType::f32) return AttentionTilePath::f32;
   const AttentionTilePath forced = g_forced_bf16_path.load();
   if (forced != AttentionTilePath::f32) return forced;
-  static const AttentionTilePath automatic = gemm_bf16_is_native()       ? AttentionTilePath::bf16_native
-                                             : attn::fused_tiles_supported() ? AttentionTilePath::bf16_fused
-                                                                             : AttentionTilePath::bf16_widened;
+  // The fused forward's kernels are 8-wide AVX2: they beat sgemm on widened
+  // tiles where sgemm is AVX2 too (Zen 3: 76-82 vs 73 GFLOP/s a core), not
+  // where it is AVX-512 (Intel Xeon: 72 vs 116; bench/results/attention_bf16_avx512.md).
+  static const AttentionTilePath automatic =
+      gemm_bf16_is_native()                                    ? AttentionTilePath::bf16_native
+      : attn::fused_tiles_supported() && !gemm_f32_is_avx512() ? AttentionTilePath::bf16_fused
+                                                               : AttentionTilePath::bf16_widened;
   return automatic;
 }
 

@@ -54,16 +54,17 @@ constexpr int64_t kAttentionTile = 128;
 
 // How the fast kernel multiplies the tiles of q, k, v in `dtype`:
 //   f32           fp32 inputs: fp32 tile copies, gemm_f32.
-//   bf16_widened  bf16 inputs where oneDNN has no native bf16 matmul (e.g.
-//                 AVX2 only): tiles widened (exactly) to fp32 while copied,
-//                 then the fp32 path; as fast as fp32.
-//   bf16_native   bf16 inputs where it has one (AVX512-BF16, AMX-BF16:
-//                 gemm_bf16_is_native): bf16 tile copies and gemm_bf16 (fp32
-//                 accumulation and C); the P and dS tiles are rounded to bf16
-//                 for the P V, P^T dO, dS K and dS^T Q products, as flash
-//                 attention implementations do.
-//   bf16_fused    bf16 inputs without a native bf16 matmul on a CPU with
-//                 AVX2 and FMA (asked at run time): the forward's tiles
+//   bf16_widened  bf16 inputs where gemm_bf16 widens (no bf16 matmul, or
+//                 one slower than fp32: gemm_bf16_is_native is false) and
+//                 sgemm is AVX-512: tiles widened (exactly) to fp32 while
+//                 copied, then the fp32 path; as fast as fp32.
+//   bf16_native   bf16 inputs where gemm_bf16 runs natively (AMX-BF16, or
+//                 AVX512-BF16 that beats fp32: gemm_bf16_is_native): bf16
+//                 tile copies and gemm_bf16 (fp32 accumulation and C); the P
+//                 and dS tiles are rounded to bf16 for the P V, P^T dO, dS K
+//                 and dS^T Q products, as flash attention implementations do.
+//   bf16_fused    as bf16_widened, on a CPU with AVX2 and FMA whose sgemm is
+//                 not AVX-512 (asked at run time): the forward's tiles
 //                 (Q K^T, online softmax, P V) in hand-written AVX2/FMA
 //                 kernels on the widened tiles (attention_fused.h), the
 //                 backward as bf16_widened. Same arithmetic as

@@ -175,6 +175,98 @@ void bf16_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
   stream.wait();
 }
 
+// The same product with the operands widened (exactly) to fp32 and
+// multiplied by dnnl_sgemm: where the CPU has no bf16 matmul, or widening
+// is faster (native_is_faster). Widened a block at a time: B by chunks of
+// K (kc rows of op(B)), A by blocks of mb rows of op(A) within each chunk,
+// so the fp32 copies stay under g_widen_floats (64 MiB) however long the
+// sequence (chunks and blocks are at least 256: fewer oneDNN calls);
+// the chunks are added to C in K order (a shape-only order: the result
+// does not depend on the thread count when gemm_f32 does not). The copies
+// are scratch for this call, untracked like oneDNN's own packing buffers
+// (the planner does not model them).
+std::atomic<int64_t> g_widen_floats{int64_t(1) << 24};
+
+void widened_bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+                       const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const int64_t budget = g_widen_floats.load();
+  const int64_t kc = std::min(K, std::max<int64_t>(256, budget / 2 / N));
+  const int64_t mb = std::min(M, std::max<int64_t>(256, budget / 2 / kc));
+  const std::unique_ptr<float[]> scratch(new float[kc * N + mb * kc]);
+  float* wb = scratch.get();
+  float* wa = wb + kc * N;
+  // rows x cols of src (leading dimension ld) into dst [rows, cols]; by all
+  // threads for a model-sized block, by the calling one inside a parallel region.
+  auto widen = [](const bf16* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && rows * cols > (1 << 16))
+    for (int64_t r = 0; r < rows; ++r) widen_bf16(src + r * ld, dst + r * cols, cols);
+  };
+  for (int64_t k0 = 0; k0 < K; k0 += kc) {
+    const int64_t kn = std::min(kc, K - k0);
+    if (tb) widen(B + k0, N, kn, ldb, wb);  // B stored [N, K]: wb [N, kn]
+    else widen(B + k0 * ldb, kn, N, ldb, wb);  // B stored [K, N]: wb [kn, N]
+    const float chunk_beta = k0 == 0 ? beta : 1.0f;
+    for (int64_t m0 = 0; m0 < M; m0 += mb) {
+      const int64_t mn = std::min(mb, M - m0);
+      if (ta) widen(A + k0 * lda + m0, kn, mn, lda, wa);  // A stored [K, M]: wa [kn, mn]
+      else widen(A + m0 * lda + k0, mn, kn, lda, wa);  // A stored [M, K]: wa [mn, kn]
+      gemm_f32(ta, tb, mn, N, kn, alpha, wa, ta ? mn : kn, wb, tb ? kn : N, chunk_beta, C + m0 * ldc, ldc);
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+std::atomic<Bf16GemmPath> g_forced_path{Bf16GemmPath::automatic};
+
+// Best GFLOP/s of a few n^3 products of one kind (after one warm-up call).
+template <typename Product>
+double best_gflops(int64_t n, Product product) {
+  product();
+  double best = 0.0;
+  for (int rep = 0; rep < 5; ++rep) {
+    Timer t;
+    product();
+    best = std::max(best, 2.0 * n * n * n / t.seconds() / 1e9);
+  }
+  return best;
+}
+
+// Native only where oneDNN has a bf16 matmul for this CPU AND it beats
+// widening plus dnnl_sgemm on a model-sized product: bf16 dot products are
+// not faster everywhere. Measured (bench/results/attention_bf16_avx512.md):
+// on an Intel Xeon with AVX512-BF16 but no AMX, vdpbf16ps retires about one
+// per 2 cycles (32 FLOP/cycle) against two 16-wide FMAs (64 FLOP/cycle), so
+// oneDNN's bf16 matmul ran at half the sgemm rate (82 vs 161 GFLOP/s a
+// core); on Zen 4 (one vdpbf16ps a cycle) and with AMX the native path wins
+// by 2x and more. A factor of ~2 either way, so timing noise cannot flip
+// the choice; it is made once per process and printed by every benchmark.
+bool native_is_faster() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const unsigned bf16_isa = dnnl_cpu_isa_avx512_core_bf16;  // ISA values are nested bit sets
+  if ((isa & bf16_isa) != bf16_isa) return false;
+  constexpr int64_t n = 512;
+  if (bf16_gemm_for({false, false, n, n, n, n, n, n, 1.0f, 0.0f}).widen) return false;
+  std::vector<bf16> a(n * n, bf16(0.5f)), b(n * n, bf16(0.25f));
+  std::vector<float> c(n * n);
+  const double native = best_gflops(n, [&] {
+    bf16_matmul(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  });
+  const double widened = best_gflops(n, [&] {
+    widened_bf16_gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  });
+  return native > widened;
+}
+
+bool use_native() {
+  const Bf16GemmPath forced = g_forced_path.load();
+  if (forced != Bf16GemmPath::automatic) return forced == Bf16GemmPath::native;
+  static const bool native = native_is_faster();
+  return native;
+}
+
 }  // namespace
 
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
@@ -182,33 +274,8 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   if (M == 0 || N == 0) return;
   check_shape(K > 0 && lda >= (ta ? M : K) && ldb >= (tb ? K : N) && ldc >= N,
               "gemm_bf16: leading dimensions smaller than the rows they hold");
-  if (bf16_gemm_for({ta, tb, M, N, K, lda, ldb, ldc, alpha, beta}).widen) {
-    // Each operand as stored ([rows, ld] row-major), widened; the fp32 GEMM
-    // then reads it with the same transposes and leading dimensions.
-    // The widened copies are NOT small: 2x the bf16 operands, model-sized
-    // (activations, weights). They live for this call only (freed on return,
-    // not kept per thread at the largest size ever seen) and, like oneDNN's
-    // own packing buffers, the MemoryTracker does not count them: the
-    // planner does not model them, and tracking them puts test_plan_memory's
-    // bf16 cases 13% above the plan on this path (measured). Only CPUs
-    // without a bf16 matmul (AVX2) take this path; there the attention
-    // kernel widens its own tiles and does not call gemm_bf16.
-    const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
-    const int64_t a_size = (a_rows - 1) * lda + a_cols, b_size = (b_rows - 1) * ldb + b_cols;  // to the last element
-    const std::unique_ptr<float[]> widened(new float[a_size + b_size]);  // uninitialised: gaps are never read
-    float* wa = widened.get();
-    float* wb = wa + a_size;
-    // (Model-sized operands are widened by all threads; inside a parallel
-    // region, e.g. a test's tile, by the calling one.)
-    auto widen = [](const bf16* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
-#pragma omp parallel for schedule(static) if (!omp_in_parallel() && rows * cols > (1 << 16))
-      for (int64_t r = 0; r < rows; ++r) widen_bf16(src + r * ld, dst + r * ld, cols);
-    };
-    widen(A, a_rows, a_cols, lda, wa);
-    widen(B, b_rows, b_cols, ldb, wb);
-    gemm_f32(ta, tb, M, N, K, alpha, wa, lda, wb, ldb, beta, C, ldc);
-    return;
-  }
+  if (!use_native() || bf16_gemm_for({ta, tb, M, N, K, lda, ldb, ldc, alpha, beta}).widen)
+    return widened_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   gemm_in_pieces(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16_matmul);
 }
 
@@ -223,16 +290,25 @@ void gemm(DType dtype, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
 }
 
 std::string gemm_bf16_implementation(int64_t n) {
-  return bf16_gemm_for({false, false, n, n, n, n, n, n, 1.0f, 0.0f}).implementation;
+  const CachedGemm& g = bf16_gemm_for({false, false, n, n, n, n, n, n, 1.0f, 0.0f});
+  if (g.widen) return "bf16 widened to fp32, dnnl_sgemm (no bf16 matmul on this CPU)";
+  if (!use_native())
+    return "bf16 widened to fp32, dnnl_sgemm (" +
+           std::string(g_forced_path.load() == Bf16GemmPath::widened ? "forced" : "faster here") + " than " +
+           g.implementation + ")";
+  return g.implementation;
 }
 
-bool gemm_bf16_is_native() {
-  static const bool native = [] {
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    const unsigned bf16_isa = dnnl_cpu_isa_avx512_core_bf16;  // ISA values are nested bit sets
-    return (isa & bf16_isa) == bf16_isa && !bf16_gemm_for({false, false, 64, 64, 64, 64, 64, 64, 1.0f, 0.0f}).widen;
-  }();
-  return native;
+bool gemm_bf16_is_native() { return use_native(); }
+
+void force_gemm_bf16_path(Bf16GemmPath path) { g_forced_path = path; }
+
+void set_gemm_bf16_widen_floats(int64_t floats) { g_widen_floats = floats; }
+
+bool gemm_f32_is_avx512() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const unsigned avx512 = dnnl_cpu_isa_avx512_core;
+  return (isa & avx512) == avx512;
 }
 
 double measure_gemm_gflops(DType dtype, int64_t n, double min_seconds) {

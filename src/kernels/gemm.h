@@ -20,11 +20,15 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
               int64_t ldc);
 
-// The same with bf16 inputs, fp32 accumulation and an fp32 C: oneDNN's
-// matmul primitive, which picks the CPU's matrix units by itself (AMX-BF16,
-// AVX512-BF16) and falls back to a portable (slow, exact-in-fp32) kernel
-// elsewhere. Primitives are created once per shape and cached; safe to call
-// from several threads at once (each runs on its calling thread).
+// The same with bf16 inputs, fp32 accumulation and an fp32 C, on whichever
+// of two paths is faster on this CPU (measured once per process:
+// gemm.cpp, native_is_faster): oneDNN's bf16 matmul, which picks the
+// CPU's matrix units by itself (AMX-BF16, AVX512-BF16), or the operands
+// widened to fp32 (exactly) and dnnl_sgemm, where the CPU has no bf16
+// matmul or its bf16 dot products are slower than its fp32 FMAs (AVX512-BF16
+// without AMX on Intel: half the rate). Primitives are created once per
+// shape and cached; safe to call from several threads at once (each runs
+// on its calling thread).
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
                int64_t ldc);
@@ -34,17 +38,32 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 void gemm(DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
           int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
-// The oneDNN implementation gemm_bf16 uses for an n x n x n product (e.g.
-// "brg:avx512_core_amx_bf16" or "ref:any"): benchmarks print it.
+// What gemm_bf16 runs for an n x n x n product (e.g.
+// "brg:avx512_core_amx_bf16", or "bf16 widened to fp32, dnnl_sgemm (faster
+// here than brg:avx512_core_bf16)"): benchmarks and run headers print it.
 std::string gemm_bf16_implementation(int64_t n);
 
-// Whether gemm_bf16 runs on bf16 hardware: oneDNN has a bf16 matmul for this
-// CPU and its effective ISA has bf16 dot products (AVX512-BF16 or AMX-BF16;
-// oneDNN 2.6.3 requests the Linux AMX tile-data permission itself:
-// amx::init() in src/cpu/x64/cpu_isa_traits.cpp calls
-// arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) and mayiuse(amx_tile)
-// is false when it is refused). Asked once, then cached.
+// Whether gemm_bf16 runs on the CPU's bf16 dot products (oneDNN's bf16
+// matmul) rather than widening: oneDNN has a bf16 matmul for this CPU (its
+// effective ISA has AVX512-BF16 or AMX-BF16; oneDNN 2.6.3 requests the
+// Linux AMX tile-data permission itself: amx::init() in
+// src/cpu/x64/cpu_isa_traits.cpp calls arch_prctl(ARCH_REQ_XCOMP_PERM,
+// XFEATURE_XTILEDATA) and mayiuse(amx_tile) is false when it is refused)
+// and it beat the widened path on a 512^3 product. Measured once, then cached.
 bool gemm_bf16_is_native();
+
+// Tests only: a gemm_bf16 path instead of the measured choice, so both are
+// tested on every CPU (native where oneDNN has no bf16 matmul for the CPU
+// still widens); automatic restores the choice.
+enum class Bf16GemmPath { automatic, native, widened };
+void force_gemm_bf16_path(Bf16GemmPath path);
+// Tests only: the widened path's scratch budget in floats (default 2^24),
+// so small products exercise its cutting into K chunks and row blocks.
+void set_gemm_bf16_widen_floats(int64_t floats);
+
+// Whether oneDNN's sgemm runs on 16-wide AVX-512 vectors here (its
+// effective ISA): the attention kernel's choice of bf16 tile path.
+bool gemm_f32_is_avx512();
 
 // Measures the GEMM rate (GFLOP/s) of an n x n x n product in `dtype` with the
 // current OpenMP thread count: the reference that benchmarks and MFU divide by.

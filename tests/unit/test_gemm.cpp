@@ -38,13 +38,20 @@ double worst_error_over_bound(const Problem& p, uint32_t seed) {
   for (float& x : C) x = normal(rng);
   const std::vector<float> C0 = C;
   gemm_bf16(p.ta, p.tb, p.M, p.N, p.K, p.alpha, A.data(), lda, B.data(), ldb, p.beta, C.data(), ldc);
-  auto a = [&](int64_t i, int64_t k) { return double(float(p.ta ? A[k * lda + i] : A[i * lda + k])); };
-  auto b = [&](int64_t k, int64_t j) { return double(float(p.tb ? B[j * ldb + k] : B[k * ldb + j])); };
+  // op(A) [M, K] and op(B)^T [N, K] in float64, so the reference reads both along K.
+  std::vector<double> a(p.M * p.K), bt(p.N * p.K);
+  for (int64_t i = 0; i < p.M; ++i)
+    for (int64_t k = 0; k < p.K; ++k) a[i * p.K + k] = float(p.ta ? A[k * lda + i] : A[i * lda + k]);
+  for (int64_t j = 0; j < p.N; ++j)
+    for (int64_t k = 0; k < p.K; ++k) bt[j * p.K + k] = float(p.tb ? B[j * ldb + k] : B[k * ldb + j]);
   double worst = 0;
   for (int64_t i = 0; i < p.M; ++i)
     for (int64_t j = 0; j < p.N; ++j) {
       double exact = 0, magnitude = 0;
-      for (int64_t k = 0; k < p.K; ++k) exact += a(i, k) * b(k, j), magnitude += std::fabs(a(i, k) * b(k, j));
+      for (int64_t k = 0; k < p.K; ++k) {
+        const double product = a[i * p.K + k] * bt[j * p.K + k];
+        exact += product, magnitude += std::fabs(product);
+      }
       const double c0 = C0[i * ldc + j];
       exact = p.alpha * exact + p.beta * c0;
       // bf16 x bf16 products are exact in fp32; fp32 accumulation of K terms
@@ -61,18 +68,36 @@ double worst_error_over_bound(const Problem& p, uint32_t seed) {
 
 }  // namespace
 
+// Both paths on every CPU: native (oneDNN's bf16 matmul, or widened where
+// oneDNN has none for this CPU) and widened; the last two shapes, under a
+// 2^14-float widening budget, make the widened path cut its copies into K
+// chunks of 256 (N = 40: 3 chunks of K = 600) and blocks of 256 rows of
+// op(A) (3 blocks of M = 700), added up in K order.
 TEST(GemmBf16, MatchesFloat64ReferenceForEveryTransposeAndScale) {
-  std::printf("gemm_bf16 implementation here: %s\n", gemm_bf16_implementation(64).c_str());
-  uint32_t seed = 1;
-  for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {7, 13, 5}, {33, 17, 129}, {96, 64, 200}})
-    for (bool ta : {false, true})
-      for (bool tb : {false, true})
-        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {0.5f, 1.0f}, {-2.0f, 1.5f}}) {
-          const Problem p{M, N, K, ta, tb, alpha, beta};
-          SCOPED_TRACE(testing::Message() << M << "x" << N << "x" << K << " ta=" << ta << " tb=" << tb
-                                          << " alpha=" << alpha << " beta=" << beta);
-          EXPECT_LE(worst_error_over_bound(p, seed++), 1.0);
-        }
+  std::printf("gemm_bf16 here: %s\n", gemm_bf16_implementation(64).c_str());
+  for (Bf16GemmPath path : {Bf16GemmPath::native, Bf16GemmPath::widened}) {
+    force_gemm_bf16_path(path);
+    SCOPED_TRACE(gemm_bf16_implementation(64));
+    uint32_t seed = 1;
+    for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {7, 13, 5}, {33, 17, 129}, {96, 64, 200}})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {0.5f, 1.0f}, {-2.0f, 1.5f}}) {
+            const Problem p{M, N, K, ta, tb, alpha, beta};
+            SCOPED_TRACE(testing::Message() << M << "x" << N << "x" << K << " ta=" << ta << " tb=" << tb
+                                            << " alpha=" << alpha << " beta=" << beta);
+            EXPECT_LE(worst_error_over_bound(p, seed++), 1.0);
+          }
+    set_gemm_bf16_widen_floats(1 << 14);
+    for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{700, 40, 600}, {40, 700, 600}})
+      for (bool ta : {false, true}) {
+        const Problem p{M, N, K, ta, !ta, 0.5f, 1.5f};
+        SCOPED_TRACE(testing::Message() << M << "x" << N << "x" << K << " ta=" << ta);
+        EXPECT_LE(worst_error_over_bound(p, seed++), 1.0);
+      }
+    set_gemm_bf16_widen_floats(1 << 24);
+  }
+  force_gemm_bf16_path(Bf16GemmPath::automatic);
 }
 
 // The primitive cache is shared: threads running different shapes at once
