@@ -87,8 +87,9 @@ int run_train(const Args& args) {
   Mesh mesh(mesh_shape_from_config(config));
   if (config.dtype == DType::bf16 && comm_world_rank() == 0 && !gemm_bf16_is_native())
     std::fprintf(stderr, "note: dtype=bfloat16 here multiplies in fp32 (gemm_bf16: %s): bf16 halves activation "
-                         "memory and bytes sent, but each GEMM widens its operands first, so steps are not faster "
-                         "than float32 here\n", gemm_bf16_implementation(2048).c_str());
+                         "memory and bytes sent, but its GEMMs run at the float32 rate (plus widening their "
+                         "operands), so steps gain only what moving fewer bytes gains\n",
+                 gemm_bf16_implementation(2048).c_str());
   Trainer trainer(config, mesh);
   trainer.run(stdout);
   // Stopped early by a signal: non-zero, as a killed process would exit.

@@ -97,6 +97,9 @@ void set_attention_bf16_tile_path(AttentionTilePath path) {
   check_shape(path != AttentionTilePath::bf16_fused || attn::fused_tiles_supported(),
               "attention: the bf16_fused tile path needs a CPU with AVX2 and FMA");
   g_forced_bf16_path = path;
+  // Native tiles multiply natively too, whatever gemm_bf16 measured (still
+  // widened where oneDNN has no bf16 matmul for this CPU).
+  force_gemm_bf16_path(path == AttentionTilePath::bf16_native ? Bf16GemmPath::native : Bf16GemmPath::automatic);
 }
 
 // Per thread, forward: fp32 s [bq, bk] scores then probabilities, and for

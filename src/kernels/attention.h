@@ -56,8 +56,9 @@ constexpr int64_t kAttentionTile = 128;
 //   f32           fp32 inputs: fp32 tile copies, gemm_f32.
 //   bf16_widened  bf16 inputs where gemm_bf16 widens (no bf16 matmul, or
 //                 one slower than fp32: gemm_bf16_is_native is false) and
-//                 sgemm is AVX-512: tiles widened (exactly) to fp32 while
-//                 copied, then the fp32 path; as fast as fp32.
+//                 sgemm is AVX-512, or the CPU lacks AVX2 + FMA: tiles
+//                 widened (exactly) to fp32 while copied, then the fp32
+//                 path; as fast as fp32.
 //   bf16_native   bf16 inputs where gemm_bf16 runs natively (AMX-BF16, or
 //                 AVX512-BF16 that beats fp32: gemm_bf16_is_native): bf16
 //                 tile copies and gemm_bf16 (fp32 accumulation and C); the P
@@ -75,8 +76,9 @@ AttentionTilePath attention_tile_path(DType dtype);
 const char* attention_tile_path_name(AttentionTilePath path);
 // Tests only: run bf16 inputs on `path` (bf16_widened, bf16_native or
 // bf16_fused) instead of the automatic choice; f32 restores the automatic
-// choice. bf16_native then also runs where gemm_bf16 widens internally, so
-// its arithmetic (P and dS rounded to bf16) is tested on any CPU;
+// choice. bf16_native also forces gemm_bf16 native (force_gemm_bf16_path),
+// which still widens where oneDNN has no bf16 matmul, so its arithmetic
+// (P and dS rounded to bf16) is tested on any CPU;
 // bf16_fused needs AVX2 and FMA (ShapeError without them).
 void set_attention_bf16_tile_path(AttentionTilePath path);
 // Whether this CPU can run the bf16_fused path (AVX2 and FMA, and the

@@ -5,11 +5,13 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <ctime>
 #include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -114,7 +116,7 @@ const dnnl::engine& cpu_engine() {
 using GemmKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float>;
 
 struct CachedGemm {
-  dnnl::memory::desc a, b, c;
+  dnnl::memory::desc a, b, c, scratchpad;
   dnnl::matmul primitive;
   bool widen = false;  // no bf16 matmul on this CPU: widen to fp32, then dnnl_sgemm
   std::string implementation;
@@ -140,6 +142,12 @@ const CachedGemm& bf16_gemm_for(const GemmKey& key) {
     g->b = matrix(K, N, ldb, tb, dt::bf16);
     g->c = matrix(M, N, ldc, false, dt::f32);
     dnnl::primitive_attr attr;
+    // The caller's scratchpad, not oneDNN's: one primitive runs on several
+    // threads at once (a product's pieces, the attention kernel's tiles),
+    // and with the library's own scratchpad (Debian's oneDNN 2.6.3 is not
+    // built for concurrent execution) two pieces at once corrupted each
+    // other: errors of 50 in a 1100 x 96 x 64 product, brg:avx512_core_bf16.
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
     if (beta != 0.0f) {
       dnnl::post_ops ops;
@@ -149,6 +157,7 @@ const CachedGemm& bf16_gemm_for(const GemmKey& key) {
     try {
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(g->a, g->b, g->c), attr, cpu_engine());
       g->implementation = pd.impl_info_str();
+      g->scratchpad = pd.scratchpad_desc();
       g->primitive = dnnl::matmul(pd);
     } catch (const dnnl::error&) {
       // oneDNN 2.6 implements bf16 only where the CPU has AVX512 (or AMX):
@@ -171,35 +180,51 @@ void bf16_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
   const CachedGemm& g = bf16_gemm_for({ta, tb, M, N, K, lda, ldb, ldc, alpha, beta});
   const dnnl::engine& engine = cpu_engine();
   thread_local dnnl::stream stream(engine);
+  thread_local std::vector<uint8_t> pad;  // this thread's scratchpad, kept at the largest size used
+  if (pad.size() < g.scratchpad.get_size()) pad.resize(g.scratchpad.get_size());
   dnnl::memory a(g.a, engine, const_cast<bf16*>(A)), b(g.b, engine, const_cast<bf16*>(B)), c(g.c, engine, C);
-  g.primitive.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  dnnl::memory scratch(g.scratchpad, engine, pad.data());
+  g.primitive.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, scratch}});
   stream.wait();
 }
 
 // The same product with the operands widened (exactly) to fp32 and
 // multiplied by dnnl_sgemm: where the CPU has no bf16 matmul, or widening
-// is faster (native_is_faster). Widened a block at a time: B by chunks of
-// K (kc rows of op(B)), A by blocks of mb rows of op(A) within each chunk,
-// so the fp32 copies stay under g_widen_floats (64 MiB) however long the
-// sequence (chunks and blocks are at least 256: fewer oneDNN calls);
-// the chunks are added to C in K order (a shape-only order: the result
-// does not depend on the thread count when gemm_f32 does not). The copies
-// are untracked scratch, like oneDNN's own packing buffers (the planner
-// does not model them).
+// is faster (native_is_faster). Widened a block at a time so the fp32
+// copies stay within g_widen_floats (2^24 floats, 64 MiB: half for each
+// operand) however long the sequence or wide the vocabulary: op(B) in
+// blocks of kc x nb, op(A) in blocks of mb x kc. K is cut only past
+// half / 256 (32768 by default: weight gradients over long sequences,
+// whose C is small), since each K chunk is another pass over C; the chunks
+// are added to C in K order. Every cut depends only on the shape and the
+// budget, so the result does not depend on the thread count when gemm_f32
+// does not. Blocks are at least 256 (fewer, larger oneDNN calls), so a
+// budget under 2 x 256 x 256 floats (tests) is exceeded. The copies are
+// untracked scratch, like oneDNN's own packing buffers (the planner does
+// not model them).
 std::atomic<int64_t> g_widen_floats{int64_t(1) << 24};
+
+struct WidenBlocks {
+  int64_t kc, nb, mb;
+};
+WidenBlocks widen_blocks(int64_t M, int64_t N, int64_t K) {
+  const int64_t half = g_widen_floats.load() / 2, floor = 256;
+  const int64_t kc = std::min(K, std::max(floor, half / floor));
+  return {kc, std::min(N, std::max(floor, half / kc)), std::min(M, std::max(floor, half / kc))};
+}
+
+// Per calling thread, kept at the largest size used (at most the budget
+// above): a fresh allocation each call costs its page faults, a third of a
+// 4096 x 512 x 512 product here (plan --measure's projection rate).
+thread_local std::vector<float> t_widen_scratch;
 
 void widened_bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
                        const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  const int64_t budget = g_widen_floats.load();
-  const int64_t kc = std::min(K, std::max<int64_t>(256, budget / 2 / N));
-  const int64_t mb = std::min(M, std::max<int64_t>(256, budget / 2 / kc));
-  // Kept per calling thread at the largest size used (at most the budget):
-  // a fresh allocation each call costs its page faults, a third of a
-  // 4096 x 512 x 512 product here (plan --measure's projection rate).
-  thread_local std::vector<float> scratch;
-  if (int64_t(scratch.size()) < kc * N + mb * kc) scratch.resize(kc * N + mb * kc);
+  const auto [kc, nb, mb] = widen_blocks(M, N, K);
+  std::vector<float>& scratch = t_widen_scratch;
+  if (int64_t(scratch.size()) < kc * nb + mb * kc) scratch.resize(kc * nb + mb * kc);
   float* wb = scratch.data();
-  float* wa = wb + kc * N;
+  float* wa = wb + kc * nb;
   // rows x cols of src (leading dimension ld) into dst [rows, cols]; by all
   // threads for a model-sized block, by the calling one inside a parallel region.
   auto widen = [](const bf16* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
@@ -208,14 +233,17 @@ void widened_bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
   };
   for (int64_t k0 = 0; k0 < K; k0 += kc) {
     const int64_t kn = std::min(kc, K - k0);
-    if (tb) widen(B + k0, N, kn, ldb, wb);  // B stored [N, K]: wb [N, kn]
-    else widen(B + k0 * ldb, kn, N, ldb, wb);  // B stored [K, N]: wb [kn, N]
     const float chunk_beta = k0 == 0 ? beta : 1.0f;
-    for (int64_t m0 = 0; m0 < M; m0 += mb) {
-      const int64_t mn = std::min(mb, M - m0);
-      if (ta) widen(A + k0 * lda + m0, kn, mn, lda, wa);  // A stored [K, M]: wa [kn, mn]
-      else widen(A + m0 * lda + k0, mn, kn, lda, wa);  // A stored [M, K]: wa [mn, kn]
-      gemm_f32(ta, tb, mn, N, kn, alpha, wa, ta ? mn : kn, wb, tb ? kn : N, chunk_beta, C + m0 * ldc, ldc);
+    for (int64_t n0 = 0; n0 < N; n0 += nb) {
+      const int64_t nn = std::min(nb, N - n0);
+      if (tb) widen(B + n0 * ldb + k0, nn, kn, ldb, wb);  // B stored [N, K]: wb [nn, kn]
+      else widen(B + k0 * ldb + n0, kn, nn, ldb, wb);  // B stored [K, N]: wb [kn, nn]
+      for (int64_t m0 = 0; m0 < M; m0 += mb) {
+        const int64_t mn = std::min(mb, M - m0);
+        if (ta) widen(A + k0 * lda + m0, kn, mn, lda, wa);  // A stored [K, M]: wa [kn, mn]
+        else widen(A + m0 * lda + k0, mn, kn, lda, wa);  // A stored [M, K]: wa [mn, kn]
+        gemm_f32(ta, tb, mn, nn, kn, alpha, wa, ta ? mn : kn, wb, tb ? kn : nn, chunk_beta, C + m0 * ldc + n0, ldc);
+      }
     }
   }
 }
@@ -254,35 +282,52 @@ double best_gflops(int64_t n, Product product) {
 // per 2 cycles (32 FLOP/cycle) against two 16-wide FMAs (64 FLOP/cycle), so
 // oneDNN's bf16 matmul ran at half the sgemm rate (82 vs 161 GFLOP/s a
 // core); on Zen 4 (one vdpbf16ps a cycle) and with AMX the native path wins
-// by 2x and more. A factor of ~2 either way, so timing noise cannot flip
-// the choice; it is made once per process and printed by every benchmark.
+// by 2x and more. A factor of ~2 either way: 8 processes oversubscribing 2
+// cores all measured native 83-86 and widened 133-156 GFLOP/s here. Made
+// once per process and printed by benchmarks, plan --measure and train;
+// LONGCTX_BF16_GEMM=native|widened pins it (runs that must repeat bit for
+// bit on a CPU where the two are close).
 bool native_is_faster() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
   const unsigned bf16_isa = dnnl_cpu_isa_avx512_core_bf16;  // ISA values are nested bit sets
-  if ((isa & bf16_isa) != bf16_isa) return false;
   constexpr int64_t n = 512;
-  if (bf16_gemm_for({false, false, n, n, n, n, n, n, 1.0f, 0.0f}).widen) return false;
+  // Created before the thread count drops below: oneDNN keeps a primitive's
+  // thread count from its creation (later calls at this shape use them all).
+  const bool available = (isa & bf16_isa) == bf16_isa && !bf16_gemm_for({false, false, n, n, n, n, n, n, 1.0f, 0.0f}).widen;
+  if (const char* pinned = std::getenv("LONGCTX_BF16_GEMM"); pinned && *pinned) {
+    const std::string p = pinned;
+    if (p != "native" && p != "widened")
+      throw ConfigError("LONGCTX_BF16_GEMM must be native or widened, got '" + p + "'");
+    return p == "native" && available;
+  }
+  if (!available) return false;
   std::vector<bf16> a(n * n, bf16(0.5f)), b(n * n, bf16(0.25f));
   std::vector<float> c(n * n);
   // On the calling thread alone (oneDNN threads a call by
-  // omp_get_max_threads(); inside a parallel region it runs single anyway).
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
+  // omp_get_max_threads(); inside a parallel region it runs single anyway),
+  // the thread count restored however the timing ends.
+  struct SingleThread {
+    int threads = omp_get_max_threads();
+    SingleThread() { omp_set_num_threads(1); }
+    ~SingleThread() { omp_set_num_threads(threads); }
+  } single;
   const double native = best_gflops(n, [&] {
     bf16_matmul(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   });
   const double widened = best_gflops(n, [&] {
     widened_bf16_gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   });
-  omp_set_num_threads(threads);
   return native > widened;
+}
+
+bool measured_native() {
+  static const bool native = native_is_faster();
+  return native;
 }
 
 bool use_native() {
   const Bf16GemmPath forced = g_forced_path.load();
-  if (forced != Bf16GemmPath::automatic) return forced == Bf16GemmPath::native;
-  static const bool native = native_is_faster();
-  return native;
+  return forced == Bf16GemmPath::automatic ? measured_native() : forced == Bf16GemmPath::native;
 }
 
 }  // namespace
@@ -312,16 +357,17 @@ std::string gemm_bf16_implementation(int64_t n) {
   if (g.widen) return "bf16 widened to fp32, dnnl_sgemm (no bf16 matmul on this CPU)";
   if (!use_native())
     return "bf16 widened to fp32, dnnl_sgemm (" +
-           std::string(g_forced_path.load() == Bf16GemmPath::widened ? "forced" : "faster here") + " than " +
-           g.implementation + ")";
+           std::string(measured_native() ? "forced instead of " : "faster here than ") + g.implementation + ")";
   return g.implementation;
 }
 
-bool gemm_bf16_is_native() { return use_native(); }
+bool gemm_bf16_is_native() { return measured_native(); }
 
 void force_gemm_bf16_path(Bf16GemmPath path) { g_forced_path = path; }
 
 void set_gemm_bf16_widen_floats(int64_t floats) { g_widen_floats = floats; }
+
+int64_t gemm_bf16_widen_scratch_floats() { return int64_t(t_widen_scratch.size()); }
 
 bool gemm_f32_is_avx512() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());

@@ -44,12 +44,15 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 std::string gemm_bf16_implementation(int64_t n);
 
 // Whether gemm_bf16 runs on the CPU's bf16 dot products (oneDNN's bf16
-// matmul) rather than widening: oneDNN has a bf16 matmul for this CPU (its
-// effective ISA has AVX512-BF16 or AMX-BF16; oneDNN 2.6.3 requests the
-// Linux AMX tile-data permission itself: amx::init() in
-// src/cpu/x64/cpu_isa_traits.cpp calls arch_prctl(ARCH_REQ_XCOMP_PERM,
-// XFEATURE_XTILEDATA) and mayiuse(amx_tile) is false when it is refused)
-// and it beat the widened path on a 512^3 product. Measured once, then cached.
+// matmul) rather than widening, by the measured choice: oneDNN has a bf16
+// matmul for this CPU (its effective ISA has AVX512-BF16 or AMX-BF16;
+// oneDNN 2.6.3 requests the Linux AMX tile-data permission itself:
+// amx::init() in src/cpu/x64/cpu_isa_traits.cpp calls
+// arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) and mayiuse(amx_tile)
+// is false when it is refused) and it beat the widened path on a 512^3
+// product, timed once per process on one thread; the environment variable
+// LONGCTX_BF16_GEMM=native|widened pins it instead (native still needs the
+// bf16 matmul). force_gemm_bf16_path does not change the answer.
 bool gemm_bf16_is_native();
 
 // Tests only: a gemm_bf16 path instead of the measured choice, so both are
@@ -58,8 +61,10 @@ bool gemm_bf16_is_native();
 enum class Bf16GemmPath { automatic, native, widened };
 void force_gemm_bf16_path(Bf16GemmPath path);
 // Tests only: the widened path's scratch budget in floats (default 2^24),
-// so small products exercise its cutting into K chunks and row blocks.
+// so small products exercise its cutting into blocks, and the size of the
+// calling thread's widening scratch (floats) after its calls so far.
 void set_gemm_bf16_widen_floats(int64_t floats);
+int64_t gemm_bf16_widen_scratch_floats();
 
 // Whether oneDNN's sgemm runs on 16-wide AVX-512 vectors here (its
 // effective ISA): the attention kernel's choice of bf16 tile path.
