@@ -22,10 +22,19 @@ struct StepPosition {
 
 namespace detail {
 inline std::atomic<uint64_t> step_position{0};  // pass << 32 | (layer + 1)
+inline std::atomic<void (*)(StepPass, int64_t)> step_position_observer{nullptr};
 }
 
 inline void publish_step_position(StepPass pass, int64_t layer = -1) {
   detail::step_position.store(uint64_t(pass) << 32 | uint32_t(layer + 1), std::memory_order_relaxed);
+  if (auto observe = detail::step_position_observer.load(std::memory_order_relaxed)) observe(pass, layer);
+}
+
+// Tests only: `observer` sees every position published, on the publishing
+// thread (nullptr: none), so a test checks what the model publishes without
+// racing the reporter's clock.
+inline void observe_step_positions(void (*observer)(StepPass, int64_t)) {
+  detail::step_position_observer.store(observer, std::memory_order_relaxed);
 }
 
 inline StepPosition step_position() {

@@ -31,16 +31,21 @@ ProgressReporter::~ProgressReporter() {
   if (thread_.joinable()) thread_.join();
 }
 
+// A step's lines never say idle: its position is batch before the step
+// counts as started, and idle only once it no longer does.
 void ProgressReporter::step_started(int64_t step) {
+  publish_step_position(StepPass::batch);
   std::lock_guard<std::mutex> lock(mutex_);
   step_ = step;
   since_start_.reset();
 }
 
 void ProgressReporter::step_finished() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    step_ = 0;
+  }
   publish_step_position(StepPass::idle);
-  std::lock_guard<std::mutex> lock(mutex_);
-  step_ = 0;
 }
 
 void ProgressReporter::loop() {
