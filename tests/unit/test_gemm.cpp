@@ -170,13 +170,20 @@ TEST(GemmF32, BitIdenticalAtAnyThreadCountAndCorrect) {
     std::vector<float> A(s.M * s.K), B(s.K * s.N), C0(s.M * s.N);
     for (auto* v : {&A, &B, &C0})
       for (float& x : *v) x = normal(rng);
-    std::vector<std::vector<float>> out;
-    for (int t : {1, 2, 3}) {
-      omp_set_num_threads(t);
-      std::vector<float> C = C0;
-      gemm_f32(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, s.beta, C.data(), s.N);
-      out.push_back(C);
-    }
+    // C after `product` at 1, 2 and 3 threads, each from C0.
+    auto at_1_2_3_threads = [&](auto product) {
+      std::vector<std::vector<float>> results;
+      for (int t : {1, 2, 3}) {
+        omp_set_num_threads(t);
+        std::vector<float> C = C0;
+        product(C.data());
+        results.push_back(C);
+      }
+      return results;
+    };
+    const std::vector<std::vector<float>> out = at_1_2_3_threads([&](float* C) {
+      gemm_f32(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, s.beta, C, s.N);
+    });
     // gemm_bf16 on the same values rounded to bf16 (native pieces, or
     // widened then gemm_f32's pieces): bit-identical across threads too.
     std::vector<bf16> A16(A.size()), B16(B.size());
@@ -186,13 +193,9 @@ TEST(GemmF32, BitIdenticalAtAnyThreadCountAndCorrect) {
     for (Bf16GemmPath path : {Bf16GemmPath::native, Bf16GemmPath::widened}) {
       force_gemm_bf16_path(path);
       set_gemm_bf16_widen_floats(path == Bf16GemmPath::widened ? 1 << 14 : 1 << 24);
-      std::vector<std::vector<float>> out16;
-      for (int t : {1, 2, 3}) {
-        omp_set_num_threads(t);
-        std::vector<float> C = C0;
-        gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A16.data(), lda, B16.data(), ldb, s.beta, C.data(), s.N);
-        out16.push_back(C);
-      }
+      const std::vector<std::vector<float>> out16 = at_1_2_3_threads([&](float* C) {
+        gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A16.data(), lda, B16.data(), ldb, s.beta, C, s.N);
+      });
       EXPECT_TRUE(out16[1] == out16[0]) << gemm_bf16_implementation(64) << ": 2 threads differ from 1";
       EXPECT_TRUE(out16[2] == out16[0]) << gemm_bf16_implementation(64) << ": 3 threads differ from 1";
     }
