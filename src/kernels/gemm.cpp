@@ -281,8 +281,9 @@ double best_gflops(int64_t n, Product product) {
 // on an Intel Xeon with AVX512-BF16 but no AMX, vdpbf16ps retires about one
 // per 2 cycles (32 FLOP/cycle) against two 16-wide FMAs (64 FLOP/cycle), so
 // oneDNN's bf16 matmul ran at half the sgemm rate (82 vs 161 GFLOP/s a
-// core); on Zen 4 (one vdpbf16ps a cycle) and with AMX the native path wins
-// by 2x and more. A factor of ~2 either way: 8 processes oversubscribing 2
+// core); with AMX the native path wins by 6-8x (issue 10's Sapphire Rapids
+// numbers) and on Zen 4 (one vdpbf16ps a cycle) it should by about 2x (not
+// measured here). A factor of ~2 or more either way: 8 processes oversubscribing 2
 // cores all measured native 83-86 and widened 133-156 GFLOP/s here. Made
 // once per process and printed by benchmarks, plan --measure and train;
 // LONGCTX_BF16_GEMM=native|widened pins it (runs that must repeat bit for
