@@ -28,12 +28,13 @@ const char* const kBenchAttentionUsage =
     "usage: longctx bench attention [--batch B] [--seq S] [--kv-seq S] [--heads H]\n"
     "         [--kv-heads G] [--head-dim D] [--mask full|causal|local:W|chunked:C|documents:N]\n"
     "         [--dtype fp32|bf16] [--threads T] [--reps N] [--warmup N]\n"
-    "         [--clock wall|cpu] [--tile-path auto|widened|native|fused] [--json]\n"
+    "         [--clock wall|cpu] [--tile-path auto|gemm|widened|native|fused] [--json]\n"
     "  defaults: B=1 S=8192 kv-seq=S H=8 G=H D=128 causal, all threads, 1 warm-up call, 3 timed\n"
     "  q rows are the last S positions of the kv sequence (end-aligned);\n"
     "  documents:N = N equal packed documents, causal within each;\n"
     "  --clock cpu times by process CPU seconds / threads (steadier on a shared machine);\n"
-    "  --tile-path: bf16 only, a tile path instead of the automatic choice (attention.h)\n";
+    "  --tile-path: a tile path instead of the automatic choice (attention.h): fp32 gemm or\n"
+    "    fused (f32, f32_fused); bf16 widened, native or fused (bf16_widened, bf16_native, bf16_fused)\n";
 
 namespace {
 
@@ -53,6 +54,20 @@ int64_t positive(const std::string& flag, const std::string& value) {
   } catch (...) {
   }
   throw ConfigError(flag + " expects a positive integer, got '" + value + "'");
+}
+
+// --tile-path NAME for inputs in `dt`: auto, or a path of that dtype.
+AttentionTilePath tile_path_of(const std::string& name, DType dt) {
+  if (name == "auto") return AttentionTilePath::automatic;
+  if (dt == DType::f32) {
+    if (name == "gemm") return AttentionTilePath::f32;
+    if (name == "fused") return AttentionTilePath::f32_fused;
+    throw ConfigError("bench attention: --tile-path for fp32 must be auto, gemm or fused, got '" + name + "'");
+  }
+  if (name == "widened") return AttentionTilePath::bf16_widened;
+  if (name == "native") return AttentionTilePath::bf16_native;
+  if (name == "fused") return AttentionTilePath::bf16_fused;
+  throw ConfigError("bench attention: --tile-path for bf16 must be auto, widened, native or fused, got '" + name + "'");
 }
 
 Flags parse_flags(const Args& args) {
@@ -88,8 +103,7 @@ Flags parse_flags(const Args& args) {
   if (f.clock != "wall" && f.clock != "cpu")
     throw ConfigError("bench attention: --clock must be wall or cpu, got '" + f.clock + "'");
   parse_enum<DType>(f.dtype);  // fp32, float32, bf16 or bfloat16, else a ConfigError naming them
-  if (f.tile_path != "auto" && f.tile_path != "widened" && f.tile_path != "native" && f.tile_path != "fused")
-    throw ConfigError("bench attention: --tile-path must be auto, widened, native or fused, got '" + f.tile_path + "'");
+  tile_path_of(f.tile_path, parse_enum<DType>(f.dtype));  // checks it
   return f;
 }
 
@@ -184,10 +198,7 @@ int run_bench_attention(const Args& args) {
 
   const auto act = MemCategory::activations;
   const DType dt = parse_enum<DType>(f.dtype);  // q, k, v, o, dout; gradients fp32
-  if (f.tile_path != "auto")
-    set_attention_bf16_tile_path(f.tile_path == "widened"  ? AttentionTilePath::bf16_widened
-                                 : f.tile_path == "native" ? AttentionTilePath::bf16_native
-                                                           : AttentionTilePath::bf16_fused);
+  set_attention_tile_path(tile_path_of(f.tile_path, dt));
   Tensor q({B, Sq, H, D}, dt, act, "bench q"), o({B, Sq, H, D}, dt, act, "bench o");
   Tensor dout({B, Sq, H, D}, dt, act, "bench dout");
   Tensor dq({B, Sq, H, D}, DType::f32, act, "bench dq");

@@ -38,7 +38,9 @@ using attn::TileKind;
 
 namespace {
 
-std::atomic<AttentionTilePath> g_forced_bf16_path{AttentionTilePath::f32};  // f32: automatic
+// Tests and benchmarks: a path forced for fp32 or bf16 inputs (automatic: none).
+std::atomic<AttentionTilePath> g_forced_f32_path{AttentionTilePath::automatic};
+std::atomic<AttentionTilePath> g_forced_bf16_path{AttentionTilePath::automatic};
 
 // q blocks per forward work unit, sharing each K, V tile copy (forward_fast).
 constexpr int64_t kForwardQBlocks = 4;
@@ -52,54 +54,75 @@ int64_t per_thread_scratch_bytes(int64_t floats, int64_t copies, int64_t D, Atte
   return floats * int64_t(sizeof(float)) + (copies * b * D + b * b) * int64_t(sizeof(bf16));
 }
 
+bool is_fused(AttentionTilePath path) {
+  return path == AttentionTilePath::f32_fused || path == AttentionTilePath::bf16_fused;
+}
+
 }  // namespace
 
 AttentionTilePath attention_tile_path(DType dtype) {
-  if (dtype == DType::f32) return AttentionTilePath::f32;
-  const AttentionTilePath forced = g_forced_bf16_path.load();
-  if (forced != AttentionTilePath::f32) return forced;
-  // The fused forward's kernels are 8-wide AVX2: they beat sgemm on widened
-  // tiles where sgemm is AVX2 too (Zen 3: 76-82 vs 73 GFLOP/s a core), not
-  // where it is AVX-512 (Intel Xeon: 72 vs 116; bench/results/attention_bf16_avx512.md).
-  static const AttentionTilePath automatic =
-      gemm_bf16_is_native()                                    ? AttentionTilePath::bf16_native
-      : attn::fused_tiles_supported() && !gemm_f32_is_avx512() ? AttentionTilePath::bf16_fused
-                                                               : AttentionTilePath::bf16_widened;
+  const bool f32 = dtype == DType::f32;
+  const AttentionTilePath forced = (f32 ? g_forced_f32_path : g_forced_bf16_path).load();
+  if (forced != AttentionTilePath::automatic) return forced;
+  // The fused forward (attention_fused.h) against oneDNN's sgemm on the same
+  // tiles, S = 8192, H = 8, D = 128, causal, 1 thread: 76-82 vs 73 GFLOP/s on
+  // Zen 3 (AVX2); 125-134 vs 113-118 on an Intel Xeon (AVX-512), fp32 and
+  // bf16 alike (bench/results/attention_fused_avx512.md). Native bf16 tiles
+  // win where gemm_bf16 does (AMX: 6-8x).
+  const bool fused = attention_fused_tiles_supported();
+  if (f32) return fused ? AttentionTilePath::f32_fused : AttentionTilePath::f32;
+  static const AttentionTilePath automatic = gemm_bf16_is_native() ? AttentionTilePath::bf16_native
+                                             : fused               ? AttentionTilePath::bf16_fused
+                                                                   : AttentionTilePath::bf16_widened;
   return automatic;
 }
 
-bool attention_fused_tiles_supported() { return attn::fused_tiles_supported(); }
+bool attention_fused_tiles_supported() { return attn::fused_tile_kernels() != nullptr; }
 
 namespace attn {
-bool fused_tiles_supported() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool supported =
-      fused_tiles_built() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return supported;
-#else
-  return false;
-#endif
+const FusedTileKernels* fused_tile_kernels_avx2() {
+  static const FusedTileKernels* k =
+      onednn_vector_isa() != VectorIsa::none && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+          ? fused_tile_kernels_avx2_built()
+          : nullptr;
+  return k;
+}
+const FusedTileKernels* fused_tile_kernels_avx512() {
+  static const FusedTileKernels* k =
+      onednn_vector_isa() == VectorIsa::avx512 && __builtin_cpu_supports("avx512f") ? fused_tile_kernels_avx512_built()
+                                                                                     : nullptr;
+  return k;
+}
+const FusedTileKernels* fused_tile_kernels() {
+  return fused_tile_kernels_avx512() ? fused_tile_kernels_avx512() : fused_tile_kernels_avx2();
 }
 }  // namespace attn
 
-const char* attention_tile_path_name(AttentionTilePath path) {
+std::string attention_tile_path_name(AttentionTilePath path) {
+  const std::string fused = std::string("forward fused ") +
+                            (attention_fused_tiles_supported() ? attn::fused_tile_kernels()->isa : "(not on this CPU)") +
+                            ", backward gemm_f32";
   switch (path) {
     case AttentionTilePath::f32: return "fp32 tiles, gemm_f32";
+    case AttentionTilePath::f32_fused: return "fp32 tiles, " + fused;
     case AttentionTilePath::bf16_widened: return "bf16 widened to fp32 tiles, gemm_f32";
     case AttentionTilePath::bf16_native: return "bf16 tiles, gemm_bf16 (P, dS rounded to bf16)";
-    case AttentionTilePath::bf16_fused:
-      return "bf16 widened to fp32 tiles, forward fused AVX2/FMA, backward gemm_f32";
+    case AttentionTilePath::bf16_fused: return "bf16 widened to fp32 tiles, " + fused;
+    case AttentionTilePath::automatic: return "automatic";
   }
   return "";
 }
 
-void set_attention_bf16_tile_path(AttentionTilePath path) {
-  check_shape(path != AttentionTilePath::bf16_fused || attn::fused_tiles_supported(),
-              "attention: the bf16_fused tile path needs a CPU with AVX2 and FMA");
-  g_forced_bf16_path = path;
+void set_attention_tile_path(AttentionTilePath path) {
+  check_shape(!is_fused(path) || attention_fused_tiles_supported(),
+              "attention: a fused tile path needs a CPU with AVX2 and FMA (or AVX-512)");
+  const bool f32 = path == AttentionTilePath::f32 || path == AttentionTilePath::f32_fused;
+  if (path == AttentionTilePath::automatic || f32) g_forced_f32_path = path;
+  if (path == AttentionTilePath::automatic || !f32) g_forced_bf16_path = path;
   // Native tiles multiply natively too, whatever gemm_bf16 measured (still
   // widened where oneDNN has no bf16 matmul for this CPU).
-  force_gemm_bf16_path(path == AttentionTilePath::bf16_native ? Bf16GemmPath::native : Bf16GemmPath::automatic);
+  if (path == AttentionTilePath::automatic || !f32)
+    force_gemm_bf16_path(path == AttentionTilePath::bf16_native ? Bf16GemmPath::native : Bf16GemmPath::automatic);
 }
 
 // Per thread, forward: fp32 s [bq, bk] scores then probabilities, and for
@@ -109,7 +132,7 @@ void set_attention_bf16_tile_path(AttentionTilePath path) {
 int64_t attention_forward_scratch_bytes(int64_t D, int64_t threads, DType dtype) {
   const int64_t b = kAttentionTile, nb = kForwardQBlocks;
   const AttentionTilePath path = attention_tile_path(dtype);
-  const int64_t alpha = path == AttentionTilePath::bf16_fused ? b : 0;
+  const int64_t alpha = is_fused(path) ? b : 0;
   return threads * per_thread_scratch_bytes(b * b + nb * (b * D + 2 * b) + alpha, nb + 2, D, path);
 }
 
@@ -289,40 +312,40 @@ void scores_tile(const AttentionArgs& a, const Geometry& g, TileKind kind, int64
   mask_scores(a, g, kind, b, i0, rows, j0, cols, s, g.bk, 1, counts);
 }
 
-// The fused path's panels of q rows (attention_fused.h): rows r0.. of each
-// panel of the tile, and the panels of a q block of `rows` rows.
-int64_t panels_of(int64_t rows) { return (rows + attn::kPanel - 1) / attn::kPanel; }
+// The fused path's panels of q rows (attention_fused.h): the panels of a q
+// block of `rows` rows.
+int64_t panels_of(int64_t rows, int64_t panel) { return (rows + panel - 1) / panel; }
 
 // Copies `rows` token rows of head h of a [B, S, heads, D] view, from token
-// s0, transposed into the fused path's panels qp [panels][D][16], widened;
-// the rows past `rows` of the last panel are zero.
-void copy_rows_to_panels(float* qp, const TensorView& t, int64_t b, int64_t s0, int64_t h, int64_t rows,
-                         int64_t D, float* row) {
-  const int64_t panels = panels_of(rows);
-  std::fill(qp + (panels - 1) * D * attn::kPanel, qp + panels * D * attn::kPanel, 0.0f);
+// s0, transposed into the fused path's panels qp [panels][D][panel],
+// widened; the rows past `rows` of the last panel are zero.
+void copy_rows_to_panels(float* qp, int64_t panel, const TensorView& t, int64_t b, int64_t s0, int64_t h,
+                         int64_t rows, int64_t D, float* row) {
+  const int64_t panels = panels_of(rows, panel);
+  std::fill(qp + (panels - 1) * D * panel, qp + panels * D * panel, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     load_f32(element_ptr(t, {b, s0 + r, h}), t.dtype, row, D);
-    float* dst = qp + (r / attn::kPanel) * D * attn::kPanel + r % attn::kPanel;
-    for (int64_t d = 0; d < D; ++d) dst[d * attn::kPanel] = row[d];
+    float* dst = qp + (r / panel) * D * panel + r % panel;
+    for (int64_t d = 0; d < D; ++d) dst[d * panel] = row[d];
   }
 }
 
 // One tile on the fused path: the scores, the mask (partial tiles), the
-// online softmax and P V of a q block's panels qp, acc [panels][D][16]
+// online softmax and P V of a q block's panels qp, acc [panels][D][panel]
 // against K, V [cols, D]; s holds the scores then P, panel after panel
-// (bk x 16 floats each).
-void fused_tile(const AttentionArgs& a, const Geometry& g, TileKind kind, int64_t b, int64_t i0, int64_t rows,
-                int64_t j0, int64_t cols, const float* qp, const float* k, const float* v, float* s, float* acc,
-                float* m, float* l, float* alpha, TileCounts& counts) {
-  const int64_t panels = panels_of(rows), s_panel = g.bk * attn::kPanel;
-  attn::fused_scores(qp, panels, k, cols, g.D, g.scale * kLog2e, s, s_panel);
+// (bk x panel floats each).
+void fused_tile(const attn::FusedTileKernels& f, const AttentionArgs& a, const Geometry& g, TileKind kind,
+                int64_t b, int64_t i0, int64_t rows, int64_t j0, int64_t cols, const float* qp, const float* k,
+                const float* v, float* s, float* acc, float* m, float* l, float* alpha, TileCounts& counts) {
+  const int64_t panels = panels_of(rows, f.panel), s_panel = g.bk * f.panel;
+  f.scores(qp, panels, k, cols, g.D, g.scale * kLog2e, s, s_panel);
   for (int64_t p = 0; p < panels; ++p) {  // counted once, masked panel by panel
-    const int64_t r0 = p * attn::kPanel, p_rows = std::min(attn::kPanel, rows - r0);
+    const int64_t r0 = p * f.panel, p_rows = std::min(f.panel, rows - r0);
     TileCounts once;
-    mask_scores(a, g, kind, b, i0 + r0, p_rows, j0, cols, s + p * s_panel, 1, attn::kPanel, p == 0 ? counts : once);
+    mask_scores(a, g, kind, b, i0 + r0, p_rows, j0, cols, s + p * s_panel, 1, f.panel, p == 0 ? counts : once);
   }
-  attn::fused_softmax(s, panels, cols, s_panel, m, l, alpha);
-  attn::fused_pv(s, panels, cols, s_panel, v, g.D, alpha, acc);
+  f.softmax(s, panels, cols, s_panel, m, l, alpha);
+  f.pv(s, panels, cols, s_panel, v, g.D, alpha, acc);
 }
 
 void add_stats(AttentionStats* stats, const Geometry& g, const TileCounts& counts) {
@@ -333,10 +356,11 @@ void add_stats(AttentionStats* stats, const Geometry& g, const TileCounts& count
 }
 
 // T: the tile dtype (float, or bf16 on the native bf16 path).
-// fused: the bf16_fused path (T = float): Q, the scores and the output kept
-// as panels and the tiles run by the fused kernels (fused_tile).
+// fused: a fused path's kernels (T = float), else null: Q, the scores and
+// the output kept as panels and the tiles run by them (fused_tile).
 template <class T>
-void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, AttentionStats* stats, bool fused) {
+void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, AttentionStats* stats,
+                  const attn::FusedTileKernels* fused) {
   const Geometry g = geometry(a);
   check_view(o, "o");
   check_same_shape(a.q, o, "o");
@@ -388,8 +412,10 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
       for (int64_t i = i_first; i < i_end; ++i) {
         const int64_t x = i - i_first, i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
         // The fused path also runs the padding rows of the last panel (zero q rows, never stored).
-        const int64_t run_rows = fused ? panels_of(rows) * attn::kPanel : rows;
-        if (fused) copy_rows_to_panels(reinterpret_cast<float*>(qc_all) + x * g.bq * g.D, a.q, b, i0, h, rows, g.D, row.data());
+        const int64_t run_rows = fused ? panels_of(rows, fused->panel) * fused->panel : rows;
+        if (fused)
+          copy_rows_to_panels(reinterpret_cast<float*>(qc_all) + x * g.bq * g.D, fused->panel, a.q, b, i0, h, rows, g.D,
+                              row.data());
         else copy_rows(qc_all + x * g.bq * g.D, a.q, b, i0, h, rows, g.D);
         std::fill(acc_all + x * g.bq * g.D, acc_all + x * g.bq * g.D + run_rows * g.D, 0.0f);
         std::fill(m_all + x * g.bq, m_all + x * g.bq + run_rows, kNegInf);
@@ -410,7 +436,7 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
           float* m = m_all + x * g.bq;
           float* l = l_all + x * g.bq;
           if (fused) {
-            fused_tile(a, g, kind, b, i0, rows, j0, cols, reinterpret_cast<const float*>(qc_all) + x * g.bq * g.D,
+            fused_tile(*fused, a, g, kind, b, i0, rows, j0, cols, reinterpret_cast<const float*>(qc_all) + x * g.bq * g.D,
                        reinterpret_cast<const float*>(kc), reinterpret_cast<const float*>(vc), s, acc, m, l, alpha,
                        counts);
             continue;
@@ -441,7 +467,7 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
           float* out = fused ? row.data() : acc_all + (x * g.bq + r) * g.D;  // normalised in place, then stored in o's dtype
           if (fused)  // row r of the panels
             for (int64_t y = 0; y < g.D; ++y)
-              out[y] = acc[((r / attn::kPanel) * g.D + y) * attn::kPanel + r % attn::kPanel];
+              out[y] = acc[((r / fused->panel) * g.D + y) * fused->panel + r % fused->panel];
           float* lse_r = lse + ((b * g.Sq + i0 + r) * g.H + h);
           if (l[r] > 0.0f) {
             const float inv = 1.0f / l[r];
@@ -594,8 +620,8 @@ void attention_forward(const AttentionArgs& args, const TensorView& o, float* ls
                        AttentionStats* stats) {
   if (args.impl == KernelImpl::reference) return attention_forward_reference(args, o, lse);
   const AttentionTilePath path = attention_tile_path(args.q.dtype);
-  if (path == AttentionTilePath::bf16_native) return forward_fast<bf16>(args, o, lse, stats, false);
-  forward_fast<float>(args, o, lse, stats, path == AttentionTilePath::bf16_fused);
+  if (path == AttentionTilePath::bf16_native) return forward_fast<bf16>(args, o, lse, stats, nullptr);
+  forward_fast<float>(args, o, lse, stats, is_fused(path) ? attn::fused_tile_kernels() : nullptr);
 }
 
 void attention_backward(const AttentionArgs& args, const TensorView& dout, const float* lse,

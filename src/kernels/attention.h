@@ -54,34 +54,37 @@ constexpr int64_t kAttentionTile = 128;
 
 // How the fast kernel multiplies the tiles of q, k, v in `dtype`:
 //   f32           fp32 inputs: fp32 tile copies, gemm_f32.
+//   f32_fused     as f32, where the CPU has AVX2 and FMA or AVX-512 (asked at
+//                 run time, capped by oneDNN's ISA): the forward's tiles
+//                 (Q K^T, online softmax, P V) in hand-written vector kernels
+//                 (attention_fused.h), the backward as f32. Same arithmetic
+//                 as f32 (fp32 throughout), summed in another order; the
+//                 same results on AVX2 and AVX-512.
 //   bf16_widened  bf16 inputs where gemm_bf16 widens (no bf16 matmul, or
 //                 one slower than fp32: gemm_bf16_is_native is false) and
-//                 sgemm is AVX-512, or the CPU lacks AVX2 + FMA: tiles
-//                 widened (exactly) to fp32 while copied, then the fp32
-//                 path; as fast as fp32.
+//                 the CPU has no fused kernels: tiles widened (exactly) to
+//                 fp32 while copied, then the f32 path.
 //   bf16_native   bf16 inputs where gemm_bf16 runs natively (AMX-BF16, or
 //                 AVX512-BF16 that beats fp32: gemm_bf16_is_native): bf16
 //                 tile copies and gemm_bf16 (fp32 accumulation and C); the P
 //                 and dS tiles are rounded to bf16 for the P V, P^T dO, dS K
 //                 and dS^T Q products, as flash attention implementations do.
-//   bf16_fused    as bf16_widened, on a CPU with AVX2 and FMA whose sgemm is
-//                 not AVX-512 (asked at run time): the forward's tiles
-//                 (Q K^T, online softmax, P V) in hand-written AVX2/FMA
-//                 kernels on the widened tiles (attention_fused.h), the
-//                 backward as bf16_widened. Same arithmetic as
-//                 bf16_widened (fp32 throughout), summed in another order.
-// Decided once per process (oneDNN and the CPU are asked once).
-enum class AttentionTilePath { f32, bf16_widened, bf16_native, bf16_fused };
+//   bf16_fused    as bf16_widened with f32_fused's forward, where gemm_bf16
+//                 widens and the CPU has the fused kernels.
+// The automatic choice is made once per process (oneDNN and the CPU are
+// asked once); `automatic` is only an argument of set_attention_tile_path.
+enum class AttentionTilePath { f32, f32_fused, bf16_widened, bf16_native, bf16_fused, automatic };
 AttentionTilePath attention_tile_path(DType dtype);
-const char* attention_tile_path_name(AttentionTilePath path);
-// Tests only: run bf16 inputs on `path` (bf16_widened, bf16_native or
-// bf16_fused) instead of the automatic choice; f32 restores the automatic
-// choice. bf16_native also forces gemm_bf16 native (force_gemm_bf16_path),
-// which still widens where oneDNN has no bf16 matmul, so its arithmetic
-// (P and dS rounded to bf16) is tested on any CPU;
-// bf16_fused needs AVX2 and FMA (ShapeError without them).
-void set_attention_bf16_tile_path(AttentionTilePath path);
-// Whether this CPU can run the bf16_fused path (AVX2 and FMA, and the
+std::string attention_tile_path_name(AttentionTilePath path);  // with the fused kernels' ISA
+// Tests and benchmarks: run the inputs of the path's dtype (f32 and
+// f32_fused: fp32; the others: bf16) on `path` instead of the automatic
+// choice; `automatic` restores it for both. bf16_native also forces gemm_bf16
+// native (force_gemm_bf16_path), which still widens where oneDNN has no bf16
+// matmul, so its arithmetic (P and dS rounded to bf16) is tested on any CPU.
+// The fused paths need attention_fused_tiles_supported() (ShapeError
+// without).
+void set_attention_tile_path(AttentionTilePath path);
+// Whether this CPU runs the fused paths (AVX2 and FMA, or AVX-512, and the
 // kernels compiled in).
 bool attention_fused_tiles_supported();
 

@@ -1,44 +1,52 @@
 #pragma once
-// The forward's tile arithmetic in hand-written AVX2/FMA kernels (the
-// bf16_fused tile path, attention.h). Internal to src/kernels.
+// The forward's tile arithmetic in hand-written vector kernels (the
+// bf16_fused tile path, attention.h), for AVX2/FMA and for AVX-512.
+// Internal to src/kernels.
 //
-// A q block is kept transposed, as panels of kPanel q rows side by side, and
-// so are its scores and its running output: S^T = K Q^T broadcasts K
-// (row-major, as widened) against vectors of 16 q rows, and O^T += V^T P^T
-// broadcasts V against the same vectors of P. No operand is packed per
-// product (the widened K, V tiles are used as they are; Q is transposed once
-// per q block), and the online softmax's reductions over kv (max, sum) and
-// its rescaling of the output are elementwise across vectors, never
-// horizontal. Layouts (fp32):
-//   qp   [panels][D][16]         q block transposed (rows past the block zero)
-//   s    [panels][s_panel]       scores, then probabilities: [cols][16] per panel
-//   acc  [panels][D][16]         running output, transposed
-//   m, l, alpha [panels * 16]    per q row: running max, sum (base 2), rescale factor
+// A q block is kept transposed, as panels of `panel` q rows side by side
+// (two vectors: 16 rows on AVX2, 32 on AVX-512), and so are its scores and
+// its running output: S^T = K Q^T broadcasts K (row-major, as widened)
+// against the vectors of q rows, and O^T += V^T P^T broadcasts V against the
+// same vectors of P. No operand is packed per product (the widened K, V
+// tiles are used as they are; Q is transposed once per q block), and the
+// online softmax's reductions over kv (max, sum) and its rescaling of the
+// output are elementwise across vectors, never horizontal. Layouts (fp32):
+//   qp   [panels][D][panel]      q block transposed (rows past the block zero)
+//   s    [panels][s_panel]       scores, then probabilities: [cols][panel] per panel
+//   acc  [panels][D][panel]      running output, transposed
+//   m, l, alpha [panels * panel] per q row: running max, sum (base 2), rescale factor
 //   k, v [cols][D]               row-major
 #include <cstdint>
 
 namespace longctx::attn {
 
-constexpr int64_t kPanel = 16;
+struct FusedTileKernels {
+  int64_t panel;    // q rows per panel
+  const char* isa;  // "AVX2/FMA" or "AVX-512"
+  // s[p][c][j] = scale sum_d qp[p][d][j] k[c][d], for p < panels, c < cols.
+  void (*scores)(const float* qp, int64_t panels, const float* k, int64_t cols, int64_t D, float scale, float* s,
+                 int64_t s_panel);
+  // One tile of the online softmax, per q row (m, l of a row that has seen
+  // nothing allowed yet: -inf, 0):
+  //   m' = max(m, max_c s[c]);  s[c] = 2^(s[c] - m');  alpha = 2^(m - m');
+  //   l = alpha l + sum_c s[c];  m = m'.
+  // A row with m' = -inf (nothing allowed yet) gets s = 0 and alpha = 0.
+  void (*softmax)(float* s, int64_t panels, int64_t cols, int64_t s_panel, float* m, float* l, float* alpha);
+  // acc[p][d][j] = alpha[p][j] acc[p][d][j] + sum_c s[p][c][j] v[c][d].
+  void (*pv)(const float* s, int64_t panels, int64_t cols, int64_t s_panel, const float* v, int64_t D,
+             const float* alpha, float* acc);
+};
 
-// Whether the kernels below were compiled (x86: for AVX2 + FMA) and this CPU
-// has AVX2 and FMA (asked at run time). The kernels run only when it is true.
-bool fused_tiles_supported();
-bool fused_tiles_built();  // the first half: compiled in
+// The kernels of one ISA where they were compiled in (x86) and this CPU runs
+// them (asked at run time) and oneDNN's effective ISA includes it (so that
+// ONEDNN_MAX_CPU_ISA caps these kernels as it caps the GEMMs); else null.
+const FusedTileKernels* fused_tile_kernels_avx2();
+const FusedTileKernels* fused_tile_kernels_avx512();
+// The widest of the two, or null: what the bf16_fused path runs.
+const FusedTileKernels* fused_tile_kernels();
 
-// s[p][c][j] = scale sum_d qp[p][d][j] k[c][d], for p < panels, c < cols.
-void fused_scores(const float* qp, int64_t panels, const float* k, int64_t cols, int64_t D, float scale,
-                  float* s, int64_t s_panel);
-
-// One tile of the online softmax, per q row (m, l of a row that has seen
-// nothing allowed yet: -inf, 0):
-//   m' = max(m, max_c s[c]);  s[c] = 2^(s[c] - m');  alpha = 2^(m - m');
-//   l = alpha l + sum_c s[c];  m = m'.
-// A row with m' = -inf (nothing allowed yet) gets s = 0 and alpha = 0.
-void fused_softmax(float* s, int64_t panels, int64_t cols, int64_t s_panel, float* m, float* l, float* alpha);
-
-// acc[p][d][j] = alpha[p][j] acc[p][d][j] + sum_c s[p][c][j] v[c][d].
-void fused_pv(const float* s, int64_t panels, int64_t cols, int64_t s_panel, const float* v, int64_t D,
-              const float* alpha, float* acc);
+// Compiled in (the first half of the above), per ISA file.
+const FusedTileKernels* fused_tile_kernels_avx2_built();
+const FusedTileKernels* fused_tile_kernels_avx512_built();
 
 }  // namespace longctx::attn

@@ -370,10 +370,12 @@ void set_gemm_bf16_widen_floats(int64_t floats) { g_widen_floats = floats; }
 
 int64_t gemm_bf16_widen_scratch_floats() { return int64_t(t_widen_scratch.size()); }
 
-bool gemm_f32_is_avx512() {
+VectorIsa onednn_vector_isa() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-  const unsigned avx512 = dnnl_cpu_isa_avx512_core;
-  return (isa & avx512) == avx512;
+  const auto includes = [isa](dnnl_cpu_isa_t x) { return (isa & unsigned(x)) == unsigned(x); };  // nested bit sets
+  return includes(dnnl_cpu_isa_avx512_core) ? VectorIsa::avx512
+         : includes(dnnl_cpu_isa_avx2)      ? VectorIsa::avx2
+                                            : VectorIsa::none;
 }
 
 double measure_gemm_gflops(DType dtype, int64_t n, double min_seconds) {

@@ -66,9 +66,11 @@ void force_gemm_bf16_path(Bf16GemmPath path);
 void set_gemm_bf16_widen_floats(int64_t floats);
 int64_t gemm_bf16_widen_scratch_floats();
 
-// Whether oneDNN's sgemm runs on 16-wide AVX-512 vectors here (its
-// effective ISA): the attention kernel's choice of bf16 tile path.
-bool gemm_f32_is_avx512();
+// The widest x86 vector ISA oneDNN runs here (its effective ISA: the CPU's,
+// capped by ONEDNN_MAX_CPU_ISA): what sgemm runs on, and the cap of the
+// attention kernel's own vector kernels, so that one setting caps both.
+enum class VectorIsa { none, avx2, avx512 };
+VectorIsa onednn_vector_isa();
 
 // Measures the GEMM rate (GFLOP/s) of an n x n x n product in `dtype` with the
 // current OpenMP thread count: the reference that benchmarks and MFU divide by.

@@ -79,13 +79,13 @@ void check_all(CpStrategy s, int ulysses) {
 // mask and shape across the two loops), on the widened path; the native and
 // fused paths' own arithmetic is the kernel's (test_attention), so one GQA
 // shape shows their bounds hold through the strategies (fused where the CPU
-// has AVX2 and FMA). Kept cheap for 8 ranks.
+// has the fused kernels). Kept cheap for 8 ranks.
 void check_all_bf16(CpStrategy s, int ulysses) {
   Mesh mesh(1, world_size(), ulysses, 1);
   std::vector<AttentionTilePath> paths = {AttentionTilePath::bf16_widened, AttentionTilePath::bf16_native};
   if (attention_fused_tiles_supported()) paths.push_back(AttentionTilePath::bf16_fused);
   for (AttentionTilePath path : paths) {
-    set_attention_bf16_tile_path(path);
+    set_attention_tile_path(path);
     int n = 0;
     for (const char* mask : kMasks)
       for (const Gqa& g : kGqa) {
@@ -103,7 +103,7 @@ void check_all_bf16(CpStrategy s, int ulysses) {
         EXPECT_LE(r.err_dv, 1.0);
       }
   }
-  set_attention_bf16_tile_path(AttentionTilePath::f32);  // automatic again
+  set_attention_tile_path(AttentionTilePath::automatic);
 }
 
 TEST(CpAttention, AllGather) { check_all(CpStrategy::all_gather, 1); }

@@ -5,12 +5,14 @@
 
 #include <array>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <type_traits>
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/attention_fused.h"
 #include "random_data.h"
 
 using namespace longctx;
@@ -158,13 +160,8 @@ std::vector<float> reference_delta(Problem& p, Outputs& ref) {
 
 constexpr double kTol = 2e-5;
 
-// Fast vs reference for O, LSE, dQ, dK, dV.
-void expect_matches_reference(Problem p, const std::string& what) {
-  SCOPED_TRACE(what);
-  p.init();
-  Outputs ref = run(p, KernelImpl::reference);
-  std::vector<float> delta = reference_delta(p, ref);
-  Outputs fast = run(p, KernelImpl::fast, &ref.lse, &delta);
+// O, LSE, dQ, dK, dV of the fast kernel within the fp32 tolerance of the reference.
+void expect_within_tolerance(const Problem& p, const Outputs& fast, const Outputs& ref) {
   EXPECT_LE(rel_err(fast.o, ref.o), kTol) << "O";
   EXPECT_LE(rel_err(fast.lse, ref.lse), kTol) << "LSE";
   if (p.Skv > 1) {
@@ -175,6 +172,27 @@ void expect_matches_reference(Problem p, const std::string& what) {
     EXPECT_LE(max_abs_diff(fast.dk, ref.dk), 1e-5) << "dK";
   }
   EXPECT_LE(rel_err(fast.dv, ref.dv), kTol) << "dV";
+}
+
+// Every fp32 path this CPU runs: f32_fused where it has the fused kernels.
+std::vector<AttentionTilePath> f32_paths() {
+  std::vector<AttentionTilePath> paths = {AttentionTilePath::f32};
+  if (attention_fused_tiles_supported()) paths.push_back(AttentionTilePath::f32_fused);
+  return paths;
+}
+
+// Fast (each fp32 path) vs reference for O, LSE, dQ, dK, dV.
+void expect_matches_reference(Problem p, const std::string& what) {
+  p.init();
+  Outputs ref = run(p, KernelImpl::reference);
+  std::vector<float> delta = reference_delta(p, ref);
+  for (AttentionTilePath path : f32_paths()) {
+    SCOPED_TRACE(what + " " + attention_tile_path_name(path));
+    set_attention_tile_path(path);
+    Outputs fast = run(p, KernelImpl::fast, &ref.lse, &delta);
+    set_attention_tile_path(AttentionTilePath::automatic);
+    expect_within_tolerance(p, fast, ref);
+  }
 }
 
 Problem self_attention(int64_t S, int64_t H, int64_t G, int64_t D, MaskSpec mask,
@@ -606,7 +624,7 @@ Bf16Check run_bf16(Problem problem, AttentionTilePath path) {
   c.f_o = kTol * max_abs(c.ref.o), c.f_lse = kTol * max_abs(c.ref.lse), c.f_dq = kTol * max_abs(c.ref.dq);
   c.f_dk = kTol * max_abs(c.ref.dk), c.f_dv = kTol * max_abs(c.ref.dv);
 
-  set_attention_bf16_tile_path(path);
+  set_attention_tile_path(path);
   EXPECT_EQ(attention_tile_path(DType::bf16), path);
   AttentionArgs a = p.args();
   a.q = p.qview(in.q), a.k = p.kvview(in.k), a.v = p.kvview(in.v);
@@ -618,7 +636,7 @@ Bf16Check run_bf16(Problem problem, AttentionTilePath path) {
   c.fast.dv.assign(c.ref.dv.size(), 0.0f);
   attention_backward(a, p.qview(in.dout), c.ref.lse.data(), delta.data(), p.qview(c.fast.dq),
                      p.kvview(c.fast.dk), p.kvview(c.fast.dv));
-  set_attention_bf16_tile_path(AttentionTilePath::f32);  // automatic again
+  set_attention_tile_path(AttentionTilePath::automatic);
   return c;
 }
 
@@ -668,10 +686,11 @@ TEST(AttentionBf16, QueryAndKvLengthsDifferWithinTheDerivedBounds) {
     }
 }
 
-// The fused forward's blocking: q rows in panels of 16 (the last one padded),
-// kv rows and head dims in register blocks of 6 (the last one shorter), so
-// lengths and head dims that are multiples of none of them, a single row,
-// and GQA (each path runs; bf16_fused where the CPU has AVX2 and FMA).
+// The fused forward's blocking: q rows in panels of 16 (AVX2) or 32
+// (AVX-512), the last one padded; kv rows and head dims in register blocks
+// of 6 or 8, the last one shorter; so lengths and head dims that are
+// multiples of none of them, a single row, and GQA (each path runs;
+// bf16_fused where the CPU has the fused kernels).
 TEST(AttentionBf16, OddLengthsAndHeadDimsWithinTheDerivedBounds) {
   for (auto [Sq, Skv, D] : {std::array<int64_t, 3>{131, 131, 20}, {1, 37, 8}, {17, 259, 72}, {145, 7, 13}}) {
     Problem p;
@@ -763,17 +782,99 @@ TEST(AttentionBf16, RejectsMixedInputDtypesAndBf16Gradients) {
 TEST(AttentionBf16, ScratchBytesFollowTheTilePath) {
   const int64_t b = kAttentionTile, D = 64;
   // fp32: s, then for each of 4 q blocks acc, m, l and a Q copy, then K, V copies.
-  EXPECT_EQ(attention_forward_scratch_bytes(D, 1, DType::f32), (b * b + 4 * (b * D + 2 * b) + 6 * b * D) * 4);
-  set_attention_bf16_tile_path(AttentionTilePath::bf16_widened);
-  EXPECT_EQ(attention_forward_scratch_bytes(D, 2, DType::bf16), 2 * attention_forward_scratch_bytes(D, 1, DType::f32));
-  EXPECT_EQ(attention_backward_scratch_bytes(D, 1, DType::bf16), attention_backward_scratch_bytes(D, 1, DType::f32));
-  set_attention_bf16_tile_path(AttentionTilePath::bf16_native);  // bf16 tile copies plus one bf16 P/dS tile
+  set_attention_tile_path(AttentionTilePath::f32);
+  const int64_t f32 = attention_forward_scratch_bytes(D, 1, DType::f32);
+  EXPECT_EQ(f32, (b * b + 4 * (b * D + 2 * b) + 6 * b * D) * 4);
+  const int64_t f32_backward = attention_backward_scratch_bytes(D, 1, DType::f32);
+  set_attention_tile_path(AttentionTilePath::bf16_widened);
+  EXPECT_EQ(attention_forward_scratch_bytes(D, 2, DType::bf16), 2 * f32);
+  EXPECT_EQ(attention_backward_scratch_bytes(D, 1, DType::bf16), f32_backward);
+  set_attention_tile_path(AttentionTilePath::bf16_native);  // bf16 tile copies plus one bf16 P/dS tile
   EXPECT_EQ(attention_forward_scratch_bytes(D, 1, DType::bf16), (b * b + 4 * (b * D + 2 * b)) * 4 + (6 * b * D + b * b) * 2);
   EXPECT_EQ(attention_backward_scratch_bytes(D, 1, DType::bf16), (2 * b * b + 3 * b * D) * 4 + (4 * b * D + b * b) * 2);
-  if (attention_fused_tiles_supported()) {  // fp32 tile copies plus alpha [b]; the backward as widened
-    set_attention_bf16_tile_path(AttentionTilePath::bf16_fused);
-    EXPECT_EQ(attention_forward_scratch_bytes(D, 1, DType::bf16), attention_forward_scratch_bytes(D, 1, DType::f32) + b * 4);
-    EXPECT_EQ(attention_backward_scratch_bytes(D, 1, DType::bf16), attention_backward_scratch_bytes(D, 1, DType::f32));
+  if (attention_fused_tiles_supported()) {  // fp32 tile copies plus alpha [b]; the backward as f32
+    for (AttentionTilePath fused : {AttentionTilePath::f32_fused, AttentionTilePath::bf16_fused}) {
+      set_attention_tile_path(fused);
+      const DType dt = fused == AttentionTilePath::f32_fused ? DType::f32 : DType::bf16;
+      EXPECT_EQ(attention_forward_scratch_bytes(D, 1, dt), f32 + b * 4);
+      EXPECT_EQ(attention_backward_scratch_bytes(D, 1, dt), f32_backward);
+    }
   }
-  set_attention_bf16_tile_path(AttentionTilePath::f32);
+  set_attention_tile_path(AttentionTilePath::automatic);
+}
+
+// ---- the fused kernels, AVX2 against AVX-512 ------------------------------
+
+namespace {
+
+// One tile through one ISA's fused kernels, from row-major Q [rows, D] and
+// K, V [cols, D]: scores (with the pairs in `masked` set to -inf, as the
+// mask would), the online softmax from the running m, l, then P V into the
+// running output acc0 [rows, D]. Returns P [rows, cols], alpha, m, l and
+// the output, row-major, whatever the ISA's panel width.
+struct TileState {
+  std::vector<float> p, alpha, m, l, acc;
+};
+TileState run_fused_tile(const attn::FusedTileKernels& f, const std::vector<float>& q, const std::vector<float>& k,
+                         const std::vector<float>& v, int64_t rows, int64_t cols, int64_t D,
+                         const std::vector<char>& masked, const std::vector<float>& m0, const std::vector<float>& l0,
+                         const std::vector<float>& acc0) {
+  const int64_t P = f.panel, panels = (rows + P - 1) / P, s_panel = cols * P;
+  std::vector<float> qp(panels * D * P, 0.0f), s(panels * s_panel), acc(panels * D * P, 0.0f);
+  std::vector<float> m(panels * P, -std::numeric_limits<float>::infinity()), l(panels * P, 0.0f), alpha(panels * P);
+  auto at = [P, D](int64_t r, int64_t d) { return (r / P) * D * P + d * P + r % P; };  // [panels][D][P]
+  for (int64_t r = 0; r < rows; ++r) {
+    m[r] = m0[r], l[r] = l0[r];
+    for (int64_t d = 0; d < D; ++d) qp[at(r, d)] = q[r * D + d], acc[at(r, d)] = acc0[r * D + d];
+  }
+  f.scores(qp.data(), panels, k.data(), cols, D, 0.7f, s.data(), s_panel);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      if (masked[r * cols + c]) s[(r / P) * s_panel + c * P + r % P] = -std::numeric_limits<float>::infinity();
+  f.softmax(s.data(), panels, cols, s_panel, m.data(), l.data(), alpha.data());
+  f.pv(s.data(), panels, cols, s_panel, v.data(), D, alpha.data(), acc.data());
+  TileState out;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out.p.push_back(s[(r / P) * s_panel + c * P + r % P]);
+    out.alpha.push_back(alpha[r]), out.m.push_back(m[r]), out.l.push_back(l[r]);
+    for (int64_t d = 0; d < D; ++d) out.acc.push_back(acc[at(r, d)]);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Each lane of the fused kernels is one q row, and every sum runs over d or
+// kv in the same order on both ISAs, so f32_fused (and bf16_fused) give the
+// same bits on an AVX2 and an AVX-512 machine: checked here on shapes off
+// both ISAs' blockings, with masked pairs, rows masked whole, rows that have
+// seen nothing yet (m = -inf) and rows carried over from an earlier tile.
+TEST(FusedTiles, Avx2AndAvx512GiveTheSameBits) {
+  const attn::FusedTileKernels *avx2 = attn::fused_tile_kernels_avx2(), *avx512 = attn::fused_tile_kernels_avx512();
+  if (!avx2 || !avx512) GTEST_SKIP() << "this CPU (or oneDNN's ISA cap) runs " << (avx2 ? "AVX2 only" : "neither ISA")
+                                     << ": nothing to compare";
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto [rows, cols, D] : {std::array<int64_t, 3>{128, 128, 128}, {45, 37, 13}, {1, 1, 8}, {33, 129, 72}}) {
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " D=" + std::to_string(D));
+    std::vector<float> q(rows * D), k(cols * D), v(cols * D), acc0(rows * D), m0(rows), l0(rows);
+    for (auto* x : {&q, &k, &v, &acc0})
+      for (float& e : *x) e = normal(gen);
+    std::vector<char> masked(rows * cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      m0[r] = r % 3 == 0 ? -std::numeric_limits<float>::infinity() : 4.0f * normal(gen);  // -inf: nothing seen yet
+      l0[r] = r % 3 == 0 ? 0.0f : 1.0f + std::abs(normal(gen));
+      for (int64_t c = 0; c < cols; ++c) masked[r * cols + c] = r % 5 == 1 || (r * 7 + c * 3) % 11 == 0;
+    }
+    const TileState a = run_fused_tile(*avx2, q, k, v, rows, cols, D, masked, m0, l0, acc0);
+    const TileState b = run_fused_tile(*avx512, q, k, v, rows, cols, D, masked, m0, l0, acc0);
+    EXPECT_EQ(a.p, b.p);
+    EXPECT_EQ(a.alpha, b.alpha);
+    EXPECT_EQ(a.m, b.m);
+    EXPECT_EQ(a.l, b.l);
+    EXPECT_EQ(a.acc, b.acc);
+    // Not vacuous: the tile moved the state, and masked pairs got P = 0.
+    EXPECT_NE(a.acc, acc0);
+    if (rows > 1) EXPECT_EQ(a.p[1 * cols], 0.0f);  // row 1 is masked whole
+  }
 }
