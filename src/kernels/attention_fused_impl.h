@@ -97,13 +97,17 @@ void softmax(float* s, int64_t panels, int64_t cols, int64_t s_panel, float* m, 
       float* col = s + p * s_panel + h;
       const int64_t row = p * P + h;
       const R m_old = V::load(m + row);
-      R m_new = m_old;
-      for (int64_t c = 0; c < cols; ++c) m_new = V::max(m_new, V::load(col + c * P));
+      // Four independent chains: one max per cycle, not one per max's latency.
+      R mx[4] = {m_old, m_old, m_old, m_old};
+      int64_t c = 0;
+      for (; c + 4 <= cols; c += 4)
+        for (int x = 0; x < 4; ++x) mx[x] = V::max(mx[x], V::load(col + (c + x) * P));
+      for (; c < cols; ++c) mx[0] = V::max(mx[0], V::load(col + c * P));
+      const R m_new = V::max(V::max(mx[0], mx[1]), V::max(mx[2], mx[3]));
       // Rows with nothing allowed yet shift by 0: their -inf scores give 0, alpha 2^-inf = 0.
       const R shift = V::zero_where_neg_inf(m_new);
       R sum0 = V::zero(), sum1 = V::zero();
-      int64_t c = 0;
-      for (; c + 2 <= cols; c += 2) {  // two independent chains
+      for (c = 0; c + 2 <= cols; c += 2) {  // two independent chains
         const R e0 = V::exp2(V::sub(V::load(col + c * P), shift));
         const R e1 = V::exp2(V::sub(V::load(col + (c + 1) * P), shift));
         V::store(col + c * P, e0);
