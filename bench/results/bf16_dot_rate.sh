@@ -3,7 +3,8 @@
 # registers only (12 independent accumulators, no memory traffic): why
 # gemm_bf16 widens to fp32 on some AVX512-BF16 CPUs (src/kernels/gemm.cpp,
 # native_is_faster). Prints GFLOP/s of each (vdpbf16ps zmm: 64 FLOP; 16-wide
-# FMA: 32 FLOP) with the CPU model and flags; best of 5.
+# FMA: 32 FLOP; 8-wide FMA: 16 FLOP, the AVX2 code paths' ceiling) with the
+# CPU model and flags; best of 5.
 #   bench/results/bf16_dot_rate.sh
 set -euo pipefail
 grep -q -w avx512_bf16 /proc/cpuinfo || { echo "bf16_dot_rate: this CPU has no AVX512-BF16" >&2; exit 1; }
@@ -46,9 +47,24 @@ __attribute__((target("avx512f"))) float fma() {
   for (auto& a : acc) s += _mm512_reduce_add_ps(a);
   return s;
 }
+__attribute__((target("avx2,fma"))) float fma8() {
+  __m256 acc[12];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  const __m256 x = _mm256_set1_ps(1e-9f), y = _mm256_set1_ps(1.0f);
+  for (long k = 0; k < kIters; ++k)
+    for (auto& a : acc) a = _mm256_fmadd_ps(x, y, a);
+  float s = 0;
+  for (auto& a : acc) {
+    float lanes[8];
+    _mm256_storeu_ps(lanes, a);
+    for (float l : lanes) s += l;
+  }
+  return s;
+}
 int main() {
-  const double d = gflops(dot, 12 * 64.0), f = gflops(fma, 12 * 32.0);
+  const double d = gflops(dot, 12 * 64.0), f = gflops(fma, 12 * 32.0), f8 = gflops(fma8, 12 * 16.0);
   std::printf("| vdpbf16ps zmm | %.1f GFLOP/s |\n| vfmadd231ps zmm | %.1f GFLOP/s |\n| bf16 / fp32 | %.2f |\n", d, f, d / f);
+  std::printf("| vfmadd231ps ymm (an AVX2 machine's peak rate at this clock) | %.1f GFLOP/s |\n", f8);
 }
 CPP
 g++ -O2 -funroll-loops -o "$dir/rate" "$dir/rate.cpp"

@@ -2,10 +2,12 @@
 //
 // Every (q block, kv block) tile of a (batch, head) is classified from the
 // bounds of its positions and segment ids before any FLOP: empty tiles are
-// skipped, full tiles skip the elementwise mask. Tiles are multiplied with
-// oneDNN GEMMs on the calling thread (gemm_f32) straight from the strided
-// views; the softmax works in base 2 (scale * log2(e) folded into the QK^T
-// GEMM) with a vectorised exp2.
+// skipped, full tiles skip the elementwise mask. Tiles are copied out of the
+// strided views (widened from bf16 unless multiplied natively), then
+// multiplied with oneDNN GEMMs on the calling thread or, in the forward,
+// run by the fused vector kernels (attention_fused.h; attention.h says which
+// path runs where); the softmax works in base 2 (scale * log2(e) folded into
+// the Q K^T product) with a vectorised exp2.
 //
 // Forward: one work unit per (batch, q head, q block), running softmax over
 // its kv blocks. Backward: one unit per (batch, kv head, kv block), so that

@@ -30,19 +30,11 @@ struct Avx512 {
   static R max(R a, R b) { return _mm512_max_ps(a, b); }
   // avx2::exp2_ps's arithmetic, 16 lanes: the same result in every lane.
   static R exp2(R x) {
-    using namespace avx2;
     const R lo = set1(-126.0f);
     const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);  // false for -inf and NaN
     const R xc = _mm512_min_ps(_mm512_max_ps(x, lo), set1(127.0f));
     const R n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const R f = sub(xc, n);
-    R p = set1(kC6);
-    p = fmadd(p, f, set1(kC5));
-    p = fmadd(p, f, set1(kC4));
-    p = fmadd(p, f, set1(kC3));
-    p = fmadd(p, f, set1(kC2));
-    p = fmadd(p, f, set1(kC1));
-    p = fmadd(p, f, set1(1.0f));
+    const R p = avx2::exp2_poly(sub(xc, n), fmadd, set1);
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
   }

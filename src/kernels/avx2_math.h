@@ -1,18 +1,27 @@
 #pragma once
 // AVX2/FMA vector helpers shared by the attention kernels' row operations
 // (attention_tiles.cpp, compiled for the build machine) and the fused
-// forward tiles (attention_fused.cpp, compiled for AVX2 + FMA and called only
-// when the CPU has them). Include only where __AVX2__ and __FMA__ are
-// defined. `static`: each translation unit keeps its own copy, compiled with
+// forward tiles (attention_fused_avx2.cpp, compiled for AVX2 + FMA and
+// called only when the CPU has them; attention_fused_avx512.cpp repeats
+// exp2_ps's arithmetic on 16 lanes with these constants). Include only where
+// __AVX2__ and __FMA__ are defined. `static`: each translation unit keeps its own copy, compiled with
 // its own flags.
 #include <immintrin.h>
+
+#include <initializer_list>
 
 namespace longctx::attn::avx2 {
 
 // 2^f on f in [-0.5, 0.5]: Taylor series of e^(f ln 2) to degree 6
-// (relative error < 2e-7, below fp32 rounding of the products that follow).
-constexpr float kC1 = 0.69314718f, kC2 = 0.24022651f, kC3 = 0.05550411f, kC4 = 0.00961813f,
-                kC5 = 0.00133336f, kC6 = 0.00015404f;
+// (relative error < 2e-7, below fp32 rounding of the products that follow),
+// on any vector type R given its fmadd and set1 (AVX2 here, AVX-512 in
+// attention_fused_avx512.cpp: the same operations, so the same bits).
+template <class R, class Fmadd, class Set1>
+static inline R exp2_poly(R f, Fmadd fmadd, Set1 set1) {
+  R p = set1(0.00015404f);
+  for (float c : {0.00133336f, 0.00961813f, 0.05550411f, 0.24022651f, 0.69314718f, 1.0f}) p = fmadd(p, f, set1(c));
+  return p;
+}
 
 // 2^x per lane; x < -126 (also -inf and NaN) gives exactly 0.
 static inline __m256 exp2_ps(__m256 x) {
@@ -20,14 +29,9 @@ static inline __m256 exp2_ps(__m256 x) {
   __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);  // false for -inf and NaN
   __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(127.0f));
   __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 f = _mm256_sub_ps(xc, n);
-  __m256 p = _mm256_set1_ps(kC6);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC5));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC4));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC3));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC2));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC1));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256 p = exp2_poly(
+      _mm256_sub_ps(xc, n), [](__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); },
+      [](float c) { return _mm256_set1_ps(c); });
   __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
 }
