@@ -59,6 +59,9 @@ int64_t positive(const std::string& flag, const std::string& value) {
 // --tile-path NAME for inputs in `dt`: auto, or a path of that dtype.
 AttentionTilePath tile_path_of(const std::string& name, DType dt) {
   if (name == "auto") return AttentionTilePath::automatic;
+  if (name == "fused" && !attention_fused_tiles_supported())
+    throw ConfigError("bench attention: --tile-path fused needs a CPU with AVX2 and FMA (or AVX-512), and oneDNN's "
+                      "ISA not capped below it (ONEDNN_MAX_CPU_ISA)");
   if (dt == DType::f32) {
     if (name == "gemm") return AttentionTilePath::f32;
     if (name == "fused") return AttentionTilePath::f32_fused;

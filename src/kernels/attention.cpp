@@ -67,10 +67,10 @@ AttentionTilePath attention_tile_path(DType dtype) {
   const AttentionTilePath forced = (f32 ? g_forced_f32_path : g_forced_bf16_path).load();
   if (forced != AttentionTilePath::automatic) return forced;
   // The fused forward (attention_fused.h) against oneDNN's sgemm on the same
-  // tiles, S = 8192, H = 8, D = 128, causal, 1 thread: 76-82 vs 73 GFLOP/s on
-  // Zen 3 (AVX2); 125-134 vs 113-118 on an Intel Xeon (AVX-512), fp32 and
-  // bf16 alike (bench/results/attention_fused_avx512.md). Native bf16 tiles
-  // win where gemm_bf16 does (AMX: 6-8x).
+  // tiles: 76-82 vs 73 GFLOP/s a core on Zen 3 (AVX2, bf16, S = 8192, D =
+  // 128); 1.03-1.26x on an Intel Xeon (AVX-512), fp32 and bf16, D = 64 and
+  // 128, 1 and 2 threads (bench/results/attention_fused_avx512.md). Native
+  // bf16 tiles win where gemm_bf16 does (AMX: 6-8x).
   const bool fused = attention_fused_tiles_supported();
   if (f32) return fused ? AttentionTilePath::f32_fused : AttentionTilePath::f32;
   static const AttentionTilePath automatic = gemm_bf16_is_native() ? AttentionTilePath::bf16_native
@@ -82,18 +82,27 @@ AttentionTilePath attention_tile_path(DType dtype) {
 bool attention_fused_tiles_supported() { return attn::fused_tile_kernels() != nullptr; }
 
 namespace attn {
+// x86 only (the kernels are x86 vector code; elsewhere the files build empty).
 const FusedTileKernels* fused_tile_kernels_avx2() {
+#if defined(__x86_64__) || defined(__i386__)
   static const FusedTileKernels* k =
       onednn_vector_isa() != VectorIsa::none && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
           ? fused_tile_kernels_avx2_built()
           : nullptr;
   return k;
+#else
+  return nullptr;
+#endif
 }
 const FusedTileKernels* fused_tile_kernels_avx512() {
+#if defined(__x86_64__) || defined(__i386__)
   static const FusedTileKernels* k =
       onednn_vector_isa() == VectorIsa::avx512 && __builtin_cpu_supports("avx512f") ? fused_tile_kernels_avx512_built()
                                                                                      : nullptr;
   return k;
+#else
+  return nullptr;
+#endif
 }
 const FusedTileKernels* fused_tile_kernels() {
   return fused_tile_kernels_avx512() ? fused_tile_kernels_avx512() : fused_tile_kernels_avx2();
@@ -117,7 +126,8 @@ std::string attention_tile_path_name(AttentionTilePath path) {
 
 void set_attention_tile_path(AttentionTilePath path) {
   check_shape(!is_fused(path) || attention_fused_tiles_supported(),
-              "attention: a fused tile path needs a CPU with AVX2 and FMA (or AVX-512)");
+              "attention: a fused tile path needs a CPU with AVX2 and FMA (or AVX-512), and oneDNN's ISA not "
+              "capped below it (ONEDNN_MAX_CPU_ISA)");
   const bool f32 = path == AttentionTilePath::f32 || path == AttentionTilePath::f32_fused;
   if (path == AttentionTilePath::automatic || f32) g_forced_f32_path = path;
   if (path == AttentionTilePath::automatic || !f32) g_forced_bf16_path = path;
@@ -131,19 +141,28 @@ void set_attention_tile_path(AttentionTilePath path) {
 // each of the unit's kForwardQBlocks q blocks acc [bq, D], m and l [bq];
 // contiguous copies of those q blocks' Q [bq, D], of K and V [bk, D]; on
 // the fused path alpha [bq] (the output's rescale factors) after them.
-int64_t attention_forward_scratch_bytes(int64_t D, int64_t threads, DType dtype) {
+namespace {
+int64_t forward_scratch_bytes(int64_t D, int64_t threads, AttentionTilePath path) {
   const int64_t b = kAttentionTile, nb = kForwardQBlocks;
-  const AttentionTilePath path = attention_tile_path(dtype);
   const int64_t alpha = is_fused(path) ? b : 0;
   return threads * per_thread_scratch_bytes(b * b + nb * (b * D + 2 * b) + alpha, nb + 2, D, path);
+}
+}  // namespace
+int64_t attention_forward_scratch_bytes(int64_t D, int64_t threads, DType dtype) {
+  return forward_scratch_bytes(D, threads, attention_tile_path(dtype));
 }
 
 // Per thread, backward: fp32 s [bq, bk] (P), dp [bq, bk] (dP then dS),
 // dk_acc, dv_acc [bk, D], dq_tile [bq, D]; contiguous copies of K, V [bk, D]
 // and Q, dO [bq, D].
-int64_t attention_backward_scratch_bytes(int64_t D, int64_t threads, DType dtype) {
+namespace {
+int64_t backward_scratch_bytes(int64_t D, int64_t threads, AttentionTilePath path) {
   const int64_t b = kAttentionTile;
-  return threads * per_thread_scratch_bytes(2 * b * b + 3 * b * D, 4, D, attention_tile_path(dtype));
+  return threads * per_thread_scratch_bytes(2 * b * b + 3 * b * D, 4, D, path);
+}
+}  // namespace
+int64_t attention_backward_scratch_bytes(int64_t D, int64_t threads, DType dtype) {
+  return backward_scratch_bytes(D, threads, attention_tile_path(dtype));
 }
 
 namespace {
@@ -358,11 +377,13 @@ void add_stats(AttentionStats* stats, const Geometry& g, const TileCounts& count
 }
 
 // T: the tile dtype (float, or bf16 on the native bf16 path).
-// fused: a fused path's kernels (T = float), else null: Q, the scores and
-// the output kept as panels and the tiles run by them (fused_tile).
+// path: the tile path, read once by the caller (T = bf16 on bf16_native,
+// else float); on a fused path Q, the scores and the output are kept as
+// panels and the tiles run by the fused kernels (fused_tile).
 template <class T>
 void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, AttentionStats* stats,
-                  const attn::FusedTileKernels* fused) {
+                  AttentionTilePath path) {
+  const attn::FusedTileKernels* fused = is_fused(path) ? attn::fused_tile_kernels() : nullptr;
   const Geometry g = geometry(a);
   check_view(o, "o");
   check_same_shape(a.q, o, "o");
@@ -388,9 +409,9 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
   // [bq]; then the Q copies of the unit's q blocks, K, V copies and (bf16
   // tiles) P or (fused) alpha [bq] (attention_forward_scratch_bytes).
   const int threads = omp_get_max_threads();
-  const int64_t per_thread = attention_forward_scratch_bytes(g.D, 1, a.q.dtype);
+  const int64_t per_thread = forward_scratch_bytes(g.D, 1, path);
   Buffer scratch(MemCategory::scratch, "attention forward scratch",
-                 attention_forward_scratch_bytes(g.D, threads, a.q.dtype));
+                 forward_scratch_bytes(g.D, threads, path));
   const int64_t n_units = static_cast<int64_t>(units.size()), nb = kForwardQBlocks;
   TileCounts counts;
 
@@ -490,7 +511,7 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
 template <class T>
 void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* lse,
                    const float* delta, const TensorView& dq, const TensorView& dk,
-                   const TensorView& dv, AttentionStats* stats) {
+                   const TensorView& dv, AttentionStats* stats, AttentionTilePath path) {
   const Geometry g = geometry(a);
   check_view(dout, "dout");
   check_view(dq, "dq", true);
@@ -524,9 +545,9 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
   // then K, V, Q, dO copies and (bf16 tiles) P or dS
   // (attention_backward_scratch_bytes).
   const int threads = omp_get_max_threads();
-  const int64_t per_thread = attention_backward_scratch_bytes(g.D, 1, a.q.dtype);
+  const int64_t per_thread = backward_scratch_bytes(g.D, 1, path);
   Buffer scratch(MemCategory::scratch, "attention backward scratch",
-                 attention_backward_scratch_bytes(g.D, threads, a.q.dtype));
+                 backward_scratch_bytes(g.D, threads, path));
   // dQ rows of one (batch, head, q block) receive tiles from many units:
   // dq_last holds the kv block whose tile was added last (-1: none yet), and
   // a tile is added only right after the previous non-empty kv block of its
@@ -622,8 +643,8 @@ void attention_forward(const AttentionArgs& args, const TensorView& o, float* ls
                        AttentionStats* stats) {
   if (args.impl == KernelImpl::reference) return attention_forward_reference(args, o, lse);
   const AttentionTilePath path = attention_tile_path(args.q.dtype);
-  if (path == AttentionTilePath::bf16_native) return forward_fast<bf16>(args, o, lse, stats, nullptr);
-  forward_fast<float>(args, o, lse, stats, is_fused(path) ? attn::fused_tile_kernels() : nullptr);
+  if (path == AttentionTilePath::bf16_native) return forward_fast<bf16>(args, o, lse, stats, path);
+  forward_fast<float>(args, o, lse, stats, path);
 }
 
 void attention_backward(const AttentionArgs& args, const TensorView& dout, const float* lse,
@@ -631,9 +652,9 @@ void attention_backward(const AttentionArgs& args, const TensorView& dout, const
                         const TensorView& dv, AttentionStats* stats) {
   if (args.impl == KernelImpl::reference)
     return attention_backward_reference(args, dout, lse, delta, dq, dk, dv);
-  if (attention_tile_path(args.q.dtype) == AttentionTilePath::bf16_native)
-    return backward_fast<bf16>(args, dout, lse, delta, dq, dk, dv, stats);
-  backward_fast<float>(args, dout, lse, delta, dq, dk, dv, stats);
+  const AttentionTilePath path = attention_tile_path(args.q.dtype);
+  if (path == AttentionTilePath::bf16_native) return backward_fast<bf16>(args, dout, lse, delta, dq, dk, dv, stats, path);
+  backward_fast<float>(args, dout, lse, delta, dq, dk, dv, stats, path);
 }
 
 int64_t attention_unmasked_pairs_blocked(const AttentionArgs& a) {

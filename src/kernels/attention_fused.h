@@ -1,6 +1,7 @@
 #pragma once
 // The forward's tile arithmetic in hand-written vector kernels (the
-// bf16_fused tile path, attention.h), for AVX2/FMA and for AVX-512.
+// f32_fused and bf16_fused tile paths, attention.h), for AVX2/FMA and for
+// AVX-512.
 // Internal to src/kernels.
 //
 // A q block is kept transposed, as panels of `panel` q rows side by side
@@ -42,7 +43,7 @@ struct FusedTileKernels {
 // ONEDNN_MAX_CPU_ISA caps these kernels as it caps the GEMMs); else null.
 const FusedTileKernels* fused_tile_kernels_avx2();
 const FusedTileKernels* fused_tile_kernels_avx512();
-// The widest of the two, or null: what the bf16_fused path runs.
+// The widest of the two, or null: what the fused paths run.
 const FusedTileKernels* fused_tile_kernels();
 
 // Compiled in (the first half of the above), per ISA file.

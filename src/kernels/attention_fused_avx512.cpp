@@ -7,7 +7,7 @@
 #include <immintrin.h>
 
 #include "kernels/attention_fused_impl.h"
-#include "kernels/avx2_math.h"
+#include "kernels/exp2_poly.h"
 
 namespace longctx::attn {
 
@@ -34,7 +34,7 @@ struct Avx512 {
     const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);  // false for -inf and NaN
     const R xc = _mm512_min_ps(_mm512_max_ps(x, lo), set1(127.0f));
     const R n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const R p = avx2::exp2_poly(sub(xc, n), fmadd, set1);
+    const R p = exp2_poly(sub(xc, n), fmadd, set1);
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
   }

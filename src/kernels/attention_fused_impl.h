@@ -4,7 +4,7 @@
 // panels of 16 q rows) and attention_fused_avx512.cpp (16 lanes, panels of
 // 32). Each lane holds one q row and every sum runs over d (scores) or kv
 // (P V) in the same order in both, so the two ISAs give bit-identical
-// results (tested). Include only from those two files.
+// results (tested). Include only from those two files and the tests.
 //
 // V provides: R (a register of W floats), W, kRows (rows per register block:
 // kRows x 2 accumulators, two panel vectors and a broadcast fit the ISA's

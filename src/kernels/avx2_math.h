@@ -8,20 +8,9 @@
 // its own flags.
 #include <immintrin.h>
 
-#include <initializer_list>
+#include "kernels/exp2_poly.h"
 
 namespace longctx::attn::avx2 {
-
-// 2^f on f in [-0.5, 0.5]: Taylor series of e^(f ln 2) to degree 6
-// (relative error < 2e-7, below fp32 rounding of the products that follow),
-// on any vector type R given its fmadd and set1 (AVX2 here, AVX-512 in
-// attention_fused_avx512.cpp: the same operations, so the same bits).
-template <class R, class Fmadd, class Set1>
-static inline R exp2_poly(R f, Fmadd fmadd, Set1 set1) {
-  R p = set1(0.00015404f);
-  for (float c : {0.00133336f, 0.00961813f, 0.05550411f, 0.24022651f, 0.69314718f, 1.0f}) p = fmadd(p, f, set1(c));
-  return p;
-}
 
 // 2^x per lane; x < -126 (also -inf and NaN) gives exactly 0.
 static inline __m256 exp2_ps(__m256 x) {

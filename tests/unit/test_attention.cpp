@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cstring>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -13,6 +15,8 @@
 
 #include "kernels/attention.h"
 #include "kernels/attention_fused.h"
+#include "kernels/attention_fused_impl.h"
+#include "kernels/exp2_poly.h"
 #include "random_data.h"
 
 using namespace longctx;
@@ -276,17 +280,22 @@ TEST(Attention, FullyMaskedRowsGiveZeroOutputAndNoNaN) {
   for (Problem* p : {&seg, &far}) {
     expect_matches_reference(*p, "fully masked rows");
     p->init();
-    Outputs fast = run(*p, KernelImpl::fast);
-    int64_t masked_rows = 0;
-    for (int64_t r = 0; r < p->Sq * p->H; ++r) {
-      if (fast.lse[r] != kNegInf) continue;
-      ++masked_rows;
-      const float* o = fast.o.data() + (r / p->H) * p->q_row() + (r % p->H) * p->D;
-      for (int64_t x = 0; x < p->D; ++x) ASSERT_EQ(o[x], 0.0f);
+    for (AttentionTilePath path : f32_paths()) {
+      SCOPED_TRACE(attention_tile_path_name(path));
+      set_attention_tile_path(path);
+      Outputs fast = run(*p, KernelImpl::fast);
+      set_attention_tile_path(AttentionTilePath::automatic);
+      int64_t masked_rows = 0;
+      for (int64_t r = 0; r < p->Sq * p->H; ++r) {
+        if (fast.lse[r] != kNegInf) continue;
+        ++masked_rows;
+        const float* o = fast.o.data() + (r / p->H) * p->q_row() + (r % p->H) * p->D;
+        for (int64_t x = 0; x < p->D; ++x) ASSERT_EQ(o[x], 0.0f);
+      }
+      EXPECT_GT(masked_rows, 0);
+      for (const auto* t : {&fast.o, &fast.dq, &fast.dk, &fast.dv})
+        for (float x : *t) ASSERT_TRUE(std::isfinite(x));
     }
-    EXPECT_GT(masked_rows, 0);
-    for (const auto* t : {&fast.o, &fast.dq, &fast.dk, &fast.dv})
-      for (float x : *t) ASSERT_TRUE(std::isfinite(x));
   }
 }
 
@@ -640,8 +649,8 @@ Bf16Check run_bf16(Problem problem, AttentionTilePath path) {
   return c;
 }
 
-// Every bf16 path this CPU runs: bf16_fused only with AVX2 and FMA (its
-// arithmetic is bf16_widened's, so the same bounds hold).
+// Every bf16 path this CPU runs: bf16_fused only where it has the fused
+// kernels (its arithmetic is bf16_widened's, so the same bounds hold).
 std::vector<AttentionTilePath> bf16_paths() {
   std::vector<AttentionTilePath> paths = {AttentionTilePath::bf16_widened, AttentionTilePath::bf16_native};
   if (attention_fused_tiles_supported()) paths.push_back(AttentionTilePath::bf16_fused);
@@ -842,39 +851,107 @@ TileState run_fused_tile(const attn::FusedTileKernels& f, const std::vector<floa
   return out;
 }
 
+// Lanes in plain C++ with the vector instructions' rounding and x86's
+// max/min on NaN (the second operand): the fused kernels' template at any
+// width on any CPU. Every operation rounds once (std::fma for the FMAs; this
+// file is compiled with -ffp-contract=off so nothing else fuses).
+template <int Width, int Rows>
+struct PortableLanes {
+  struct R {
+    float v[Width];
+  };
+  static constexpr int W = Width;
+  static constexpr int kRows = Rows;
+  template <class F>
+  static R each(F f) {
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = f(i);
+    return r;
+  }
+  static R load(const float* p) { return each([&](int i) { return p[i]; }); }
+  static void store(float* p, R x) { std::copy(x.v, x.v + W, p); }
+  static R set1(float x) { return each([&](int) { return x; }); }
+  static R zero() { return set1(0.0f); }
+  static R add(R a, R b) { return each([&](int i) { return a.v[i] + b.v[i]; }); }
+  static R sub(R a, R b) { return each([&](int i) { return a.v[i] - b.v[i]; }); }
+  static R mul(R a, R b) { return each([&](int i) { return a.v[i] * b.v[i]; }); }
+  static R fmadd(R a, R b, R c) { return each([&](int i) { return std::fma(a.v[i], b.v[i], c.v[i]); }); }
+  static R max(R a, R b) { return each([&](int i) { return a.v[i] > b.v[i] ? a.v[i] : b.v[i]; }); }
+  static R exp2(R x) {  // avx2::exp2_ps, lane by lane
+    return each([&](int i) {
+      const float lo = -126.0f, c = x.v[i];
+      if (!(c >= lo)) return 0.0f;  // also -inf and NaN
+      float xc = c > lo ? c : lo;
+      xc = xc < 127.0f ? xc : 127.0f;
+      const float n = std::nearbyint(xc);  // to nearest, ties to even
+      const float p = attn::exp2_poly(
+          xc - n, [](float a, float b, float d) { return std::fma(a, b, d); }, [](float k) { return k; });
+      return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+    });
+  }
+  static R zero_where_neg_inf(R x) {
+    return each([&](int i) { return x.v[i] == -std::numeric_limits<float>::infinity() ? 0.0f : x.v[i]; });
+  }
+};
+
+constexpr attn::FusedTileKernels kPortable8 = attn::fused_impl::kernels_of<PortableLanes<8, 6>>("portable, 8 lanes");
+constexpr attn::FusedTileKernels kPortable16 =
+    attn::fused_impl::kernels_of<PortableLanes<16, 8>>("portable, 16 lanes");
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
 }  // namespace
 
 // Each lane of the fused kernels is one q row, and every sum runs over d or
-// kv in the same order on both ISAs, so f32_fused (and bf16_fused) give the
-// same bits on an AVX2 and an AVX-512 machine: checked here on shapes off
-// both ISAs' blockings, with masked pairs, rows masked whole, rows that have
-// seen nothing yet (m = -inf) and rows carried over from an earlier tile.
-TEST(FusedTiles, Avx2AndAvx512GiveTheSameBits) {
-  const attn::FusedTileKernels *avx2 = attn::fused_tile_kernels_avx2(), *avx512 = attn::fused_tile_kernels_avx512();
-  if (!avx2 || !avx512) GTEST_SKIP() << "this CPU (or oneDNN's ISA cap) runs " << (avx2 ? "AVX2 only" : "neither ISA")
-                                     << ": nothing to compare";
+// kv in the same order at every width, so f32_fused (and bf16_fused) give
+// the same bits on an AVX2 and an AVX-512 machine. Checked without either:
+// the template on plain C++ lanes of 8 and of 16 must agree, and each ISA
+// this CPU runs must match the lanes of its width; on shapes off every
+// blocking, with masked pairs, rows masked whole, rows that have seen
+// nothing yet (m = -inf), rows carried over from an earlier tile, and scores
+// far enough below the row max that exp2's argument falls under -126.
+TEST(FusedTiles, EveryWidthGivesTheSameBits) {
+  std::vector<std::pair<const attn::FusedTileKernels*, const attn::FusedTileKernels*>> pairs = {
+      {&kPortable8, &kPortable16}};
+  if (attn::fused_tile_kernels_avx2()) pairs.push_back({attn::fused_tile_kernels_avx2(), &kPortable8});
+  if (attn::fused_tile_kernels_avx512()) pairs.push_back({attn::fused_tile_kernels_avx512(), &kPortable16});
   std::mt19937 gen(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (auto [rows, cols, D] : {std::array<int64_t, 3>{128, 128, 128}, {45, 37, 13}, {1, 1, 8}, {33, 129, 72}}) {
-    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " D=" + std::to_string(D));
     std::vector<float> q(rows * D), k(cols * D), v(cols * D), acc0(rows * D), m0(rows), l0(rows);
     for (auto* x : {&q, &k, &v, &acc0})
       for (float& e : *x) e = normal(gen);
+    for (int64_t d = 0; d < D; ++d) k[d] *= 60.0f;  // key 0 scores far above the others: exp2 below -126
     std::vector<char> masked(rows * cols);
     for (int64_t r = 0; r < rows; ++r) {
       m0[r] = r % 3 == 0 ? -std::numeric_limits<float>::infinity() : 4.0f * normal(gen);  // -inf: nothing seen yet
       l0[r] = r % 3 == 0 ? 0.0f : 1.0f + std::abs(normal(gen));
       for (int64_t c = 0; c < cols; ++c) masked[r * cols + c] = r % 5 == 1 || (r * 7 + c * 3) % 11 == 0;
     }
-    const TileState a = run_fused_tile(*avx2, q, k, v, rows, cols, D, masked, m0, l0, acc0);
-    const TileState b = run_fused_tile(*avx512, q, k, v, rows, cols, D, masked, m0, l0, acc0);
-    EXPECT_EQ(a.p, b.p);
-    EXPECT_EQ(a.alpha, b.alpha);
-    EXPECT_EQ(a.m, b.m);
-    EXPECT_EQ(a.l, b.l);
-    EXPECT_EQ(a.acc, b.acc);
-    // Not vacuous: the tile moved the state, and masked pairs got P = 0.
-    EXPECT_NE(a.acc, acc0);
-    if (rows > 1) EXPECT_EQ(a.p[1 * cols], 0.0f);  // row 1 is masked whole
+    for (auto [x, y] : pairs) {
+      SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " D=" + std::to_string(D) + ": " + x->isa +
+                   " against " + y->isa);
+      const TileState a = run_fused_tile(*x, q, k, v, rows, cols, D, masked, m0, l0, acc0);
+      const TileState b = run_fused_tile(*y, q, k, v, rows, cols, D, masked, m0, l0, acc0);
+      EXPECT_TRUE(same_bits(a.p, b.p));
+      EXPECT_TRUE(same_bits(a.alpha, b.alpha));
+      EXPECT_TRUE(same_bits(a.m, b.m));
+      EXPECT_TRUE(same_bits(a.l, b.l));
+      EXPECT_TRUE(same_bits(a.acc, b.acc));
+      // Not vacuous: the tile moved the state, masked pairs got P = 0, and
+      // some unmasked pairs underflowed to exactly 0 (exp2 below -126).
+      EXPECT_FALSE(same_bits(a.acc, acc0));
+      if (rows > 1) {
+        EXPECT_EQ(a.p[1 * cols], 0.0f);  // row 1 is masked whole
+      }
+      if (cols > 1 && D > 8) {
+        int64_t underflowed = 0;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 1; c < cols; ++c) underflowed += !masked[r * cols + c] && a.p[r * cols + c] == 0.0f;
+        EXPECT_GT(underflowed, 0);
+      }
+    }
   }
 }

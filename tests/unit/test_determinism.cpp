@@ -85,10 +85,16 @@ std::vector<std::vector<float>> run_attention(AttentionProblem& p) {
 
 TEST(Determinism, AttentionIsBitIdenticalAtAnyThreadCount) {
   // 1000 = 7 full tiles + 104 rows; GQA so that a unit covers two heads.
-  for (const char* mask : {"full", "causal", "local:300", "causal+segments"}) {
-    AttentionProblem p = attention_problem(1000, 4, 2, 64, MaskSpec::parse(mask));
-    expect_same_at_every_thread_count([&] { return run_attention(p); }, mask);
-  }
+  // Both fp32 tile paths: sgemm tiles, and the fused forward where the CPU has it.
+  std::vector<AttentionTilePath> paths = {AttentionTilePath::f32};
+  if (attention_fused_tiles_supported()) paths.push_back(AttentionTilePath::f32_fused);
+  for (AttentionTilePath path : paths)
+    for (const char* mask : {"full", "causal", "local:300", "causal+segments"}) {
+      AttentionProblem p = attention_problem(1000, 4, 2, 64, MaskSpec::parse(mask));
+      set_attention_tile_path(path);
+      expect_same_at_every_thread_count([&] { return run_attention(p); }, mask + (" " + attention_tile_path_name(path)));
+      set_attention_tile_path(AttentionTilePath::automatic);
+    }
 }
 
 TEST(Determinism, RmsnormIsBitIdenticalAtAnyThreadCount) {

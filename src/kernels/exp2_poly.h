@@ -1,0 +1,19 @@
+#pragma once
+// The polynomial of the attention kernels' exp2 (avx2_math.h exp2_ps, the
+// AVX-512 fused kernels, and the tests' portable lanes), written once so
+// that every vector width runs the same operations and gets the same bits.
+#include <initializer_list>
+
+namespace longctx::attn {
+
+// 2^f on f in [-0.5, 0.5]: Taylor series of e^(f ln 2) to degree 6
+// (relative error < 2e-7, below fp32 rounding of the products that follow),
+// by Horner's rule on any vector type R given its fmadd and set1.
+template <class R, class Fmadd, class Set1>
+inline R exp2_poly(R f, Fmadd fmadd, Set1 set1) {
+  R p = set1(0.00015404f);
+  for (float c : {0.00133336f, 0.00961813f, 0.05550411f, 0.24022651f, 0.69314718f, 1.0f}) p = fmadd(p, f, set1(c));
+  return p;
+}
+
+}  // namespace longctx::attn
