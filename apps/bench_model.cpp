@@ -242,6 +242,7 @@ int run_bench_model(const Args& args) {
                         {"offload_loss_identical", loss == baseline_loss},
                         {"dtype", name_of(f.dtype)},
                         {"gemm_implementation", f.dtype == DType::bf16 ? gemm_bf16_implementation(2048) : "dnnl_sgemm"},
+                        {"attention_tile_path", attention_tile_path_name(attention_tile_path(f.dtype))},
                         {"mask", mask.to_string()},
                         {"step_seconds", step_seconds},
                         {"best_step_seconds", best},
@@ -271,6 +272,7 @@ int run_bench_model(const Args& args) {
   std::printf("%s GEMM reference (2048^3, same threads, best of before/after): %.1f GFLOP/s (%s)\n",
               name_of(f.dtype), gemm_gflops,
               f.dtype == DType::bf16 ? gemm_bf16_implementation(2048).c_str() : "dnnl_sgemm");
+  std::printf("attention tile path: %s\n", attention_tile_path_name(attention_tile_path(f.dtype)).c_str());
   std::printf("step time: best %.3f s of %lld (first timed %.3f s); loss %.4f\n", best,
               (long long)f.steps, step_seconds[0], loss);
   if (baseline)
