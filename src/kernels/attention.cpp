@@ -467,7 +467,8 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
           scores_tile(a, g, kind, b, i0, rows, j0, cols, qc_all + x * g.bq * g.D, kc, s, counts);
           for (int64_t r = 0; r < rows; ++r) {
             float* sr = s + r * g.bk;
-            const float m_new = std::max(m[r], attn::row_max(sr, cols));
+            const float row = attn::row_max(sr, cols);
+            const float m_new = std::isnan(row) ? row : std::max(m[r], row);  // a NaN score stays NaN
             if (m_new == kNegInf) {  // nothing allowed in this row yet
               std::fill(sr, sr + cols, 0.0f);
               continue;
@@ -492,7 +493,7 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
             for (int64_t y = 0; y < g.D; ++y)
               out[y] = acc[((r / fused->panel) * g.D + y) * fused->panel + r % fused->panel];
           float* lse_r = lse + ((b * g.Sq + i0 + r) * g.H + h);
-          if (l[r] > 0.0f) {
+          if (l[r] != 0.0f) {  // also NaN (a NaN score): O and LSE NaN
             const float inv = 1.0f / l[r];
             for (int64_t y = 0; y < g.D; ++y) out[y] *= inv;
             *lse_r = (m[r] + std::log2(l[r])) * kLn2;

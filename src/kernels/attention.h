@@ -94,11 +94,10 @@ bool attention_fused_tiles_supported();
 int64_t attention_forward_scratch_bytes(int64_t head_dim, int64_t threads, DType dtype);
 int64_t attention_backward_scratch_bytes(int64_t head_dim, int64_t threads, DType dtype);
 
-// O (written) and LSE (written). NaN in q or k is not propagated: exp2
-// maps a NaN score to 0, as if the pair were masked (a row of NaN scores
-// comes out as a fully masked row), while NaN in v reaches every row that
-// attends to it. Training still stops on it: a NaN in the residual stream
-// makes the loss NaN, which the trainer's check catches (src/train).
+// O (written) and LSE (written). A NaN in q, k or v makes O (and for q, k
+// LSE) NaN in every row that attends to it, never a masked-looking zero (a
+// NaN in v also reaches the rows of its tile that the mask hides from it:
+// 0 x NaN); a fully masked row gives O = 0 and LSE = -inf.
 void attention_forward(const AttentionArgs& args, const TensorView& o, float* lse,
                        AttentionStats* stats = nullptr);
 

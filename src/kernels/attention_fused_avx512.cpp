@@ -36,7 +36,8 @@ struct Avx512 {
     const R n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const R p = exp2_poly(sub(xc, n), fmadd, set1);
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e)),
+                                x);
   }
   static R zero_where_neg_inf(R x) {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, set1(-__builtin_inff()), _CMP_EQ_OQ), x, zero());

@@ -110,8 +110,9 @@ void mask_tile(const MaskSpec& m, float* s, int64_t rows, int64_t cols, int64_t 
 
 namespace {
 
-float exp2_scalar(float x) {
-  if (!(x >= -126.0f)) return 0.0f;  // also -inf and NaN
+float exp2_scalar(float x) {  // as avx2::exp2_ps
+  if (std::isnan(x)) return x;
+  if (!(x >= -126.0f)) return 0.0f;  // also -inf
   return std::exp2(std::min(x, 127.0f));
 }
 
@@ -153,18 +154,29 @@ float exp2_shifted_inplace(float* x, int64_t n, float shift) {
 
 float row_max(const float* x, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
+  bool nan = false;  // max drops a NaN operand: tracked apart
   int64_t i = 0;
 #ifdef LONGCTX_ATTN_AVX2
-  __m256 a = _mm256_set1_ps(m), b = a;
+  __m256 a = _mm256_set1_ps(m), b = a, unordered = _mm256_setzero_ps();
   for (; i + 16 <= n; i += 16) {
-    a = _mm256_max_ps(a, _mm256_loadu_ps(x + i));
-    b = _mm256_max_ps(b, _mm256_loadu_ps(x + i + 8));
+    const __m256 u = _mm256_loadu_ps(x + i), v = _mm256_loadu_ps(x + i + 8);
+    a = _mm256_max_ps(a, u);
+    b = _mm256_max_ps(b, v);
+    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(u, v, _CMP_UNORD_Q));
   }
-  for (; i + 8 <= n; i += 8) a = _mm256_max_ps(a, _mm256_loadu_ps(x + i));
+  for (; i + 8 <= n; i += 8) {
+    const __m256 u = _mm256_loadu_ps(x + i);
+    a = _mm256_max_ps(a, u);
+    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(u, u, _CMP_UNORD_Q));
+  }
   m = hmax(_mm256_max_ps(a, b));
+  nan = _mm256_movemask_ps(unordered) != 0;
 #endif
-  for (; i < n; ++i) m = std::max(m, x[i]);
-  return m;
+  for (; i < n; ++i) {
+    m = std::max(m, x[i]);
+    nan = nan || std::isnan(x[i]);
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
 void scale_row(float* x, int64_t n, float factor) {

@@ -35,10 +35,10 @@ void mask_tile(const MaskSpec& mask, float* s, int64_t rows, int64_t cols, int64
                const int64_t* q_pos, const int64_t* kv_pos, const int32_t* q_seg,
                const int32_t* kv_seg);
 
-// 2^x for n floats in place; x < -126 (and -inf) gives exactly 0.
+// 2^x for n floats in place; x < -126 (and -inf) gives exactly 0, NaN NaN.
 // Returns the sum of the results (the softmax denominator).
 float exp2_shifted_inplace(float* x, int64_t n, float shift);  // x = 2^(x - shift)
-float row_max(const float* x, int64_t n);                     // -inf when n == 0
+float row_max(const float* x, int64_t n);                     // -inf when n == 0, NaN if any is
 void scale_row(float* x, int64_t n, float factor);            // x *= factor
 // ds = p * (dp - delta), in place over dp.
 void softmax_grad_row(const float* p, float* dp, int64_t n, float delta);

@@ -12,7 +12,8 @@
 
 namespace longctx::attn::avx2 {
 
-// 2^x per lane; x < -126 (also -inf and NaN) gives exactly 0.
+// 2^x per lane; x < -126 (also -inf) gives exactly 0, NaN gives NaN (a NaN
+// score must reach the output, not vanish like a masked one).
 static inline __m256 exp2_ps(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-126.0f);
   __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);  // false for -inf and NaN
@@ -22,7 +23,8 @@ static inline __m256 exp2_ps(__m256 x) {
       _mm256_sub_ps(xc, n), [](__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); },
       [](float c) { return _mm256_set1_ps(c); });
   __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+  return _mm256_blendv_ps(_mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep), x,
+                          _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
 static inline float hsum(__m256 v) {

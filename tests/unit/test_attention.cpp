@@ -760,6 +760,57 @@ TEST(AttentionBf16, BoundsCatchADroppedTileAndAWrongHead) {
   }
 }
 
+// A NaN in q or k makes O and LSE NaN in every row that attends to it (and
+// a NaN in v makes O NaN there), on every path: never the zeros of a masked
+// row. Rows that cannot see it stay finite (rows of q tile 0, which never
+// meets kv tile 1, where the NaNs are), and the backward's gradients carry
+// it on. Causal, S = 300, one head: q row 150, k row 200, v row 250.
+TEST(AttentionBf16, NaNInputsReachTheOutputNeverLookMasked) {
+  Problem p = self_attention(300, 1, 1, 32, MaskSpec::causal());
+  p.init();
+  Bf16Inputs in = round_to_bf16(p);  // p now holds the bf16 values: both dtypes see the same inputs
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  p.q[150 * p.q_row() + 3] = nan, p.k[200 * p.kv_row() + 5] = nan, p.v[250 * p.kv_row() + 7] = nan;
+  in.q[150 * p.q_row() + 3] = bf16(nan), in.k[200 * p.kv_row() + 5] = bf16(nan), in.v[250 * p.kv_row() + 7] = bf16(nan);
+  std::vector<AttentionTilePath> paths = f32_paths();
+  for (AttentionTilePath path : bf16_paths()) paths.push_back(path);
+  for (AttentionTilePath path : paths) {
+    SCOPED_TRACE(attention_tile_path_name(path));
+    const bool f32 = path == AttentionTilePath::f32 || path == AttentionTilePath::f32_fused;
+    set_attention_tile_path(path);
+    AttentionArgs a = p.args();
+    if (!f32) a.q = p.qview(in.q), a.k = p.kvview(in.k), a.v = p.kvview(in.v);
+    std::vector<float> o(p.Sq * p.q_row(), 0.0f), lse(p.Sq);
+    std::vector<bf16> o16(o.size());
+    if (f32) attention_forward(a, p.qview(o), lse.data());
+    else attention_forward(a, p.qview(o16), lse.data());
+    if (!f32)
+      for (size_t i = 0; i < o.size(); ++i) o[i] = float(o16[i]);
+    auto row_all_nan = [&](int64_t r) {
+      for (int64_t x = 0; x < p.D; ++x)
+        if (!std::isnan(o[r * p.q_row() + x])) return false;
+      return true;
+    };
+    for (int64_t r = 0; r < p.Sq; ++r) {
+      SCOPED_TRACE("row " + std::to_string(r));
+      if (r == 150 || r >= 200) {  // its q is NaN, or it sees key 200
+        EXPECT_TRUE(std::isnan(lse[r]));
+        EXPECT_TRUE(row_all_nan(r));
+      } else if (r < kAttentionTile) {
+        EXPECT_TRUE(std::isfinite(lse[r]));
+        for (int64_t x = 0; x < p.D; ++x) ASSERT_TRUE(std::isfinite(o[r * p.q_row() + x]));
+      }
+    }
+    // The backward, from this forward's LSE: a row whose LSE is NaN gives NaN gradients.
+    std::vector<float> delta(p.Sq, 0.0f), dq(p.q.size(), 0.0f), dk(p.k.size(), 0.0f), dv(p.v.size(), 0.0f);
+    attention_backward(a, f32 ? p.qview(p.dout) : p.qview(in.dout), lse.data(), delta.data(), p.qview(dq),
+                       p.kvview(dk), p.kvview(dv));
+    EXPECT_TRUE(std::isnan(dq[150 * p.q_row()]));
+    EXPECT_TRUE(std::isfinite(dq[10 * p.q_row()]));
+    set_attention_tile_path(AttentionTilePath::automatic);
+  }
+}
+
 TEST(AttentionBf16, DeltaReadsBf16AndFp32RowsAlike) {
   Problem p = self_attention(50, 3, 1, 24, MaskSpec::causal());
   p.init();
@@ -880,7 +931,8 @@ struct PortableLanes {
   static R exp2(R x) {  // avx2::exp2_ps, lane by lane
     return each([&](int i) {
       const float lo = -126.0f, c = x.v[i];
-      if (!(c >= lo)) return 0.0f;  // also -inf and NaN
+      if (std::isnan(c)) return c;
+      if (!(c >= lo)) return 0.0f;  // also -inf
       float xc = c > lo ? c : lo;
       xc = xc < 127.0f ? xc : 127.0f;
       const float n = std::nearbyint(xc);  // to nearest, ties to even
