@@ -7,10 +7,8 @@ unmasked (q, kv) pair per head; causal), the ratio longctx / PyTorch, and each
 one's ratio to the GEMM longctx measures in the same run (oneDNN, same dtype and
 threads). Best of --reps calls after one warm-up, for both.
 
-PyTorch comes from PyPI into a virtual environment under the build directory,
-never a dependency of the C++ build: BUILD/peer when it exists, else
-scripts/python_env.sh makes BUILD/venv-peer (and exits non-zero when it
-cannot, e.g. without network).
+PyTorch comes from PyPI into a virtual environment under the build directory
+(peer_env.py), never a dependency of the C++ build.
 
 Usage: /usr/bin/python3 bench/peers/attention_peer.py [--build build] [--seq 8192]
          [--heads 8] [--head-dim 128] [--threads 1,2] [--dtypes fp32,bf16]
@@ -19,11 +17,10 @@ Usage: /usr/bin/python3 bench/peers/attention_peer.py [--build build] [--seq 819
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from peer_env import ROOT, json_line, machine, peer_python
 
 
 def parse_args(argv):
@@ -72,31 +69,13 @@ def sdpa(a):
                       "bwd_gflops": 10 * a.head_dim * pairs / bwd / 1e9}))
 
 
-def peer_python(build):
-    """The PyTorch environment: BUILD/peer if it exists, else scripts/python_env.sh."""
-    existing = os.path.join(build, "peer", "bin", "python")
-    if os.path.exists(existing):
-        return existing
-    made = subprocess.run([os.path.join(ROOT, "scripts", "python_env.sh"), "peer", "torch"],
-                          stdout=subprocess.PIPE, check=False, text=True)
-    if made.returncode != 0:
-        sys.exit("attention_peer.py: no PyTorch environment (scripts/python_env.sh failed; see above)")
-    return made.stdout.strip()
-
-
-def json_line(cmd, env=None):
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, check=True, text=True, env=env).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main():
     a = parse_args(sys.argv[1:])
     if a.sdpa:
         return sdpa(a)
     build = os.path.abspath(os.path.join(ROOT, a.build))
-    python = peer_python(build)
-    print(subprocess.run(["lscpu"], stdout=subprocess.PIPE, text=True).stdout.strip())
-    print("uptime:", subprocess.run(["uptime"], stdout=subprocess.PIPE, text=True).stdout.strip())
+    python = peer_python(build, "attention_peer.py")
+    machine()
     rows = []
     for dtype in a.dtypes.split(","):
         for threads in a.threads.split(","):

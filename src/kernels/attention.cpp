@@ -110,9 +110,9 @@ const FusedTileKernels* fused_tile_kernels() {
 }  // namespace attn
 
 std::string attention_tile_path_name(AttentionTilePath path) {
-  const std::string fused = std::string("forward fused ") +
+  const std::string fused = std::string("fused ") +
                             (attention_fused_tiles_supported() ? attn::fused_tile_kernels()->isa : "(not on this CPU)") +
-                            ", backward gemm_f32";
+                            " forward and backward";
   switch (path) {
     case AttentionTilePath::f32: return "fp32 tiles, gemm_f32";
     case AttentionTilePath::f32_fused: return "fp32 tiles, " + fused;
@@ -154,11 +154,25 @@ int64_t attention_forward_scratch_bytes(int64_t D, int64_t threads, DType dtype)
 
 // Per thread, backward: fp32 s [bq, bk] (P), dp [bq, bk] (dP then dS),
 // dk_acc, dv_acc [bk, D], dq_tile [bq, D]; contiguous copies of K, V [bk, D]
-// and Q, dO [bq, D].
+// and Q, dO [bq, D]. The fused path (fused_backward_tile) keeps dk_acc,
+// dv_acc and the K, V copies for each of a unit's kv blocks, dk_acc and
+// dv_acc with rows padded to Dp (D rounded up to the panel), dq_tile and
+// the Q, dO copies as panels, Q and dO row-major too (padded to Dp), and
+// per q row lse2, delta and ones [bq].
 namespace {
+int64_t padded_head_dim(int64_t D, const attn::FusedTileKernels& f) { return (D + f.panel - 1) / f.panel * f.panel; }
+
+// kv blocks per backward work unit (backward_fast): the fused path's tiles
+// are quick enough that building a q block's panels and adding its dQ once
+// per tile cost a third of its backward (S = 8192, D = 128, 1 thread);
+// sharing them among 4 kv blocks keeps the dK, dV accumulators in L2.
+int64_t backward_kv_blocks(AttentionTilePath path) { return is_fused(path) ? 4 : 1; }
+
 int64_t backward_scratch_bytes(int64_t D, int64_t threads, AttentionTilePath path) {
-  const int64_t b = kAttentionTile;
-  return threads * per_thread_scratch_bytes(2 * b * b + 3 * b * D, 4, D, path);
+  const int64_t b = kAttentionTile, nb = backward_kv_blocks(path);
+  if (!is_fused(path)) return threads * per_thread_scratch_bytes(2 * b * b + 3 * b * D, 4, D, path);
+  const int64_t Dp = padded_head_dim(D, *attn::fused_tile_kernels());
+  return threads * per_thread_scratch_bytes(2 * b * b + 2 * nb * b * Dp + b * D + 2 * b * Dp + 3 * b, 2 * nb + 2, D, path);
 }
 }  // namespace
 int64_t attention_backward_scratch_bytes(int64_t D, int64_t threads, DType dtype) {
@@ -267,15 +281,18 @@ void sort_for_locality(std::vector<Unit>& units) {
 // Rows that far apart also defeat the hardware prefetcher (perf: the copies
 // stalled on their loads, ~9% of the bf16 forward at S = 8192, 1 thread), so
 // each row asks for the one kPrefetchRows ahead.
+inline void prefetch_row_ahead(const TensorView& t, int64_t b, int64_t s0, int64_t h, int64_t r, int64_t rows,
+                               int64_t D) {
+  constexpr int64_t kPrefetchRows = 16, kLine = 64;
+  if (r + kPrefetchRows >= rows) return;
+  const char* ahead = element_ptr(t, {b, s0 + r + kPrefetchRows, h});
+  for (int64_t x = 0; x < D * int64_t(dtype_size(t.dtype)); x += kLine) __builtin_prefetch(ahead + x);
+}
+
 template <class T>
 void copy_rows(T* dst, const TensorView& t, int64_t b, int64_t s0, int64_t h, int64_t rows, int64_t D) {
-  constexpr int64_t kPrefetchRows = 16, kLine = 64;
-  const int64_t row_bytes = D * int64_t(dtype_size(t.dtype));
   for (int64_t r = 0; r < rows; ++r) {
-    if (r + kPrefetchRows < rows) {
-      const char* ahead = element_ptr(t, {b, s0 + r + kPrefetchRows, h});
-      for (int64_t x = 0; x < row_bytes; x += kLine) __builtin_prefetch(ahead + x);
-    }
+    prefetch_row_ahead(t, b, s0, h, r, rows, D);
     if (t.dtype == DType::bf16) convert(t.at<bf16>({b, s0 + r, h}), dst + r * D, D);
     else convert(t.at<float>({b, s0 + r, h}), dst + r * D, D);
   }
@@ -339,15 +356,30 @@ int64_t panels_of(int64_t rows, int64_t panel) { return (rows + panel - 1) / pan
 
 // Copies `rows` token rows of head h of a [B, S, heads, D] view, from token
 // s0, transposed into the fused path's panels qp [panels][D][panel],
-// widened; the rows past `rows` of the last panel are zero.
+// widened; the rows past `rows` of the last panel are zero. Row r also
+// lands, widened, at rows_out + r * ld (ld = 0: one row's buffer).
 void copy_rows_to_panels(float* qp, int64_t panel, const TensorView& t, int64_t b, int64_t s0, int64_t h,
-                         int64_t rows, int64_t D, float* row) {
+                         int64_t rows, int64_t D, float* rows_out, int64_t ld) {
   const int64_t panels = panels_of(rows, panel);
   std::fill(qp + (panels - 1) * D * panel, qp + panels * D * panel, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
+    prefetch_row_ahead(t, b, s0, h, r, rows, D);
+    float* row = rows_out + r * ld;
     load_f32(element_ptr(t, {b, s0 + r, h}), t.dtype, row, D);
     float* dst = qp + (r / panel) * D * panel + r % panel;
     for (int64_t d = 0; d < D; ++d) dst[d * panel] = row[d];
+  }
+}
+
+// The mask of a partial tile on the fused path's panels of scores s
+// (counted once).
+void mask_panels(const attn::FusedTileKernels& f, const AttentionArgs& a, const Geometry& g, TileKind kind,
+                 int64_t b, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* s, TileCounts& counts) {
+  const int64_t s_panel = g.bk * f.panel;
+  for (int64_t p = 0; p < panels_of(rows, f.panel); ++p) {
+    const int64_t r0 = p * f.panel, p_rows = std::min(f.panel, rows - r0);
+    TileCounts once;
+    mask_scores(a, g, kind, b, i0 + r0, p_rows, j0, cols, s + p * s_panel, 1, f.panel, p == 0 ? counts : once);
   }
 }
 
@@ -360,13 +392,29 @@ void fused_tile(const attn::FusedTileKernels& f, const AttentionArgs& a, const G
                 const float* v, float* s, float* acc, float* m, float* l, float* alpha, TileCounts& counts) {
   const int64_t panels = panels_of(rows, f.panel), s_panel = g.bk * f.panel;
   f.scores(qp, panels, k, cols, g.D, g.scale * kLog2e, s, s_panel);
-  for (int64_t p = 0; p < panels; ++p) {  // counted once, masked panel by panel
-    const int64_t r0 = p * f.panel, p_rows = std::min(f.panel, rows - r0);
-    TileCounts once;
-    mask_scores(a, g, kind, b, i0 + r0, p_rows, j0, cols, s + p * s_panel, 1, f.panel, p == 0 ? counts : once);
-  }
+  mask_panels(f, a, g, kind, b, i0, rows, j0, cols, s, counts);
   f.softmax(s, panels, cols, s_panel, m, l, alpha);
   f.pv(s, panels, cols, s_panel, v, g.D, alpha, acc);
+}
+
+// One backward tile on the fused path (attention_fused.h): q rows i0..i0+rows
+// (Q, dO as panels qp, dop and row-major qr, dor [rows][Dp]; lse2, delta
+// per row, ones [bq]) against kv rows j0..j0+cols (K, V [cols][D]). Adds
+// P^T dO to dv_acc and scale dS^T Q to dk_acc ([cols][Dp]), and scale dS K
+// to dqp (panels); s and dp hold P and scale dS after it.
+void fused_backward_tile(const attn::FusedTileKernels& f, const AttentionArgs& a, const Geometry& g,
+                         TileKind kind, int64_t b, int64_t i0, int64_t rows, int64_t j0, int64_t cols, int64_t Dp,
+                         const float* qp, const float* dop, const float* qr, const float* dor, const float* k,
+                         const float* v, const float* lse2, const float* delta, const float* ones, float* s,
+                         float* dp, float* dk_acc, float* dv_acc, float* dqp, TileCounts& counts) {
+  const int64_t panels = panels_of(rows, f.panel), s_panel = g.bk * f.panel;
+  f.scores(qp, panels, k, cols, g.D, g.scale * kLog2e, s, s_panel);  // S^T = K Q^T, base 2
+  mask_panels(f, a, g, kind, b, i0, rows, j0, cols, s, counts);
+  f.scores(dop, panels, v, cols, g.D, 1.0f, dp, s_panel);  // dP^T = V dO^T
+  f.softmax_grad(s, dp, panels, cols, s_panel, lse2, delta, g.scale);
+  f.panel_t_times(s, rows, cols, s_panel, dor, Dp, dv_acc);  // dV += P^T dO
+  f.panel_t_times(dp, rows, cols, s_panel, qr, Dp, dk_acc);  // dK += scale dS^T Q
+  f.pv(dp, panels, cols, s_panel, k, g.D, ones, dqp);  // dQ^T += scale K^T dS^T
 }
 
 void add_stats(AttentionStats* stats, const Geometry& g, const TileCounts& counts) {
@@ -438,7 +486,7 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
         const int64_t run_rows = fused ? panels_of(rows, fused->panel) * fused->panel : rows;
         if (fused)
           copy_rows_to_panels(reinterpret_cast<float*>(qc_all) + x * g.bq * g.D, fused->panel, a.q, b, i0, h, rows, g.D,
-                              row.data());
+                              row.data(), 0);
         else copy_rows(qc_all + x * g.bq * g.D, a.q, b, i0, h, rows, g.D);
         std::fill(acc_all + x * g.bq * g.D, acc_all + x * g.bq * g.D + run_rows * g.D, 0.0f);
         std::fill(m_all + x * g.bq, m_all + x * g.bq + run_rows, kNegInf);
@@ -509,10 +557,40 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
   add_stats(stats, g, counts);
 }
 
+// One backward tile on oneDNN GEMMs: q rows i0..i0+rows (copies qi, doi
+// [rows][D]; lse, delta of row 0, stride H) against kv rows j0..j0+cols
+// (kj, vj [cols][D]). Adds P^T dO to dv_acc and scale dS^T Q to dk_acc
+// ([cols][D]); leaves scale dS K in dq_tile [rows][D].
+template <class T>
+void backward_gemm_tile(const AttentionArgs& a, const Geometry& g, TileKind kind, int64_t b, int64_t i0,
+                        int64_t rows, int64_t j0, int64_t cols, const T* qi, const T* doi, const T* kj,
+                        const T* vj, const float* lse, const float* delta, float* s, float* dp, T* p_tile,
+                        float* dk_acc, float* dv_acc, float* dq_tile, TileCounts& counts) {
+  // P = exp(S - lse), in base 2.
+  scores_tile(a, g, kind, b, i0, rows, j0, cols, qi, kj, s, counts);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float l = lse[r * g.H];
+    if (l == kNegInf) std::fill(s + r * g.bk, s + r * g.bk + cols, 0.0f);
+    else attn::exp2_shifted_inplace(s + r * g.bk, cols, l * kLog2e);
+  }
+  // dV += P^T dO
+  tile_gemm(true, false, cols, g.D, rows, 1.0f, as_operand(s, rows, cols, g.bk, p_tile), g.bk, doi, g.D, 1.0f,
+            dv_acc, g.D);
+  // dS = P * (dO V^T - delta)
+  tile_gemm(false, true, rows, cols, g.D, 1.0f, doi, g.D, vj, g.D, 0.0f, dp, g.bk);
+  for (int64_t r = 0; r < rows; ++r) attn::softmax_grad_row(s + r * g.bk, dp + r * g.bk, cols, delta[r * g.H]);
+  const auto* ds = as_operand(dp, rows, cols, g.bk, p_tile);
+  // dK += scale dS^T Q
+  tile_gemm(true, false, cols, g.D, rows, g.scale, ds, g.bk, qi, g.D, 1.0f, dk_acc, g.D);
+  // dQ += scale dS K
+  tile_gemm(false, false, rows, g.D, cols, g.scale, ds, g.bk, kj, g.D, 0.0f, dq_tile, g.D);
+}
+
 template <class T>
 void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* lse,
                    const float* delta, const TensorView& dq, const TensorView& dk,
                    const TensorView& dv, AttentionStats* stats, AttentionTilePath path) {
+  const attn::FusedTileKernels* fused = is_fused(path) ? attn::fused_tile_kernels() : nullptr;
   const Geometry g = geometry(a);
   check_view(dout, "dout");
   check_view(dq, "dq", true);
@@ -524,35 +602,46 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
   check_same_shape(a.k, dv, "dv");
   const TileMap map(a, g);
 
+  // A unit is nb consecutive kv blocks of one kv head (a group); the fused
+  // path shares each Q, dO transposition and dQ sum among a group's blocks.
+  const int64_t nb = backward_kv_blocks(path), n_groups = (g.nk + nb - 1) / nb;
+  auto group_has = [&](int64_t b, int64_t i, int64_t grp) {
+    for (int64_t j = grp * nb; j < std::min(g.nk, (grp + 1) * nb); ++j)
+      if (map.kind(b, i, j) != TileKind::empty) return true;
+    return false;
+  };
   std::vector<Unit> units;
   for (int64_t b = 0; b < g.B; ++b)
-    for (int64_t j = 0; j < g.nk; ++j) {
+    for (int64_t grp = 0; grp < n_groups; ++grp) {
       int64_t cost = 0;
-      for (int64_t i = 0; i < g.nq; ++i) cost += map.kind(b, i, j) != TileKind::empty;
-      if (cost == 0) continue;  // no gradient flows through this kv block
-      for (int64_t kvh = 0; kvh < g.G; ++kvh) units.push_back({b, kvh, j, cost});
+      for (int64_t i = 0; i < g.nq; ++i)
+        for (int64_t j = grp * nb; j < std::min(g.nk, (grp + 1) * nb); ++j) cost += map.kind(b, i, j) != TileKind::empty;
+      if (cost == 0) continue;  // no gradient flows through these kv blocks
+      for (int64_t kvh = 0; kvh < g.G; ++kvh) units.push_back({b, kvh, grp, cost});
     }
-  // Head by head in kv block order: a tile's dQ waits for the tile of the
-  // previous non-empty kv block of its row (below), and every unit claimed
-  // before this one comes earlier in this order, so the earliest unfinished
-  // unit never waits and the schedule cannot deadlock. For causal masks this
-  // is also heaviest first.
+  // Head by head in group order: a q block's dQ sum of a group waits for the
+  // previous group with a non-empty tile in its row (below), and every unit
+  // claimed before this one comes earlier in this order, so the earliest
+  // unfinished unit never waits and the schedule cannot deadlock. For causal
+  // masks this is also heaviest first.
   std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) {
     if (x.b != y.b || x.head != y.head) return x.b != y.b ? x.b < y.b : x.head < y.head;
     return x.block < y.block;
   });
 
-  // Per thread: s, dp [bq, bk], dk_acc, dv_acc [bk, D], dq_tile [bq, D],
-  // then K, V, Q, dO copies and (bf16 tiles) P or dS
-  // (attention_backward_scratch_bytes).
+  // Per thread (attention_backward_scratch_bytes): s, dp [bq, bk]; per kv
+  // block of a group dk_acc, dv_acc [bk, ld]; dq_tile [bq, D]; per kv block
+  // K, V copies [bk, D]; Q, dO copies [bq, D]; (bf16 tiles) P or dS; (fused)
+  // row-major Q, dO [bq, ld] and lse2, delta, ones [bq].
   const int threads = omp_get_max_threads();
   const int64_t per_thread = backward_scratch_bytes(g.D, 1, path);
+  const int64_t ld = fused ? padded_head_dim(g.D, *fused) : g.D;  // row stride of dk_acc, dv_acc
   Buffer scratch(MemCategory::scratch, "attention backward scratch",
                  backward_scratch_bytes(g.D, threads, path));
-  // dQ rows of one (batch, head, q block) receive tiles from many units:
-  // dq_last holds the kv block whose tile was added last (-1: none yet), and
-  // a tile is added only right after the previous non-empty kv block of its
-  // row, so dQ sums in kv block order whatever the threads' timing.
+  // dQ rows of one (batch, head, q block) receive sums from many units:
+  // dq_last holds the group whose sum was added last (-1: none yet), and a
+  // sum is added only right after the previous group with a non-empty tile
+  // in its row, so dQ sums in group order whatever the threads' timing.
   const int64_t n_dq = g.B * g.H * g.nq;
   std::unique_ptr<std::atomic<int64_t>[]> dq_last(new std::atomic<int64_t>[n_dq]);
   for (int64_t x = 0; x < n_dq; ++x) dq_last[x].store(-1, std::memory_order_relaxed);
@@ -565,54 +654,75 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
 #pragma omp parallel reduction(+ : counts)
   {
     float* s = reinterpret_cast<float*>(scratch.as<char>() + per_thread * omp_get_thread_num());  // [bq, bk]
-    float* dp = s + g.bq * g.bk;           // [bq, bk]
-    float* dk_acc = dp + g.bq * g.bk;      // [bk, D]
-    float* dv_acc = dk_acc + g.bk * g.D;   // [bk, D]
-    float* dq_tile = dv_acc + g.bk * g.D;  // [bq, D]
-    T* kj = reinterpret_cast<T*>(dq_tile + g.bq * g.D);  // [bk, D]
-    T* vj = kj + g.bk * g.D;                             // [bk, D]
-    T* qi = vj + g.bk * g.D;                             // [bq, D]
-    T* doi = qi + g.bq * g.D;                            // [bq, D]
+    float* dp = s + g.bq * g.bk;                // [bq, bk]
+    float* dk_all = dp + g.bq * g.bk;           // [nb, bk, ld]
+    float* dv_all = dk_all + nb * g.bk * ld;    // [nb, bk, ld]
+    float* dq_tile = dv_all + nb * g.bk * ld;   // [bq, D] (fused: panels)
+    T* k_all = reinterpret_cast<T*>(dq_tile + g.bq * g.D);  // [nb, bk, D]
+    T* v_all = k_all + nb * g.bk * g.D;                     // [nb, bk, D]
+    T* qi = v_all + nb * g.bk * g.D;                        // [bq, D] (fused: panels)
+    T* doi = qi + g.bq * g.D;                               // [bq, D] (fused: panels)
     T* p_tile = doi + g.bq * g.D;  // [bq, bk] P, then dS, as an operand (bf16 tiles only)
+    // The fused path's (T = float) row-major Q, dO (padding columns zero) and per-row vectors.
+    float* qr = fused ? reinterpret_cast<float*>(doi + g.bq * g.D) : nullptr;  // [bq, ld]
+    float* dor = fused ? qr + g.bq * ld : nullptr;                             // [bq, ld]
+    float* lse2 = fused ? dor + g.bq * ld : nullptr;                           // [bq]
+    float* delta_i = fused ? lse2 + g.bq : nullptr;                            // [bq]
+    float* ones = fused ? delta_i + g.bq : nullptr;                            // [bq]
+    if (fused) {
+      std::fill(qr, qr + 2 * g.bq * ld, 0.0f);
+      std::fill(ones, ones + g.bq, 1.0f);
+    }
     for (int64_t u; (u = next_unit.fetch_add(1, std::memory_order_relaxed)) < n_units;) {
       const Unit& unit = units[u];
-      const int64_t b = unit.b, kvh = unit.head, j0 = unit.block * g.bk;
-      const int64_t cols = std::min(g.bk, g.Skv - j0);
-      copy_rows(kj, a.k, b, j0, kvh, cols, g.D);
-      copy_rows(vj, a.v, b, j0, kvh, cols, g.D);
-      std::fill(dk_acc, dk_acc + cols * g.D, 0.0f);
-      std::fill(dv_acc, dv_acc + cols * g.D, 0.0f);
+      const int64_t b = unit.b, kvh = unit.head, grp = unit.block;
+      const int64_t j_first = grp * nb, j_end = std::min(g.nk, j_first + nb);
+      for (int64_t j = j_first; j < j_end; ++j) {
+        const int64_t x = j - j_first, j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
+        copy_rows(k_all + x * g.bk * g.D, a.k, b, j0, kvh, cols, g.D);
+        copy_rows(v_all + x * g.bk * g.D, a.v, b, j0, kvh, cols, g.D);
+        std::fill(dk_all + x * g.bk * ld, dk_all + x * g.bk * ld + cols * ld, 0.0f);
+        std::fill(dv_all + x * g.bk * ld, dv_all + x * g.bk * ld + cols * ld, 0.0f);
+      }
       for (int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h)
         for (int64_t i = 0; i < g.nq; ++i) {
-          const TileKind kind = map.kind(b, i, unit.block);
-          if (kind == TileKind::empty) continue;
+          if (!group_has(b, i, grp)) continue;
           const int64_t i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
-          copy_rows(qi, a.q, b, i0, h, rows, g.D);
-          copy_rows(doi, dout, b, i0, h, rows, g.D);
           const int64_t row0 = (b * g.Sq + i0) * g.H + h;  // lse/delta index of row 0, stride H
-          // P = exp(S - lse), in base 2.
-          scores_tile(a, g, kind, b, i0, rows, j0, cols, qi, kj, s, counts);
-          for (int64_t r = 0; r < rows; ++r) {
-            const float l = lse[row0 + r * g.H];
-            if (l == kNegInf) std::fill(s + r * g.bk, s + r * g.bk + cols, 0.0f);
-            else attn::exp2_shifted_inplace(s + r * g.bk, cols, l * kLog2e);
+          if (fused) {
+            copy_rows_to_panels(reinterpret_cast<float*>(qi), fused->panel, a.q, b, i0, h, rows, g.D, qr, ld);
+            copy_rows_to_panels(reinterpret_cast<float*>(doi), fused->panel, dout, b, i0, h, rows, g.D, dor, ld);
+            const int64_t lanes = panels_of(rows, fused->panel) * fused->panel;
+            for (int64_t r = 0; r < lanes; ++r) {  // padding lanes: P = 0, dS = 0
+              const float l = r < rows ? lse[row0 + r * g.H] : kNegInf;
+              lse2[r] = l == kNegInf ? std::numeric_limits<float>::infinity() : l * kLog2e;
+              delta_i[r] = r < rows ? delta[row0 + r * g.H] : 0.0f;
+            }
+            std::fill(dq_tile, dq_tile + lanes * g.D, 0.0f);
+          } else {
+            copy_rows(qi, a.q, b, i0, h, rows, g.D);
+            copy_rows(doi, dout, b, i0, h, rows, g.D);
           }
-          // dV += P^T dO
-          tile_gemm(true, false, cols, g.D, rows, 1.0f, as_operand(s, rows, cols, g.bk, p_tile), g.bk, doi, g.D,
-                    1.0f, dv_acc, g.D);
-          // dS = P * (dO V^T - delta)
-          tile_gemm(false, true, rows, cols, g.D, 1.0f, doi, g.D, vj, g.D, 0.0f, dp, g.bk);
-          for (int64_t r = 0; r < rows; ++r)
-            attn::softmax_grad_row(s + r * g.bk, dp + r * g.bk, cols, delta[row0 + r * g.H]);
-          const auto* ds = as_operand(dp, rows, cols, g.bk, p_tile);
-          // dK += scale dS^T Q
-          tile_gemm(true, false, cols, g.D, rows, g.scale, ds, g.bk, qi, g.D, 1.0f, dk_acc, g.D);
-          // dQ += scale dS K
-          tile_gemm(false, false, rows, g.D, cols, g.scale, ds, g.bk, kj, g.D, 0.0f, dq_tile, g.D);
-          // Wait for the previous non-empty kv block of row i (usually j - 1,
-          // claimed earlier and one tile ahead), add, pass the turn on.
-          int64_t prev = unit.block - 1;
-          while (prev >= 0 && map.kind(b, i, prev) == TileKind::empty) --prev;
+          for (int64_t j = j_first; j < j_end; ++j) {
+            const TileKind kind = map.kind(b, i, j);
+            if (kind == TileKind::empty) continue;
+            const int64_t x = j - j_first, j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
+            const T* kj = k_all + x * g.bk * g.D;
+            const T* vj = v_all + x * g.bk * g.D;
+            if (fused)
+              fused_backward_tile(*fused, a, g, kind, b, i0, rows, j0, cols, ld, reinterpret_cast<const float*>(qi),
+                                  reinterpret_cast<const float*>(doi), qr, dor, reinterpret_cast<const float*>(kj),
+                                  reinterpret_cast<const float*>(vj), lse2, delta_i, ones, s, dp,
+                                  dk_all + x * g.bk * ld, dv_all + x * g.bk * ld, dq_tile, counts);
+            else
+              backward_gemm_tile(a, g, kind, b, i0, rows, j0, cols, qi, doi, kj, vj, lse + row0, delta + row0, s,
+                                 dp, p_tile, dk_all, dv_all, dq_tile, counts);  // nb = 1
+          }
+          // Wait for the previous group with a non-empty tile in row i
+          // (usually grp - 1, claimed earlier and one unit ahead), add, pass
+          // the turn on.
+          int64_t prev = grp - 1;
+          while (prev >= 0 && !group_has(b, i, prev)) --prev;
           std::atomic<int64_t>& last = dq_last[(b * g.H + h) * g.nq + i];
           for (int spins = 0; last.load(std::memory_order_acquire) != prev; ++spins) {
             if (spins < 64) cpu_relax();
@@ -620,17 +730,27 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
           }
           for (int64_t r = 0; r < rows; ++r) {
             float* dst = dq.at<float>({b, i0 + r, h});
+            if (fused) {  // row r of the panels
+              const float* src = dq_tile + (r / fused->panel) * g.D * fused->panel + r % fused->panel;
+              for (int64_t x = 0; x < g.D; ++x) dst[x] += src[x * fused->panel];
+              continue;
+            }
             const float* src = dq_tile + r * g.D;
             for (int64_t x = 0; x < g.D; ++x) dst[x] += src[x];
           }
-          last.store(unit.block, std::memory_order_release);
+          last.store(grp, std::memory_order_release);
         }
-      for (int64_t c = 0; c < cols; ++c) {
-        float* dkr = dk.at<float>({b, j0 + c, kvh});
-        float* dvr = dv.at<float>({b, j0 + c, kvh});
-        for (int64_t x = 0; x < g.D; ++x) {
-          dkr[x] += dk_acc[c * g.D + x];
-          dvr[x] += dv_acc[c * g.D + x];
+      for (int64_t j = j_first; j < j_end; ++j) {
+        const int64_t x = j - j_first, j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
+        for (int64_t c = 0; c < cols; ++c) {
+          float* dkr = dk.at<float>({b, j0 + c, kvh});
+          float* dvr = dv.at<float>({b, j0 + c, kvh});
+          const float* dk_acc = dk_all + (x * g.bk + c) * ld;
+          const float* dv_acc = dv_all + (x * g.bk + c) * ld;
+          for (int64_t y = 0; y < g.D; ++y) {
+            dkr[y] += dk_acc[y];
+            dvr[y] += dv_acc[y];
+          }
         }
       }
     }

@@ -1,7 +1,7 @@
 #pragma once
-// The forward's tile arithmetic in hand-written vector kernels (the
-// f32_fused and bf16_fused tile paths, attention.h), for AVX2/FMA and for
-// AVX-512.
+// The tile arithmetic of the forward and the backward in hand-written vector
+// kernels (the f32_fused and bf16_fused tile paths, attention.h), for
+// AVX2/FMA and for AVX-512.
 // Internal to src/kernels.
 //
 // A q block is kept transposed, as panels of `panel` q rows side by side
@@ -17,6 +17,10 @@
 //   acc  [panels][D][panel]      running output, transposed
 //   m, l, alpha [panels * panel] per q row: running max, sum (base 2), rescale factor
 //   k, v [cols][D]               row-major
+// The backward keeps Q and dO both ways (panels for S^T = K Q^T and
+// dP^T = V dO^T; row-major, padded to a multiple of the panel, for dK and
+// dV, whose lanes run along d), and dQ as panels (dQ^T += K^T dS^T is
+// pv's product).
 #include <cstdint>
 
 namespace longctx::attn {
@@ -36,6 +40,17 @@ struct FusedTileKernels {
   // acc[p][d][j] = alpha[p][j] acc[p][d][j] + sum_c s[p][c][j] v[c][d].
   void (*pv)(const float* s, int64_t panels, int64_t cols, int64_t s_panel, const float* v, int64_t D,
              const float* alpha, float* acc);
+  // The backward's softmax gradient on a tile whose s holds the scores (base
+  // 2, masked -inf) and ds holds dP^T, per q row j (lse2: the row's LSE in
+  // base 2, +inf for a row that has nothing allowed, so that its P is 0):
+  //   s[c][j] = P = 2^(s[c][j] - lse2[j]);  ds[c][j] = (P (ds[c][j] - delta[j])) scale.
+  void (*softmax_grad)(float* s, float* ds, int64_t panels, int64_t cols, int64_t s_panel, const float* lse2,
+                       const float* delta, float scale);
+  // out[c][x] += sum_q a[q / panel][c][q % panel] b[q][x], q < rows in order,
+  // for c < cols and x < ld: the tile's P^T dO (dV) or dS^T Q (dK) with b
+  // row-major [rows][ld], out [cols][ld], ld a multiple of the panel.
+  void (*panel_t_times)(const float* a, int64_t rows, int64_t cols, int64_t s_panel, const float* b, int64_t ld,
+                        float* out);
 };
 
 // The kernels of one ISA where they were compiled in (x86) and this CPU runs

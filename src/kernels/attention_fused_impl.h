@@ -1,15 +1,16 @@
 #pragma once
-// The fused forward tiles (attention_fused.h), written once over a vector
+// The fused forward and backward tiles (attention_fused.h), written once over a vector
 // type V and compiled once per ISA: attention_fused_avx2.cpp (8 lanes,
 // panels of 16 q rows) and attention_fused_avx512.cpp (16 lanes, panels of
 // 32). Each lane holds one q row and every sum runs over d (scores) or kv
-// (P V) in the same order in both, so the two ISAs give bit-identical
+// (P V, dQ) or q (dK, dV: each lane one column of d) in the same order in both, so the two ISAs give bit-identical
 // results (tested). Include only from those two files and the tests.
 //
 // V provides: R (a register of W floats), W, kRows (rows per register block:
 // kRows x 2 accumulators, two panel vectors and a broadcast fit the ISA's
 // registers), load, store, set1, zero, add, mul, fmadd, max, exp2 (2^x, 0
 // below -126, same arithmetic as avx2::exp2_ps) and zero_where_neg_inf.
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/attention_fused.h"
@@ -19,14 +20,13 @@ namespace longctx::attn::fused_impl {
 template <class V>
 constexpr int64_t kPanelOf = 2 * V::W;
 
-// acc[i] += sum_t a[i * a_row + t * a_step] b[t][0..panel), for t < n, on MR
-// rows held in registers (b [n][panel], one panel).
+// acc[i] += sum_t a[i * a_row + t * a_step] b[t * b_row + 0..2W), for t < n
+// in order, on MR rows held in registers.
 template <class V, int MR>
 inline void accumulate_rows(typename V::R (&acc)[MR][2], const float* a, int64_t a_row, int64_t a_step,
-                            const float* b, int64_t n) {
-  constexpr int64_t P = kPanelOf<V>;
+                            const float* b, int64_t b_row, int64_t n) {
   for (int64_t t = 0; t < n; ++t) {
-    const typename V::R b0 = V::load(b + t * P), b1 = V::load(b + t * P + V::W);
+    const typename V::R b0 = V::load(b + t * b_row), b1 = V::load(b + t * b_row + V::W);
     for (int i = 0; i < MR; ++i) {
       const typename V::R x = V::set1(a[i * a_row + t * a_step]);
       acc[i][0] = V::fmadd(x, b0, acc[i][0]);
@@ -41,7 +41,7 @@ void scores_rows(const float* qp, const float* k, int64_t D, typename V::R scale
   constexpr int64_t P = kPanelOf<V>;
   typename V::R acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = V::zero();
-  accumulate_rows<V, MR>(acc, k, D, 1, qp, D);
+  accumulate_rows<V, MR>(acc, k, D, 1, qp, P, D);
   for (int i = 0; i < MR; ++i) {
     V::store(s + i * P, V::mul(acc[i][0], scale));
     V::store(s + i * P + V::W, V::mul(acc[i][1], scale));
@@ -58,7 +58,7 @@ void pv_rows(const float* p, int64_t cols, const float* v, int64_t D, const floa
     o[i][0] = V::mul(V::load(acc + i * P), a0);
     o[i][1] = V::mul(V::load(acc + i * P + V::W), a1);
   }
-  accumulate_rows<V, MR>(o, v, 1, D, p, cols);
+  accumulate_rows<V, MR>(o, v, 1, D, p, P, cols);
   for (int i = 0; i < MR; ++i) {
     V::store(acc + i * P, o[i][0]);
     V::store(acc + i * P + V::W, o[i][1]);
@@ -138,8 +138,50 @@ void pv(const float* s, int64_t panels, int64_t cols, int64_t s_panel, const flo
 }
 
 template <class V>
+void softmax_grad(float* s, float* ds, int64_t panels, int64_t cols, int64_t s_panel, const float* lse2,
+                  const float* delta, float scale) {
+  constexpr int64_t P = kPanelOf<V>;
+  using R = typename V::R;
+  const R sc = V::set1(scale);
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t h = 0; h < P; h += V::W) {  // W q rows at a time, down the tile's columns
+      const int64_t row = p * P + h;
+      const R l = V::load(lse2 + row), dl = V::load(delta + row);
+      for (int64_t c = 0; c < cols; ++c) {
+        float* sc_at = s + p * s_panel + c * P + h;
+        float* ds_at = ds + p * s_panel + c * P + h;
+        const R pr = V::exp2(V::sub(V::load(sc_at), l));
+        V::store(sc_at, pr);
+        V::store(ds_at, V::mul(V::mul(pr, V::sub(V::load(ds_at), dl)), sc));
+      }
+    }
+}
+
+template <class V>
+void panel_t_times(const float* a, int64_t rows, int64_t cols, int64_t s_panel, const float* b, int64_t ld,
+                   float* out) {
+  constexpr int64_t P = kPanelOf<V>;
+  using R = typename V::R;
+  for (int64_t x0 = 0; x0 < ld; x0 += P)  // 2W columns of b and out at a time; b's slice stays in L1
+    for_row_blocks<V>(cols, 0, [&]<int MR>(int64_t c0) {
+      R acc[MR][2];
+      for (int i = 0; i < MR; ++i) {
+        acc[i][0] = V::load(out + (c0 + i) * ld + x0);
+        acc[i][1] = V::load(out + (c0 + i) * ld + x0 + V::W);
+      }
+      for (int64_t p = 0; p * P < rows; ++p)  // q rows in order, panel after panel
+        accumulate_rows<V, MR>(acc, a + p * s_panel + c0 * P, P, 1, b + p * P * ld + x0, ld,
+                               std::min(P, rows - p * P));
+      for (int i = 0; i < MR; ++i) {
+        V::store(out + (c0 + i) * ld + x0, acc[i][0]);
+        V::store(out + (c0 + i) * ld + x0 + V::W, acc[i][1]);
+      }
+    });
+}
+
+template <class V>
 constexpr FusedTileKernels kernels_of(const char* isa) {
-  return {kPanelOf<V>, isa, &scores<V>, &softmax<V>, &pv<V>};
+  return {kPanelOf<V>, isa, &scores<V>, &softmax<V>, &pv<V>, &softmax_grad<V>, &panel_t_times<V>};
 }
 
 }  // namespace longctx::attn::fused_impl

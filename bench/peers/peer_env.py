@@ -1,0 +1,37 @@
+"""What the peer benchmarks share: the PyTorch environment and running a command
+that prints one JSON line.
+
+PyTorch comes from PyPI into a virtual environment under the build directory,
+never a dependency of the C++ build: BUILD/peer when it exists, else
+scripts/python_env.sh makes BUILD/venv-peer (and the caller exits non-zero when
+it cannot, e.g. without network)."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def peer_python(build, who):
+    """The PyTorch environment's python: BUILD/peer if it exists, else scripts/python_env.sh's."""
+    existing = os.path.join(build, "peer", "bin", "python")
+    if os.path.exists(existing):
+        return existing
+    made = subprocess.run([os.path.join(ROOT, "scripts", "python_env.sh"), "peer", "torch"],
+                          stdout=subprocess.PIPE, check=False, text=True)
+    if made.returncode != 0:
+        sys.exit(f"{who}: no PyTorch environment (scripts/python_env.sh failed; see above)")
+    return made.stdout.strip()
+
+
+def json_line(cmd, env=None):
+    """Runs cmd and returns the JSON object on the last line of its stdout."""
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, check=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def machine():
+    """lscpu and the load, printed above every table."""
+    print(subprocess.run(["lscpu"], stdout=subprocess.PIPE, text=True).stdout.strip())
+    print("uptime:", subprocess.run(["uptime"], stdout=subprocess.PIPE, text=True).stdout.strip())
