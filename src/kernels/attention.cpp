@@ -4,18 +4,19 @@
 // bounds of its positions and segment ids before any FLOP: empty tiles are
 // skipped, full tiles skip the elementwise mask. Tiles are copied out of the
 // strided views (widened from bf16 unless multiplied natively), then
-// multiplied with oneDNN GEMMs on the calling thread or, in the forward,
-// run by the fused vector kernels (attention_fused.h; attention.h says which
-// path runs where); the softmax works in base 2 (scale * log2(e) folded into
-// the Q K^T product) with a vectorised exp2.
+// multiplied with oneDNN GEMMs on the calling thread or run by the fused
+// vector kernels (attention_fused.h; attention.h says which path runs
+// where); the softmax works in base 2 (scale * log2(e) folded into the
+// Q K^T product) with a vectorised exp2.
 //
-// Forward: one work unit per (batch, q head, q block), running softmax over
-// its kv blocks. Backward: one unit per (batch, kv head, kv block), so that
-// a few heads over a long sequence still feed every thread; dK, dV of the
-// unit stay in per-thread accumulators, and each tile's dQ contribution is
-// added in kv block order (a per-(batch, head, q block) turn), so the result
-// is bit-identical at any thread count. Forward units run head by head,
-// heaviest first within a head; backward units head by head in kv block order.
+// Forward: one work unit per (batch, q head, group of q blocks), running
+// softmax over its kv blocks. Backward: one unit per (batch, kv head, group
+// of kv blocks: 1 on the gemm paths), so that a few heads over a long
+// sequence still feed every thread; dK, dV of the unit stay in per-thread
+// accumulators, and each unit's dQ sum for a q block is added in unit order
+// (a per-(batch, head, q block) turn), so the result is bit-identical at
+// any thread count. Forward units run head by head, heaviest first within a
+// head; backward units head by head in kv order.
 #include <omp.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include <memory>
 #include <numeric>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "core/memory.h"
@@ -43,9 +45,17 @@ namespace {
 // Tests and benchmarks: a path forced for fp32 or bf16 inputs (automatic: none).
 std::atomic<AttentionTilePath> g_forced_f32_path{AttentionTilePath::automatic};
 std::atomic<AttentionTilePath> g_forced_bf16_path{AttentionTilePath::automatic};
+// Tests: the fused backward's kv blocks per unit (0: automatic).
+std::atomic<int64_t> g_forced_backward_kv_blocks{0};
 
 // q blocks per forward work unit, sharing each K, V tile copy (forward_fast).
 constexpr int64_t kForwardQBlocks = 4;
+
+// kv blocks per backward work unit on the fused path (backward_fast): its
+// tiles are quick enough that building a q block's panels and adding its dQ
+// once per tile cost a third of its backward (S = 8192, D = 128, 1
+// thread), so up to 4 kv blocks share them. The scratch is sized for 4.
+constexpr int64_t kFusedBackwardKvBlocks = 4;
 
 // One thread's scratch: `floats` fp32 values, then `copies` tile copies of
 // [kAttentionTile, D] in the tile dtype, then (bf16 tiles) one bf16
@@ -66,11 +76,12 @@ AttentionTilePath attention_tile_path(DType dtype) {
   const bool f32 = dtype == DType::f32;
   const AttentionTilePath forced = (f32 ? g_forced_f32_path : g_forced_bf16_path).load();
   if (forced != AttentionTilePath::automatic) return forced;
-  // The fused forward (attention_fused.h) against oneDNN's sgemm on the same
-  // tiles: 76-82 vs 73 GFLOP/s a core on Zen 3 (AVX2, bf16, S = 8192, D =
-  // 128); 1.03-1.26x on an Intel Xeon (AVX-512), fp32 and bf16, D = 64 and
-  // 128, 1 and 2 threads (bench/results/attention_fused_avx512.md). Native
-  // bf16 tiles win where gemm_bf16 does (AMX: 6-8x).
+  // The fused kernels (attention_fused.h) against oneDNN's sgemm on the same
+  // tiles: forward 76-82 vs 73 GFLOP/s a core on Zen 3 (AVX2, bf16, S = 8192,
+  // D = 128); on an Intel Xeon (AVX-512), fp32 and bf16, D = 64 and 128, 1
+  // and 2 threads, forward and backward faster
+  // (bench/results/attention_fused_avx512.md). Native bf16 tiles win where
+  // gemm_bf16 does (AMX: 6-8x).
   const bool fused = attention_fused_tiles_supported();
   if (f32) return fused ? AttentionTilePath::f32_fused : AttentionTilePath::f32;
   static const AttentionTilePath automatic = gemm_bf16_is_native() ? AttentionTilePath::bf16_native
@@ -137,6 +148,13 @@ void set_attention_tile_path(AttentionTilePath path) {
     force_gemm_bf16_path(path == AttentionTilePath::bf16_native ? Bf16GemmPath::native : Bf16GemmPath::automatic);
 }
 
+void set_attention_backward_kv_blocks(int64_t blocks) {
+  check_shape(blocks >= 0 && blocks <= kFusedBackwardKvBlocks,
+              "attention: the fused backward's kv blocks per unit must be 0 (automatic) to " +
+                  std::to_string(kFusedBackwardKvBlocks));
+  g_forced_backward_kv_blocks = blocks;
+}
+
 // Per thread, forward: fp32 s [bq, bk] scores then probabilities, and for
 // each of the unit's kForwardQBlocks q blocks acc [bq, D], m and l [bq];
 // contiguous copies of those q blocks' Q [bq, D], of K and V [bk, D]; on
@@ -162,14 +180,20 @@ int64_t attention_forward_scratch_bytes(int64_t D, int64_t threads, DType dtype)
 namespace {
 int64_t padded_head_dim(int64_t D, const attn::FusedTileKernels& f) { return (D + f.panel - 1) / f.panel * f.panel; }
 
-// kv blocks per backward work unit (backward_fast): the fused path's tiles
-// are quick enough that building a q block's panels and adding its dQ once
-// per tile cost a third of its backward (S = 8192, D = 128, 1 thread);
-// sharing them among 4 kv blocks keeps the dK, dV accumulators in L2.
-int64_t backward_kv_blocks(AttentionTilePath path) { return is_fused(path) ? 4 : 1; }
+// The kv blocks of one backward unit: kFusedBackwardKvBlocks on the fused
+// path where that still leaves at least 32 units (a shape rule, never the
+// thread count: the grouping sets dQ's summation order), else 1 (the gemm
+// path's tiles always run alone).
+int64_t backward_kv_blocks(AttentionTilePath path, int64_t B, int64_t G, int64_t nk) {
+  constexpr int64_t kMinUnits = 32;
+  const int64_t nb = kFusedBackwardKvBlocks, forced = g_forced_backward_kv_blocks.load();
+  if (!is_fused(path)) return 1;
+  if (forced > 0) return forced;
+  return B * G * ((nk + nb - 1) / nb) >= kMinUnits ? nb : 1;
+}
 
 int64_t backward_scratch_bytes(int64_t D, int64_t threads, AttentionTilePath path) {
-  const int64_t b = kAttentionTile, nb = backward_kv_blocks(path);
+  const int64_t b = kAttentionTile, nb = kFusedBackwardKvBlocks;
   if (!is_fused(path)) return threads * per_thread_scratch_bytes(2 * b * b + 3 * b * D, 4, D, path);
   const int64_t Dp = padded_head_dim(D, *attn::fused_tile_kernels());
   return threads * per_thread_scratch_bytes(2 * b * b + 2 * nb * b * Dp + b * D + 2 * b * Dp + 3 * b, 2 * nb + 2, D, path);
@@ -257,7 +281,8 @@ class TileMap {
   std::vector<std::vector<BlockBounds>> q_, kv_;  // [B][nq], [B][nk]
 };
 
-// A work unit: (batch, head, block) with its number of non-empty tiles.
+// A work unit: (batch, head, block: a group of q or kv blocks) with its
+// number of non-empty tiles.
 struct Unit {
   int64_t b, head, block, cost;
 };
@@ -604,7 +629,7 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
 
   // A unit is nb consecutive kv blocks of one kv head (a group); the fused
   // path shares each Q, dO transposition and dQ sum among a group's blocks.
-  const int64_t nb = backward_kv_blocks(path), n_groups = (g.nk + nb - 1) / nb;
+  const int64_t nb = backward_kv_blocks(path, g.B, g.G, g.nk), n_groups = (g.nk + nb - 1) / nb;
   auto group_has = [&](int64_t b, int64_t i, int64_t grp) {
     for (int64_t j = grp * nb; j < std::min(g.nk, (grp + 1) * nb); ++j)
       if (map.kind(b, i, j) != TileKind::empty) return true;
@@ -673,12 +698,22 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
       std::fill(qr, qr + 2 * g.bq * ld, 0.0f);
       std::fill(ones, ones + g.bq, 1.0f);
     }
+    const char* carved_end = fused ? reinterpret_cast<const char*>(ones + g.bq)
+                                   : reinterpret_cast<const char*>(p_tile + (std::is_same_v<T, bf16> ? g.bq * g.bk : 0));
+    check_shape(carved_end <= scratch.as<char>() + per_thread * (omp_get_thread_num() + 1),
+                "attention backward: the scratch layout outgrew backward_scratch_bytes (a bug)");
+    // Which of a unit's kv blocks have a non-empty tile (the others are
+    // neither copied nor added).
+    std::vector<char> block_used(nb);
     for (int64_t u; (u = next_unit.fetch_add(1, std::memory_order_relaxed)) < n_units;) {
       const Unit& unit = units[u];
       const int64_t b = unit.b, kvh = unit.head, grp = unit.block;
       const int64_t j_first = grp * nb, j_end = std::min(g.nk, j_first + nb);
       for (int64_t j = j_first; j < j_end; ++j) {
         const int64_t x = j - j_first, j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
+        block_used[x] = false;
+        for (int64_t i = 0; i < g.nq && !block_used[x]; ++i) block_used[x] = map.kind(b, i, j) != TileKind::empty;
+        if (!block_used[x]) continue;
         copy_rows(k_all + x * g.bk * g.D, a.k, b, j0, kvh, cols, g.D);
         copy_rows(v_all + x * g.bk * g.D, a.v, b, j0, kvh, cols, g.D);
         std::fill(dk_all + x * g.bk * ld, dk_all + x * g.bk * ld + cols * ld, 0.0f);
@@ -714,9 +749,9 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
                                   reinterpret_cast<const float*>(doi), qr, dor, reinterpret_cast<const float*>(kj),
                                   reinterpret_cast<const float*>(vj), lse2, delta_i, ones, s, dp,
                                   dk_all + x * g.bk * ld, dv_all + x * g.bk * ld, dq_tile, counts);
-            else
+            else  // nb = 1 (its dQ tile is the unit's sum)
               backward_gemm_tile(a, g, kind, b, i0, rows, j0, cols, qi, doi, kj, vj, lse + row0, delta + row0, s,
-                                 dp, p_tile, dk_all, dv_all, dq_tile, counts);  // nb = 1
+                                 dp, p_tile, dk_all, dv_all, dq_tile, counts);
           }
           // Wait for the previous group with a non-empty tile in row i
           // (usually grp - 1, claimed earlier and one unit ahead), add, pass
@@ -742,6 +777,7 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
         }
       for (int64_t j = j_first; j < j_end; ++j) {
         const int64_t x = j - j_first, j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
+        if (!block_used[x]) continue;
         for (int64_t c = 0; c < cols; ++c) {
           float* dkr = dk.at<float>({b, j0 + c, kvh});
           float* dvr = dv.at<float>({b, j0 + c, kvh});

@@ -55,11 +55,14 @@ constexpr int64_t kAttentionTile = 128;
 // How the fast kernel multiplies the tiles of q, k, v in `dtype`:
 //   f32           fp32 inputs: fp32 tile copies, gemm_f32.
 //   f32_fused     as f32, where the CPU has AVX2 and FMA or AVX-512 (asked at
-//                 run time, capped by oneDNN's ISA): the forward's tiles
-//                 (Q K^T, online softmax, P V) in hand-written vector kernels
-//                 (attention_fused.h), the backward as f32. Same arithmetic
-//                 as f32 (fp32 throughout), summed in another order; the
-//                 same results on AVX2 and AVX-512.
+//                 run time, capped by oneDNN's ISA): the tiles in
+//                 hand-written vector kernels (attention_fused.h), forward
+//                 (Q K^T, online softmax, P V) and backward (Q K^T, dO V^T,
+//                 the softmax gradient, dS K, and P^T dO, dS^T Q), the
+//                 backward in units of up to 4 kv blocks. Same arithmetic
+//                 as f32 (fp32 throughout), summed in another order and
+//                 with the softmax scale applied to dS rather than to its
+//                 products; the same results on AVX2 and AVX-512.
 //   bf16_widened  bf16 inputs where gemm_bf16 widens (no bf16 matmul, or
 //                 one slower than fp32: gemm_bf16_is_native is false) and
 //                 the CPU has no fused kernels: tiles widened (exactly) to
@@ -69,7 +72,7 @@ constexpr int64_t kAttentionTile = 128;
 //                 tile copies and gemm_bf16 (fp32 accumulation and C); the P
 //                 and dS tiles are rounded to bf16 for the P V, P^T dO, dS K
 //                 and dS^T Q products, as flash attention implementations do.
-//   bf16_fused    as bf16_widened with f32_fused's forward, where gemm_bf16
+//   bf16_fused    as bf16_widened with f32_fused's kernels, where gemm_bf16
 //                 widens and the CPU has the fused kernels.
 // The automatic choice is made once per process (oneDNN and the CPU are
 // asked once); `automatic` is only an argument of set_attention_tile_path.
@@ -87,6 +90,11 @@ void set_attention_tile_path(AttentionTilePath path);
 // Whether this CPU runs the fused paths (AVX2 and FMA, or AVX-512, and the
 // kernels compiled in).
 bool attention_fused_tiles_supported();
+// Tests: the fused backward's kv blocks per work unit, 1 to 4, instead of
+// the automatic choice (0 restores it: 4 where that leaves at least 32
+// units, else 1; a shape rule, so results stay bit-identical at any thread
+// count). The grouping changes dQ's summation order, not its arithmetic.
+void set_attention_backward_kv_blocks(int64_t blocks);
 
 // Scratch bytes one fast forward / backward call with q, k, v in `dtype`
 // allocates (per thread, times `threads`) on the tile path that runs here:

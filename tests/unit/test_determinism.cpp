@@ -85,15 +85,22 @@ std::vector<std::vector<float>> run_attention(AttentionProblem& p) {
 
 TEST(Determinism, AttentionIsBitIdenticalAtAnyThreadCount) {
   // 1000 = 7 full tiles + 104 rows; GQA so that a unit covers two heads.
-  // Both fp32 tile paths: sgemm tiles, and the fused forward where the CPU has it.
-  std::vector<AttentionTilePath> paths = {AttentionTilePath::f32};
-  if (attention_fused_tiles_supported()) paths.push_back(AttentionTilePath::f32_fused);
-  for (AttentionTilePath path : paths)
+  // Both fp32 tile paths: sgemm tiles, and the fused kernels where the CPU
+  // has them, their backward in units of 1 and of 4 kv blocks (dQ summed
+  // per unit, in unit order).
+  std::vector<std::pair<AttentionTilePath, int64_t>> cases = {{AttentionTilePath::f32, 0}};
+  if (attention_fused_tiles_supported())
+    for (int64_t kv_blocks : {1, 4}) cases.push_back({AttentionTilePath::f32_fused, kv_blocks});
+  for (auto [path, kv_blocks] : cases)
     for (const char* mask : {"full", "causal", "local:300", "causal+segments"}) {
       AttentionProblem p = attention_problem(1000, 4, 2, 64, MaskSpec::parse(mask));
       set_attention_tile_path(path);
-      expect_same_at_every_thread_count([&] { return run_attention(p); }, mask + (" " + attention_tile_path_name(path)));
+      set_attention_backward_kv_blocks(kv_blocks);
+      expect_same_at_every_thread_count([&] { return run_attention(p); },
+                                        mask + (" " + attention_tile_path_name(path)) + ", backward units of " +
+                                            std::to_string(kv_blocks) + " kv blocks");
       set_attention_tile_path(AttentionTilePath::automatic);
+      set_attention_backward_kv_blocks(0);
     }
 }
 
