@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from peer_env import ROOT, json_line, machine, peer_python
+from peer_env import json_line, start
 
 
 def parse_args(argv):
@@ -73,9 +73,7 @@ def main():
     a = parse_args(sys.argv[1:])
     if a.sdpa:
         return sdpa(a)
-    build = os.path.abspath(os.path.join(ROOT, a.build))
-    python = peer_python(build, "attention_peer.py")
-    machine()
+    build, python = start(a.build, "attention_peer.py")
     rows = []
     for dtype in a.dtypes.split(","):
         for threads in a.threads.split(","):

@@ -29,7 +29,7 @@ import os
 import sys
 import time
 
-from peer_env import ROOT, json_line, machine, peer_python
+from peer_env import ROOT, json_line, start
 
 CONFIG = "configs/model/bench-512.yml"  # bench model's default shape
 
@@ -135,11 +135,9 @@ def main():
     a = parse_args(sys.argv[1:])
     if a.torch:
         return torch_step(a)
-    build = os.path.abspath(os.path.join(ROOT, a.build))
-    python = peer_python(build, "model_peer.py")
+    build, python = start(a.build, "model_peer.py")
     theta = next(float(line.split(":")[1]) for line in open(os.path.join(ROOT, CONFIG))
                  if line.startswith("rope_max_timescale:"))
-    machine()
     rows = []
     for dtype in a.dtypes.split(","):
         for threads in a.threads.split(","):

@@ -31,7 +31,11 @@ def json_line(cmd, env=None):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def machine():
-    """lscpu and the load, printed above every table."""
+def start(build, who):
+    """The absolute build directory and the PyTorch environment's python; prints
+    lscpu and the load, above every table."""
+    build = os.path.abspath(os.path.join(ROOT, build))
+    python = peer_python(build, who)
     print(subprocess.run(["lscpu"], stdout=subprocess.PIPE, text=True).stdout.strip())
     print("uptime:", subprocess.run(["uptime"], stdout=subprocess.PIPE, text=True).stdout.strip())
+    return build, python

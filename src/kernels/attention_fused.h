@@ -9,7 +9,8 @@
 // its running output: S^T = K Q^T broadcasts K (row-major, as widened)
 // against the vectors of q rows, and O^T += V^T P^T broadcasts V against the
 // same vectors of P. No operand is packed per product (the widened K, V
-// tiles are used as they are; Q is transposed once per q block), and the
+// tiles are used as they are; Q is transposed once per q block, and in the
+// backward Q and dO once per q block of a work unit), and the
 // online softmax's reductions over kv (max, sum) and its rescaling of the
 // output are elementwise across vectors, never horizontal. Layouts (fp32):
 //   qp   [panels][D][panel]      q block transposed (rows past the block zero)

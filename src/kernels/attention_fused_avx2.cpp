@@ -1,4 +1,4 @@
-// The fused forward tiles for AVX2/FMA (attention_fused_impl.h). This file
+// The fused tiles (forward and backward) for AVX2/FMA (attention_fused_impl.h). This file
 // alone is compiled with -mavx2 -mfma on x86 (CMakeLists.txt); the kernels
 // run only where fused_tile_kernels_avx2() says the CPU has both.
 #include "kernels/attention_fused.h"

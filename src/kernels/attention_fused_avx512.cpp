@@ -1,4 +1,4 @@
-// The fused forward tiles for AVX-512 (attention_fused_impl.h). This file
+// The fused tiles (forward and backward) for AVX-512 (attention_fused_impl.h). This file
 // alone is compiled with -mavx512f on x86 (CMakeLists.txt); the kernels run
 // only where fused_tile_kernels_avx512() says the CPU has it.
 #include "kernels/attention_fused.h"

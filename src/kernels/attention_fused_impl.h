@@ -1,14 +1,15 @@
 #pragma once
-// The fused forward and backward tiles (attention_fused.h), written once over a vector
-// type V and compiled once per ISA: attention_fused_avx2.cpp (8 lanes,
-// panels of 16 q rows) and attention_fused_avx512.cpp (16 lanes, panels of
-// 32). Each lane holds one q row and every sum runs over d (scores) or kv
-// (P V, dQ) or q (dK, dV: each lane one column of d) in the same order in both, so the two ISAs give bit-identical
+// The fused forward and backward tiles (attention_fused.h), written once
+// over a vector type V and compiled once per ISA: attention_fused_avx2.cpp
+// (8 lanes, panels of 16 q rows) and attention_fused_avx512.cpp (16 lanes,
+// panels of 32). Each lane holds one q row and every sum runs over d
+// (scores) or kv (P V, dQ) in the same order in both, or (dK, dV) one
+// column of d and sums over q in order, so the two ISAs give bit-identical
 // results (tested). Include only from those two files and the tests.
 //
 // V provides: R (a register of W floats), W, kRows (rows per register block:
 // kRows x 2 accumulators, two panel vectors and a broadcast fit the ISA's
-// registers), load, store, set1, zero, add, mul, fmadd, max, exp2 (2^x, 0
+// registers), load, store, set1, zero, add, sub, mul, fmadd, max, exp2 (2^x, 0
 // below -126, same arithmetic as avx2::exp2_ps) and zero_where_neg_inf.
 #include <algorithm>
 #include <cstdint>

@@ -29,7 +29,7 @@ TileKind classify_tile(const MaskSpec& mask, const BlockBounds& q, const BlockBo
 
 // Sets s[r * ld + c * col_stride] = -inf for every pair (q row r, kv column
 // c) of the tile the mask forbids (col_stride 1: s [rows, cols] row-major;
-// the fused forward's transposed panels use ld 1).
+// the fused kernels' transposed panels use ld 1).
 // q_pos/q_seg [rows], kv_pos/kv_seg [cols] (segs may be null).
 void mask_tile(const MaskSpec& mask, float* s, int64_t rows, int64_t cols, int64_t ld, int64_t col_stride,
                const int64_t* q_pos, const int64_t* kv_pos, const int32_t* q_seg,

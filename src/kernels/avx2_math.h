@@ -1,7 +1,7 @@
 #pragma once
 // AVX2/FMA vector helpers shared by the attention kernels' row operations
 // (attention_tiles.cpp, compiled for the build machine) and the fused
-// forward tiles (attention_fused_avx2.cpp, compiled for AVX2 + FMA and
+// tiles (attention_fused_avx2.cpp, compiled for AVX2 + FMA and
 // called only when the CPU has them; attention_fused_avx512.cpp repeats
 // exp2_ps's arithmetic on 16 lanes with these constants). Include only where
 // __AVX2__ and __FMA__ are defined. `static`: each translation unit keeps its own copy, compiled with

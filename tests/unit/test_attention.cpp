@@ -1082,6 +1082,16 @@ BackwardTileState run_fused_backward_tile(const attn::FusedTileKernels& f, const
   return out;
 }
 
+// The kernels that must agree bit for bit: plain lanes of 8 against 16 on
+// any CPU, and each ISA this CPU runs against the plain lanes of its width.
+std::vector<std::pair<const attn::FusedTileKernels*, const attn::FusedTileKernels*>> widths_to_compare() {
+  std::vector<std::pair<const attn::FusedTileKernels*, const attn::FusedTileKernels*>> pairs = {
+      {&kPortable8, &kPortable16}};
+  if (attn::fused_tile_kernels_avx2()) pairs.push_back({attn::fused_tile_kernels_avx2(), &kPortable8});
+  if (attn::fused_tile_kernels_avx512()) pairs.push_back({attn::fused_tile_kernels_avx512(), &kPortable16});
+  return pairs;
+}
+
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -1097,10 +1107,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // nothing yet (m = -inf), rows carried over from an earlier tile, and scores
 // far enough below the row max that exp2's argument falls under -126.
 TEST(FusedTiles, EveryWidthGivesTheSameBits) {
-  std::vector<std::pair<const attn::FusedTileKernels*, const attn::FusedTileKernels*>> pairs = {
-      {&kPortable8, &kPortable16}};
-  if (attn::fused_tile_kernels_avx2()) pairs.push_back({attn::fused_tile_kernels_avx2(), &kPortable8});
-  if (attn::fused_tile_kernels_avx512()) pairs.push_back({attn::fused_tile_kernels_avx512(), &kPortable16});
+  const auto pairs = widths_to_compare();
   std::mt19937 gen(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (auto [rows, cols, D] : {std::array<int64_t, 3>{128, 128, 128}, {45, 37, 13}, {1, 1, 8}, {33, 129, 72}}) {
@@ -1146,10 +1153,7 @@ TEST(FusedTiles, EveryWidthGivesTheSameBits) {
 // -inf: P = 0), masked pairs and pairs whose P underflows; shapes off every
 // blocking, D off the panel (padded columns).
 TEST(FusedTiles, TheBackwardGivesTheSameBitsAtEveryWidth) {
-  std::vector<std::pair<const attn::FusedTileKernels*, const attn::FusedTileKernels*>> pairs = {
-      {&kPortable8, &kPortable16}};
-  if (attn::fused_tile_kernels_avx2()) pairs.push_back({attn::fused_tile_kernels_avx2(), &kPortable8});
-  if (attn::fused_tile_kernels_avx512()) pairs.push_back({attn::fused_tile_kernels_avx512(), &kPortable16});
+  const auto pairs = widths_to_compare();
   std::mt19937 gen(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (auto [rows, cols, D] : {std::array<int64_t, 3>{128, 128, 128}, {45, 37, 13}, {1, 1, 8}, {33, 129, 72}}) {
