@@ -231,11 +231,13 @@ void expect_within_tolerance(const Problem& p, const Outputs& fast, const Output
   EXPECT_LE(rel_err(fast.dv, ref.dv), kTol) << "dV";
 }
 
-// The backward's kv blocks per unit to test on a path: the fused paths'
-// backward runs 1 or 4 (forced: these shapes are too small for the
-// automatic 4); the gemm paths' always 1.
+// The backward's kv blocks per unit to test on a path: f32_fused's
+// backward runs 1 and 4 (forced: these shapes are too small for the
+// automatic 4); bf16_fused, whose arithmetic is f32_fused's on widened
+// tiles, runs 4 (CI time); the gemm paths' always 1.
 std::vector<int64_t> backward_kv_blocks_of(AttentionTilePath path) {
-  if (path == AttentionTilePath::f32_fused || path == AttentionTilePath::bf16_fused) return {1, 4};
+  if (path == AttentionTilePath::f32_fused) return {1, 4};
+  if (path == AttentionTilePath::bf16_fused) return {4};
   return {1};
 }
 

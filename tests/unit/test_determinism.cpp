@@ -93,6 +93,9 @@ TEST(Determinism, AttentionIsBitIdenticalAtAnyThreadCount) {
     for (int64_t kv_blocks : {1, 4}) cases.push_back({AttentionTilePath::f32_fused, kv_blocks});
   for (auto [path, kv_blocks] : cases)
     for (const char* mask : {"full", "causal", "local:300", "causal+segments"}) {
+      // Units of one kv block on the fused path: the gemm path's schedule
+      // with the fused tiles; two masks suffice (CI time).
+      if (kv_blocks == 1 && mask != std::string("causal") && mask != std::string("local:300")) continue;
       AttentionProblem p = attention_problem(1000, 4, 2, 64, MaskSpec::parse(mask));
       set_attention_tile_path(path);
       set_attention_backward_kv_blocks(kv_blocks);
