@@ -231,6 +231,7 @@ int run_bench_model(const Args& args) {
                         {"mlp_dim", c.mlp_dim},
                         {"layers", c.num_layers},
                         {"vocab", c.vocab_size},
+                        {"rope_theta", c.rope_theta},
                         {"parameters", c.num_parameters()},
                         {"seq", S},
                         {"batch", B},

@@ -136,18 +136,16 @@ def main():
     if a.torch:
         return torch_step(a)
     build, python = start(a.build, "model_peer.py")
-    theta = next(float(line.split(":")[1]) for line in open(os.path.join(ROOT, CONFIG))
-                 if line.startswith("rope_max_timescale:"))
     rows = []
     for dtype in a.dtypes.split(","):
         for threads in a.threads.split(","):
             env = dict(os.environ, OMP_NUM_THREADS=threads)
-            ours = json_line([os.path.join(build, "longctx"), "bench", "model", "--json", "--config", CONFIG,
+            ours = json_line([os.path.join(build, "longctx"), "bench", "model", "--json",
+                              "--config", os.path.join(ROOT, CONFIG),
                               "--seq", str(a.seq), "--dtype", dtype, "--threads", threads,
                               "--steps", str(a.steps)], env)
-            shape = dict(ours, rope_theta=theta)
             theirs = json_line([python, os.path.abspath(__file__), "--torch", "--dtype", dtype, "--threads",
-                                threads, "--steps", str(a.steps), "--shape", json.dumps(shape)], env)
+                                threads, "--steps", str(a.steps), "--shape", json.dumps(ours)], env)
             print(json.dumps(ours))
             print(json.dumps(theirs))
             rows.append((dtype, threads, ours, theirs))

@@ -585,7 +585,7 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
 // One backward tile on oneDNN GEMMs: q rows i0..i0+rows (copies qi, doi
 // [rows][D]; lse, delta of row 0, stride H) against kv rows j0..j0+cols
 // (kj, vj [cols][D]). Adds P^T dO to dv_acc and scale dS^T Q to dk_acc
-// ([cols][D]); leaves scale dS K in dq_tile [rows][D].
+// ([cols][D]), and scale dS K to dq_tile [rows][D].
 template <class T>
 void backward_gemm_tile(const AttentionArgs& a, const Geometry& g, TileKind kind, int64_t b, int64_t i0,
                         int64_t rows, int64_t j0, int64_t cols, const T* qi, const T* doi, const T* kj,
@@ -608,7 +608,7 @@ void backward_gemm_tile(const AttentionArgs& a, const Geometry& g, TileKind kind
   // dK += scale dS^T Q
   tile_gemm(true, false, cols, g.D, rows, g.scale, ds, g.bk, qi, g.D, 1.0f, dk_acc, g.D);
   // dQ += scale dS K
-  tile_gemm(false, false, rows, g.D, cols, g.scale, ds, g.bk, kj, g.D, 0.0f, dq_tile, g.D);
+  tile_gemm(false, false, rows, g.D, cols, g.scale, ds, g.bk, kj, g.D, 1.0f, dq_tile, g.D);
 }
 
 template <class T>
@@ -737,6 +737,7 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
           } else {
             copy_rows(qi, a.q, b, i0, h, rows, g.D);
             copy_rows(doi, dout, b, i0, h, rows, g.D);
+            std::fill(dq_tile, dq_tile + rows * g.D, 0.0f);
           }
           for (int64_t j = j_first; j < j_end; ++j) {
             const TileKind kind = map.kind(b, i, j);
@@ -749,9 +750,9 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
                                   reinterpret_cast<const float*>(doi), qr, dor, reinterpret_cast<const float*>(kj),
                                   reinterpret_cast<const float*>(vj), lse2, delta_i, ones, s, dp,
                                   dk_all + x * g.bk * ld, dv_all + x * g.bk * ld, dq_tile, counts);
-            else  // nb = 1 (its dQ tile is the unit's sum)
+            else
               backward_gemm_tile(a, g, kind, b, i0, rows, j0, cols, qi, doi, kj, vj, lse + row0, delta + row0, s,
-                                 dp, p_tile, dk_all, dv_all, dq_tile, counts);
+                                 dp, p_tile, dk_all + x * g.bk * ld, dv_all + x * g.bk * ld, dq_tile, counts);
           }
           // Wait for the previous group with a non-empty tile in row i
           // (usually grp - 1, claimed earlier and one unit ahead), add, pass
