@@ -28,13 +28,13 @@ const char* const kBenchAttentionUsage =
     "usage: longctx bench attention [--batch B] [--seq S] [--kv-seq S] [--heads H]\n"
     "         [--kv-heads G] [--head-dim D] [--mask full|causal|local:W|chunked:C|documents:N]\n"
     "         [--dtype fp32|bf16] [--threads T] [--reps N] [--warmup N]\n"
-    "         [--clock wall|cpu] [--tile-path auto|gemm|widened|native|fused] [--json]\n"
+    "         [--clock wall|cpu] [--tile-path auto|gemm|widened|native|fused|dot] [--json]\n"
     "  defaults: B=1 S=8192 kv-seq=S H=8 G=H D=128 causal, all threads, 1 warm-up call, 3 timed\n"
     "  q rows are the last S positions of the kv sequence (end-aligned);\n"
     "  documents:N = N equal packed documents, causal within each;\n"
     "  --clock cpu times by process CPU seconds / threads (steadier on a shared machine);\n"
     "  --tile-path: a tile path instead of the automatic choice (attention.h): fp32 gemm or\n"
-    "    fused (f32, f32_fused); bf16 widened, native or fused (bf16_widened, bf16_native, bf16_fused)\n";
+    "    fused (f32, f32_fused); bf16 widened, native, fused or dot (bf16_widened, bf16_native, bf16_fused, bf16_dot)\n";
 
 namespace {
 
@@ -70,7 +70,12 @@ AttentionTilePath tile_path_of(const std::string& name, DType dt) {
   if (name == "widened") return AttentionTilePath::bf16_widened;
   if (name == "native") return AttentionTilePath::bf16_native;
   if (name == "fused") return AttentionTilePath::bf16_fused;
-  throw ConfigError("bench attention: --tile-path for bf16 must be auto, widened, native or fused, got '" + name + "'");
+  if (name == "dot" && !attention_dot_tiles_supported())
+    throw ConfigError("bench attention: --tile-path dot needs a CPU with AVX512-BF16 or AMX-BF16, and oneDNN's ISA not "
+                      "capped below it (ONEDNN_MAX_CPU_ISA)");
+  if (name == "dot") return AttentionTilePath::bf16_dot;
+  throw ConfigError("bench attention: --tile-path for bf16 must be auto, widened, native, fused or dot, got '" + name +
+                    "'");
 }
 
 Flags parse_flags(const Args& args) {
@@ -261,13 +266,15 @@ int run_bench_attention(const Args& args) {
         {"fwd_gflops", fwd_gflops}, {"bwd_gflops", bwd_gflops}, {"gemm_gflops", gemm},
         {"fwd_ratio", fwd_gflops / gemm}, {"bwd_ratio", bwd_gflops / gemm},
         {"blocks_total", stats.blocks_total}, {"blocks_partial", stats.blocks_partial},
-        {"blocks_full", stats.blocks_full}, {"tile_path", tile_path}, {"gemm", gemm_name}};
+        {"blocks_full", stats.blocks_full}, {"tile_path", tile_path}, {"gemm", gemm_name},
+        {"bf16_choice", dt == DType::bf16 ? attention_bf16_choice() : ""}};
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
   std::printf("attention %s B=%ld Sq=%ld Skv=%ld H=%ld G=%ld D=%ld mask=%s threads=%d\n",
               f.dtype.c_str(), B, Sq, Skv, H, G, D, f.mask.c_str(), threads);
   std::printf("tile path: %s\n", tile_path.c_str());
+  if (dt == DType::bf16) std::printf("automatic bf16 path: %s\n", attention_bf16_choice().c_str());
   std::printf("pairs %ld; tiles computed %ld of %ld (%ld with the elementwise mask)\n", pairs,
               stats.blocks_computed(), stats.blocks_total, stats.blocks_partial);
   std::printf("median of %ld after %ld warm-up (fastest in brackets)\n", f.reps, f.warmup);

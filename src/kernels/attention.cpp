@@ -22,14 +22,19 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "core/error.h"
 #include "core/memory.h"
+#include "core/timer.h"
 #include "kernels/attention.h"
+#include "kernels/attention_dot.h"
 #include "kernels/attention_fused.h"
 #include "kernels/attention_tiles.h"
 #include "kernels/convert.h"
@@ -45,6 +50,8 @@ namespace {
 // Tests and benchmarks: a path forced for fp32 or bf16 inputs (automatic: none).
 std::atomic<AttentionTilePath> g_forced_f32_path{AttentionTilePath::automatic};
 std::atomic<AttentionTilePath> g_forced_bf16_path{AttentionTilePath::automatic};
+// Tests: the bf16_dot path's kernels instead of the CPU's (null: the CPU's).
+std::atomic<const attn::DotTileKernels*> g_forced_dot_kernels{nullptr};
 // Tests: the fused backward's kv blocks per unit (0: automatic).
 std::atomic<int64_t> g_forced_backward_kv_blocks{0};
 
@@ -69,6 +76,16 @@ int64_t per_thread_scratch_bytes(int64_t floats, int64_t copies, int64_t D, Atte
 bool is_fused(AttentionTilePath path) {
   return path == AttentionTilePath::f32_fused || path == AttentionTilePath::bf16_fused;
 }
+// The paths whose backward runs units of several kv blocks (backward_kv_blocks).
+bool groups_kv_blocks(AttentionTilePath path) { return is_fused(path) || path == AttentionTilePath::bf16_dot; }
+
+// The automatic bf16 path and how it was chosen (measured once per
+// process; defined after the kernels it times).
+struct Bf16Choice {
+  AttentionTilePath path;
+  std::string how;
+};
+const Bf16Choice& bf16_choice();
 
 }  // namespace
 
@@ -84,13 +101,13 @@ AttentionTilePath attention_tile_path(DType dtype) {
   // gemm_bf16 does (AMX: 6-8x).
   const bool fused = attention_fused_tiles_supported();
   if (f32) return fused ? AttentionTilePath::f32_fused : AttentionTilePath::f32;
-  static const AttentionTilePath automatic = gemm_bf16_is_native() ? AttentionTilePath::bf16_native
-                                             : fused               ? AttentionTilePath::bf16_fused
-                                                                   : AttentionTilePath::bf16_widened;
-  return automatic;
+  return bf16_choice().path;
 }
 
+std::string attention_bf16_choice() { return bf16_choice().how; }
+
 bool attention_fused_tiles_supported() { return attn::fused_tile_kernels() != nullptr; }
+bool attention_dot_tiles_supported() { return attn::dot_tile_kernels() != nullptr; }
 
 namespace attn {
 // x86 only (the kernels are x86 vector code; elsewhere the files build empty).
@@ -118,6 +135,11 @@ const FusedTileKernels* fused_tile_kernels_avx512() {
 const FusedTileKernels* fused_tile_kernels() {
   return fused_tile_kernels_avx512() ? fused_tile_kernels_avx512() : fused_tile_kernels_avx2();
 }
+const DotTileKernels* dot_tile_kernels() {
+  if (const DotTileKernels* forced = g_forced_dot_kernels.load()) return forced;
+  return dot_tile_kernels_amx() ? dot_tile_kernels_amx() : dot_tile_kernels_avx512bf16();
+}
+void set_dot_tile_kernels(const DotTileKernels* kernels) { g_forced_dot_kernels = kernels; }
 }  // namespace attn
 
 std::string attention_tile_path_name(AttentionTilePath path) {
@@ -130,6 +152,10 @@ std::string attention_tile_path_name(AttentionTilePath path) {
     case AttentionTilePath::bf16_widened: return "bf16 widened to fp32 tiles, gemm_f32";
     case AttentionTilePath::bf16_native: return "bf16 tiles, gemm_bf16 (P, dS rounded to bf16)";
     case AttentionTilePath::bf16_fused: return "bf16 widened to fp32 tiles, " + fused;
+    case AttentionTilePath::bf16_dot:
+      return std::string("bf16 tiles, fused ") +
+             (attention_dot_tiles_supported() ? attn::dot_tile_kernels()->isa : "(no bf16 dot products on this CPU)") +
+             " forward and backward (P, dS rounded to bf16)";
     case AttentionTilePath::automatic: return "automatic";
   }
   return "";
@@ -139,6 +165,9 @@ void set_attention_tile_path(AttentionTilePath path) {
   check_shape(!is_fused(path) || attention_fused_tiles_supported(),
               "attention: a fused tile path needs a CPU with AVX2 and FMA (or AVX-512), and oneDNN's ISA not "
               "capped below it (ONEDNN_MAX_CPU_ISA)");
+  check_shape(path != AttentionTilePath::bf16_dot || attention_dot_tiles_supported(),
+              "attention: the bf16_dot tile path needs a CPU with AVX512-BF16 or AMX-BF16 (this one has neither, "
+              "or ONEDNN_MAX_CPU_ISA caps them)");
   const bool f32 = path == AttentionTilePath::f32 || path == AttentionTilePath::f32_fused;
   if (path == AttentionTilePath::automatic || f32) g_forced_f32_path = path;
   if (path == AttentionTilePath::automatic || !f32) g_forced_bf16_path = path;
@@ -160,6 +189,28 @@ void set_attention_backward_kv_blocks(int64_t blocks) {
 // contiguous copies of those q blocks' Q [bq, D], of K and V [bk, D]; on
 // the fused path alpha [bq] (the output's rescale factors) after them.
 namespace {
+// Per thread, forward: fp32 s [bq, bk], per q block of a unit acc [bq, D]
+// (panels), m, l [bq], then alpha [bq]; bf16 Q panels per q block [bq, Dd],
+// K rows [bk, Dd], V packed, P pairs [bq, bk].
+int64_t dot_forward_scratch_bytes(int64_t D, const attn::DotTileKernels& k) {
+  const int64_t b = kAttentionTile, nb = kForwardQBlocks, Dd = attn::round_up(D, k.d_align);
+  const int64_t floats = b * b + nb * (b * D + 2 * b) + b;
+  const int64_t halves = nb * b * Dd + b * Dd + k.packed_elements(b, D) + b * b;
+  return floats * int64_t(sizeof(float)) + halves * int64_t(sizeof(bf16));
+}
+
+// Per thread, backward: fp32 s, dp [bq, bk], per kv block of a unit dk_acc,
+// dv_acc [bk, ld], dQ panels [bq, D], lse2, delta, ones [bq]; bf16 per kv
+// block K, V rows [bk, Dd] and K packed, Q and dO panels [bq, Dd] and row
+// pairs [bq, ld], P plain, dS plain and dS pairs [bq, bk].
+int64_t dot_backward_scratch_bytes(int64_t D, const attn::DotTileKernels& k) {
+  const int64_t b = kAttentionTile, nb = kFusedBackwardKvBlocks, Dd = attn::round_up(D, k.d_align);
+  const int64_t ld = attn::round_up(D, attn::kDotPanel);
+  const int64_t floats = 2 * b * b + 2 * nb * b * ld + b * D + 3 * b;
+  const int64_t halves = nb * (2 * b * Dd + k.packed_elements(b, D)) + 2 * b * Dd + 2 * b * ld + 3 * b * b;
+  return floats * int64_t(sizeof(float)) + halves * int64_t(sizeof(bf16));
+}
+
 int64_t forward_scratch_bytes(int64_t D, int64_t threads, AttentionTilePath path) {
   const int64_t b = kAttentionTile, nb = kForwardQBlocks;
   const int64_t alpha = is_fused(path) ? b : 0;
@@ -167,7 +218,9 @@ int64_t forward_scratch_bytes(int64_t D, int64_t threads, AttentionTilePath path
 }
 }  // namespace
 int64_t attention_forward_scratch_bytes(int64_t D, int64_t threads, DType dtype) {
-  return forward_scratch_bytes(D, threads, attention_tile_path(dtype));
+  const AttentionTilePath path = attention_tile_path(dtype);
+  if (path == AttentionTilePath::bf16_dot) return threads * dot_forward_scratch_bytes(D, *attn::dot_tile_kernels());
+  return forward_scratch_bytes(D, threads, path);
 }
 
 // Per thread, backward: fp32 s [bq, bk] (P), dp [bq, bk] (dP then dS),
@@ -187,7 +240,7 @@ int64_t padded_head_dim(int64_t D, const attn::FusedTileKernels& f) { return (D 
 int64_t backward_kv_blocks(AttentionTilePath path, int64_t B, int64_t G, int64_t nk) {
   constexpr int64_t kMinUnits = 32;
   const int64_t nb = kFusedBackwardKvBlocks, forced = g_forced_backward_kv_blocks.load();
-  if (!is_fused(path)) return 1;
+  if (!groups_kv_blocks(path)) return 1;
   if (forced > 0) return forced;
   return B * G * ((nk + nb - 1) / nb) >= kMinUnits ? nb : 1;
 }
@@ -200,7 +253,9 @@ int64_t backward_scratch_bytes(int64_t D, int64_t threads, AttentionTilePath pat
 }
 }  // namespace
 int64_t attention_backward_scratch_bytes(int64_t D, int64_t threads, DType dtype) {
-  return backward_scratch_bytes(D, threads, attention_tile_path(dtype));
+  const AttentionTilePath path = attention_tile_path(dtype);
+  if (path == AttentionTilePath::bf16_dot) return threads * dot_backward_scratch_bytes(D, *attn::dot_tile_kernels());
+  return backward_scratch_bytes(D, threads, path);
 }
 
 namespace {
@@ -234,6 +289,18 @@ void check_view(const TensorView& t, const char* name, bool fp32_only = false) {
 void check_same_shape(const TensorView& a, const TensorView& b, const char* name) {
   check_shape(a.shape == b.shape, std::string("attention: ") + name + " has shape " +
                                       b.shape_string() + ", expected " + a.shape_string());
+}
+
+void check_backward_views(const AttentionArgs& a, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                          const TensorView& dv) {
+  check_view(dout, "dout");
+  check_view(dq, "dq", true);
+  check_view(dk, "dk", true);
+  check_view(dv, "dv", true);
+  check_same_shape(a.q, dout, "dout");
+  check_same_shape(a.q, dq, "dq");
+  check_same_shape(a.k, dk, "dk");
+  check_same_shape(a.k, dv, "dv");
 }
 
 Geometry geometry(const AttentionArgs& a) {
@@ -295,6 +362,95 @@ void sort_for_locality(std::vector<Unit>& units) {
     if (x.b != y.b || x.head != y.head) return x.b != y.b ? x.b < y.b : x.head < y.head;
     return x.cost > y.cost;
   });
+}
+
+// The forward's units: kForwardQBlocks consecutive q blocks of one head,
+// in sort_for_locality's order.
+std::vector<Unit> forward_units(const TileMap& map, const Geometry& g) {
+  std::vector<Unit> units;
+  const int64_t n_groups = (g.nq + kForwardQBlocks - 1) / kForwardQBlocks;
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t grp = 0; grp < n_groups; ++grp) {
+      int64_t cost = 0;
+      for (int64_t i = grp * kForwardQBlocks; i < std::min(g.nq, (grp + 1) * kForwardQBlocks); ++i)
+        for (int64_t j = 0; j < g.nk; ++j) cost += map.kind(b, i, j) != TileKind::empty;
+      for (int64_t h = 0; h < g.H; ++h) units.push_back({b, h, grp, cost});
+    }
+  sort_for_locality(units);
+  return units;
+}
+
+// Whether q block i of batch row b has a non-empty tile among kv blocks [j_first, j_end).
+bool row_has_tile(const TileMap& map, int64_t b, int64_t i, int64_t j_first, int64_t j_end) {
+  for (int64_t j = j_first; j < j_end; ++j)
+    if (map.kind(b, i, j) != TileKind::empty) return true;
+  return false;
+}
+
+// The backward's units: nb consecutive kv blocks (a group) of one kv head,
+// those with a non-empty tile, head by head in group order. A q block's dQ
+// sum of a group waits for the previous group with a non-empty tile in its
+// row (DqTurns), and every unit claimed before this one comes earlier in
+// this order, so the earliest unfinished unit never waits and the schedule
+// cannot deadlock. For causal masks this is also heaviest first.
+std::vector<Unit> backward_units(const TileMap& map, const Geometry& g, int64_t nb) {
+  std::vector<Unit> units;
+  const int64_t n_groups = (g.nk + nb - 1) / nb;
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t grp = 0; grp < n_groups; ++grp) {
+      int64_t cost = 0;
+      for (int64_t i = 0; i < g.nq; ++i)
+        for (int64_t j = grp * nb; j < std::min(g.nk, (grp + 1) * nb); ++j) cost += map.kind(b, i, j) != TileKind::empty;
+      if (cost == 0) continue;  // no gradient flows through these kv blocks
+      for (int64_t kvh = 0; kvh < g.G; ++kvh) units.push_back({b, kvh, grp, cost});
+    }
+  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) {
+    if (x.b != y.b || x.head != y.head) return x.b != y.b ? x.b < y.b : x.head < y.head;
+    return x.block < y.block;
+  });
+  return units;
+}
+
+// dQ rows of one (batch, head, q block) receive sums from many backward
+// units: each keeps the group whose sum was added last (-1: none yet), and
+// a sum is added only right after the previous group with a non-empty tile
+// in its row, so dQ sums in group order whatever the threads' timing.
+class DqTurns {
+ public:
+  DqTurns(const TileMap& map, const Geometry& g, int64_t nb)
+      : map_(map), g_(g), nb_(nb), last_(new std::atomic<int64_t>[g.B * g.H * g.nq]) {
+    for (int64_t x = 0; x < g.B * g.H * g.nq; ++x) last_[x].store(-1, std::memory_order_relaxed);
+  }
+  // Runs add() in group grp's turn for q block i of (b, h), then passes the turn on.
+  template <class Add>
+  void in_turn(int64_t b, int64_t h, int64_t i, int64_t grp, Add add) {
+    int64_t prev = grp - 1;  // usually claimed earlier and one unit ahead
+    while (prev >= 0 && !row_has_tile(map_, b, i, prev * nb_, std::min(g_.nk, (prev + 1) * nb_))) --prev;
+    std::atomic<int64_t>& last = last_[(b * g_.H + h) * g_.nq + i];
+    for (int spins = 0; last.load(std::memory_order_acquire) != prev; ++spins) {
+      if (spins < 64) cpu_relax();
+      else std::this_thread::yield();  // oversubscribed: let the other thread run
+    }
+    add();
+    last.store(grp, std::memory_order_release);
+  }
+
+ private:
+  const TileMap& map_;
+  const Geometry& g_;
+  int64_t nb_;
+  std::unique_ptr<std::atomic<int64_t>[]> last_;
+};
+
+// Adds the `rows` rows of panels x [panels][D][panel] (transposed) to rows
+// i0.. of head h of the fp32 view out (dQ).
+void add_panel_rows(const TensorView& out, int64_t b, int64_t i0, int64_t h, int64_t rows, int64_t D, int64_t panel,
+                    const float* x) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dst = out.at<float>({b, i0 + r, h});
+    const float* src = x + (r / panel) * D * panel + r % panel;
+    for (int64_t y = 0; y < D; ++y) dst[y] += src[y * panel];
+  }
 }
 
 // Copies `rows` token rows of head h of a [B, S, heads, D] view, from token
@@ -449,6 +605,41 @@ void add_stats(AttentionStats* stats, const Geometry& g, const TileCounts& count
   stats->blocks_full += counts.full;
 }
 
+// The forward's end for q rows i0..i0+rows of head h: O = acc / l stored
+// in o's dtype, LSE = m + log2(l) in natural units (m, l per row; acc
+// [rows][D] row-major, or panels [panels][D][panel] when panel > 0); a
+// fully masked row (l = 0) gives O = 0 and LSE = -inf, a NaN l NaN both.
+void store_forward_rows(const TensorView& o, float* lse, const Geometry& g, int64_t b, int64_t i0, int64_t h,
+                        int64_t rows, int64_t panel, const float* m, const float* l, const float* acc, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t y = 0; y < g.D; ++y)
+      out[y] = panel ? acc[((r / panel) * g.D + y) * panel + r % panel] : acc[r * g.D + y];
+    float* lse_r = lse + ((b * g.Sq + i0 + r) * g.H + h);
+    if (l[r] != 0.0f) {  // also NaN (a NaN score): O and LSE NaN
+      const float inv = 1.0f / l[r];
+      for (int64_t y = 0; y < g.D; ++y) out[y] *= inv;
+      *lse_r = (m[r] + std::log2(l[r])) * kLn2;
+    } else {  // fully masked row
+      std::fill(out, out + g.D, 0.0f);
+      *lse_r = kNegInf;
+    }
+    store_f32(out, element_ptr(o, {b, i0 + r, h}), o.dtype, g.D);
+  }
+}
+
+// Adds a backward unit's dK, dV accumulators [cols][ld] to kv rows j0.. of kv head kvh.
+void add_kv_rows(const TensorView& dk, const TensorView& dv, int64_t b, int64_t j0, int64_t kvh, int64_t cols,
+                 int64_t D, const float* dk_acc, const float* dv_acc, int64_t ld) {
+  for (int64_t c = 0; c < cols; ++c) {
+    float* dkr = dk.at<float>({b, j0 + c, kvh});
+    float* dvr = dv.at<float>({b, j0 + c, kvh});
+    for (int64_t y = 0; y < D; ++y) {
+      dkr[y] += dk_acc[c * ld + y];
+      dvr[y] += dv_acc[c * ld + y];
+    }
+  }
+}
+
 // T: the tile dtype (float, or bf16 on the native bf16 path).
 // path: the tile path, read once by the caller (T = bf16 on bf16_native,
 // else float); on a fused path Q, the scores and the output are kept as
@@ -467,16 +658,7 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
   // fifth of the forward's time per q block at S = 4096, H = 8, 1 thread).
   // Every q block still runs its kv blocks in order with the same
   // operations, so the result does not depend on the grouping.
-  std::vector<Unit> units;
-  const int64_t n_groups = (g.nq + kForwardQBlocks - 1) / kForwardQBlocks;
-  for (int64_t b = 0; b < g.B; ++b)
-    for (int64_t grp = 0; grp < n_groups; ++grp) {
-      int64_t cost = 0;
-      for (int64_t i = grp * kForwardQBlocks; i < std::min(g.nq, (grp + 1) * kForwardQBlocks); ++i)
-        for (int64_t j = 0; j < g.nk; ++j) cost += map.kind(b, i, j) != TileKind::empty;
-      for (int64_t h = 0; h < g.H; ++h) units.push_back({b, h, grp, cost});
-    }
-  sort_for_locality(units);
+  const std::vector<Unit> units = forward_units(map, g);
 
   // Per thread: s [bq, bk], then per q block of a unit acc [bq, D], m, l
   // [bq]; then the Q copies of the unit's q blocks, K, V copies and (bf16
@@ -499,7 +681,7 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
     T* vc = kc + g.bk * g.D;                              // [bk, D]
     T* p_tile = vc + g.bk * g.D;  // [bq, bk] P as an operand (bf16 tiles only)
     float* alpha = reinterpret_cast<float*>(p_tile);  // [bq] (fused only; T is float there)
-    std::vector<float> row(fused ? g.D : 0);          // one output row gathered from the panels
+    std::vector<float> row(g.D);                      // one output row
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < n_units; ++u) {
       const Unit& unit = units[u];
@@ -557,25 +739,8 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
       }
       for (int64_t i = i_first; i < i_end; ++i) {
         const int64_t x = i - i_first, i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
-        const float* m = m_all + x * g.bq;
-        const float* l = l_all + x * g.bq;
-        const float* acc = acc_all + x * g.bq * g.D;
-        for (int64_t r = 0; r < rows; ++r) {
-          float* out = fused ? row.data() : acc_all + (x * g.bq + r) * g.D;  // normalised in place, then stored in o's dtype
-          if (fused)  // row r of the panels
-            for (int64_t y = 0; y < g.D; ++y)
-              out[y] = acc[((r / fused->panel) * g.D + y) * fused->panel + r % fused->panel];
-          float* lse_r = lse + ((b * g.Sq + i0 + r) * g.H + h);
-          if (l[r] != 0.0f) {  // also NaN (a NaN score): O and LSE NaN
-            const float inv = 1.0f / l[r];
-            for (int64_t y = 0; y < g.D; ++y) out[y] *= inv;
-            *lse_r = (m[r] + std::log2(l[r])) * kLn2;
-          } else {  // fully masked row
-            std::fill(out, out + g.D, 0.0f);
-            *lse_r = kNegInf;
-          }
-          store_f32(out, element_ptr(o, {b, i0 + r, h}), o.dtype, g.D);
-        }
+        store_forward_rows(o, lse, g, b, i0, h, rows, fused ? fused->panel : 0, m_all + x * g.bq, l_all + x * g.bq,
+                           acc_all + x * g.bq * g.D, row.data());
       }
     }
   }
@@ -617,42 +782,13 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
                    const TensorView& dv, AttentionStats* stats, AttentionTilePath path) {
   const attn::FusedTileKernels* fused = is_fused(path) ? attn::fused_tile_kernels() : nullptr;
   const Geometry g = geometry(a);
-  check_view(dout, "dout");
-  check_view(dq, "dq", true);
-  check_view(dk, "dk", true);
-  check_view(dv, "dv", true);
-  check_same_shape(a.q, dout, "dout");
-  check_same_shape(a.q, dq, "dq");
-  check_same_shape(a.k, dk, "dk");
-  check_same_shape(a.k, dv, "dv");
+  check_backward_views(a, dout, dq, dk, dv);
   const TileMap map(a, g);
 
   // A unit is nb consecutive kv blocks of one kv head (a group); the fused
   // path shares each Q, dO transposition and dQ sum among a group's blocks.
-  const int64_t nb = backward_kv_blocks(path, g.B, g.G, g.nk), n_groups = (g.nk + nb - 1) / nb;
-  auto group_has = [&](int64_t b, int64_t i, int64_t grp) {
-    for (int64_t j = grp * nb; j < std::min(g.nk, (grp + 1) * nb); ++j)
-      if (map.kind(b, i, j) != TileKind::empty) return true;
-    return false;
-  };
-  std::vector<Unit> units;
-  for (int64_t b = 0; b < g.B; ++b)
-    for (int64_t grp = 0; grp < n_groups; ++grp) {
-      int64_t cost = 0;
-      for (int64_t i = 0; i < g.nq; ++i)
-        for (int64_t j = grp * nb; j < std::min(g.nk, (grp + 1) * nb); ++j) cost += map.kind(b, i, j) != TileKind::empty;
-      if (cost == 0) continue;  // no gradient flows through these kv blocks
-      for (int64_t kvh = 0; kvh < g.G; ++kvh) units.push_back({b, kvh, grp, cost});
-    }
-  // Head by head in group order: a q block's dQ sum of a group waits for the
-  // previous group with a non-empty tile in its row (below), and every unit
-  // claimed before this one comes earlier in this order, so the earliest
-  // unfinished unit never waits and the schedule cannot deadlock. For causal
-  // masks this is also heaviest first.
-  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) {
-    if (x.b != y.b || x.head != y.head) return x.b != y.b ? x.b < y.b : x.head < y.head;
-    return x.block < y.block;
-  });
+  const int64_t nb = backward_kv_blocks(path, g.B, g.G, g.nk);
+  const std::vector<Unit> units = backward_units(map, g, nb);
 
   // Per thread (attention_backward_scratch_bytes): s, dp [bq, bk]; per kv
   // block of a group dk_acc, dv_acc [bk, ld]; dq_tile [bq, D]; per kv block
@@ -663,13 +799,7 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
   const int64_t ld = fused ? padded_head_dim(g.D, *fused) : g.D;  // row stride of dk_acc, dv_acc
   Buffer scratch(MemCategory::scratch, "attention backward scratch",
                  backward_scratch_bytes(g.D, threads, path));
-  // dQ rows of one (batch, head, q block) receive sums from many units:
-  // dq_last holds the group whose sum was added last (-1: none yet), and a
-  // sum is added only right after the previous group with a non-empty tile
-  // in its row, so dQ sums in group order whatever the threads' timing.
-  const int64_t n_dq = g.B * g.H * g.nq;
-  std::unique_ptr<std::atomic<int64_t>[]> dq_last(new std::atomic<int64_t>[n_dq]);
-  for (int64_t x = 0; x < n_dq; ++x) dq_last[x].store(-1, std::memory_order_relaxed);
+  DqTurns dq_turns(map, g, nb);
   const int64_t n_units = static_cast<int64_t>(units.size());
   // Units are claimed in list order (the deadlock argument above needs it;
   // an own counter rather than relying on how OpenMP hands out iterations).
@@ -721,7 +851,7 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
       }
       for (int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h)
         for (int64_t i = 0; i < g.nq; ++i) {
-          if (!group_has(b, i, grp)) continue;
+          if (!row_has_tile(map, b, i, j_first, j_end)) continue;
           const int64_t i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
           const int64_t row0 = (b * g.Sq + i0) * g.H + h;  // lse/delta index of row 0, stride H
           if (fused) {
@@ -754,45 +884,278 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
               backward_gemm_tile(a, g, kind, b, i0, rows, j0, cols, qi, doi, kj, vj, lse + row0, delta + row0, s,
                                  dp, p_tile, dk_all + x * g.bk * ld, dv_all + x * g.bk * ld, dq_tile, counts);
           }
-          // Wait for the previous group with a non-empty tile in row i
-          // (usually grp - 1, claimed earlier and one unit ahead), add, pass
-          // the turn on.
-          int64_t prev = grp - 1;
-          while (prev >= 0 && !group_has(b, i, prev)) --prev;
-          std::atomic<int64_t>& last = dq_last[(b * g.H + h) * g.nq + i];
-          for (int spins = 0; last.load(std::memory_order_acquire) != prev; ++spins) {
-            if (spins < 64) cpu_relax();
-            else std::this_thread::yield();  // oversubscribed: let the other thread run
-          }
-          for (int64_t r = 0; r < rows; ++r) {
-            float* dst = dq.at<float>({b, i0 + r, h});
-            if (fused) {  // row r of the panels
-              const float* src = dq_tile + (r / fused->panel) * g.D * fused->panel + r % fused->panel;
-              for (int64_t x = 0; x < g.D; ++x) dst[x] += src[x * fused->panel];
-              continue;
+          dq_turns.in_turn(b, h, i, grp, [&] {
+            if (fused) return add_panel_rows(dq, b, i0, h, rows, g.D, fused->panel, dq_tile);
+            for (int64_t r = 0; r < rows; ++r) {
+              float* dst = dq.at<float>({b, i0 + r, h});
+              const float* src = dq_tile + r * g.D;
+              for (int64_t x = 0; x < g.D; ++x) dst[x] += src[x];
             }
-            const float* src = dq_tile + r * g.D;
-            for (int64_t x = 0; x < g.D; ++x) dst[x] += src[x];
-          }
-          last.store(grp, std::memory_order_release);
+          });
         }
       for (int64_t j = j_first; j < j_end; ++j) {
         const int64_t x = j - j_first, j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
-        if (!block_used[x]) continue;
-        for (int64_t c = 0; c < cols; ++c) {
-          float* dkr = dk.at<float>({b, j0 + c, kvh});
-          float* dvr = dv.at<float>({b, j0 + c, kvh});
-          const float* dk_acc = dk_all + (x * g.bk + c) * ld;
-          const float* dv_acc = dv_all + (x * g.bk + c) * ld;
-          for (int64_t y = 0; y < g.D; ++y) {
-            dkr[y] += dk_acc[y];
-            dvr[y] += dv_acc[y];
-          }
-        }
+        if (block_used[x]) add_kv_rows(dk, dv, b, j0, kvh, cols, g.D, dk_all + x * g.bk * ld, dv_all + x * g.bk * ld, ld);
       }
     }
   }
   add_stats(stats, g, counts);
+}
+
+// The bf16_dot path (attention_dot.h): bf16 copies laid out for the CPU's
+// bf16 dot products or tiles, the fp32 softmax of the fused kernels on the
+// same panels, P and dS rounded to bf16 for their products.
+
+// Rows s0.. of head h of a [B, S, heads, D] view: its first element and row stride.
+const void* rows_at(const TensorView& t, int64_t b, int64_t s0, int64_t h) { return element_ptr(t, {b, s0, h}); }
+
+void forward_dot(const AttentionArgs& a, const TensorView& o, float* lse, AttentionStats* stats) {
+  const attn::DotTileKernels& k = *attn::dot_tile_kernels();
+  const attn::FusedTileKernels& f = *k.fp32;
+  constexpr int64_t P = attn::kDotPanel;
+  const Geometry g = geometry(a);
+  check_view(o, "o");
+  check_same_shape(a.q, o, "o");
+  const TileMap map(a, g);
+  const std::vector<Unit> units = forward_units(map, g);
+  const int64_t nb = kForwardQBlocks, Dd = attn::round_up(g.D, k.d_align), s_panel = g.bk * P;
+  const int64_t per_thread = dot_forward_scratch_bytes(g.D, k);
+  Buffer scratch(MemCategory::scratch, "attention forward scratch", per_thread * omp_get_max_threads());
+  const int64_t n_units = static_cast<int64_t>(units.size());
+  TileCounts counts;
+
+#pragma omp parallel reduction(+ : counts)
+  {
+    float* s = reinterpret_cast<float*>(scratch.as<char>() + per_thread * omp_get_thread_num());  // [bq, bk]
+    float* acc_all = s + g.bq * g.bk;          // [nb][panels][D][P]
+    float* m_all = acc_all + nb * g.bq * g.D;  // [nb, bq]
+    float* l_all = m_all + nb * g.bq;          // [nb, bq]
+    float* alpha = l_all + nb * g.bq;          // [bq]
+    bf16* qp_all = reinterpret_cast<bf16*>(alpha + g.bq);  // [nb][bq * Dd]
+    bf16* kc = qp_all + nb * g.bq * Dd;                    // [bk, Dd]
+    bf16* vp = kc + g.bk * Dd;                             // packed V
+    bf16* p2 = vp + k.packed_elements(g.bk, g.D);          // [bq * bk]
+    std::vector<float> row(g.D);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < n_units; ++u) {
+      const Unit& unit = units[u];
+      const int64_t b = unit.b, h = unit.head, kvh = h / g.group;
+      const int64_t i_first = unit.block * nb, i_end = std::min(g.nq, i_first + nb);
+      for (int64_t i = i_first; i < i_end; ++i) {
+        const int64_t x = i - i_first, i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
+        const int64_t lanes = attn::round_up(rows, P);  // padding rows: zero q, never stored
+        attn::dot_rows_to_panels(rows_at(a.q, b, i0, h), a.q.dtype, a.q.stride[1], rows, g.D, Dd, 0,
+                                 qp_all + x * g.bq * Dd, nullptr);
+        std::fill(acc_all + x * g.bq * g.D, acc_all + x * g.bq * g.D + lanes * g.D, 0.0f);
+        std::fill(m_all + x * g.bq, m_all + x * g.bq + lanes, kNegInf);
+        std::fill(l_all + x * g.bq, l_all + x * g.bq + lanes, 0.0f);
+      }
+      for (int64_t j = 0; j < g.nk; ++j) {
+        bool needed = false;
+        for (int64_t i = i_first; i < i_end; ++i) needed = needed || map.kind(b, i, j) != TileKind::empty;
+        if (!needed) continue;
+        const int64_t j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
+        attn::dot_rows(rows_at(a.k, b, j0, kvh), a.k.dtype, a.k.stride[1], cols, g.D, Dd, k.kv_align, kc);
+        k.pack_kv(static_cast<const bf16*>(rows_at(a.v, b, j0, kvh)), a.v.stride[1], cols, g.D, vp);
+        for (int64_t i = i_first; i < i_end; ++i) {
+          const TileKind kind = map.kind(b, i, j);
+          if (kind == TileKind::empty) continue;
+          const int64_t x = i - i_first, i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
+          const int64_t panels = panels_of(rows, P);
+          float* acc = acc_all + x * g.bq * g.D;
+          k.scores(qp_all + x * g.bq * Dd, panels, kc, cols, Dd, g.scale * kLog2e, s, s_panel);
+          mask_panels(f, a, g, kind, b, i0, rows, j0, cols, s, counts);
+          f.softmax(s, panels, cols, s_panel, m_all + x * g.bq, l_all + x * g.bq, alpha);
+          attn::dot_round(s, panels, cols, s_panel, k.kv_align, p2, nullptr);
+          k.pv(p2, panels, cols, s_panel, vp, g.D, alpha, acc);
+        }
+      }
+      for (int64_t i = i_first; i < i_end; ++i) {
+        const int64_t x = i - i_first, i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
+        store_forward_rows(o, lse, g, b, i0, h, rows, P, m_all + x * g.bq, l_all + x * g.bq, acc_all + x * g.bq * g.D,
+                           row.data());
+      }
+    }
+  }
+  add_stats(stats, g, counts);
+}
+
+void backward_dot(const AttentionArgs& a, const TensorView& dout, const float* lse, const float* delta,
+                  const TensorView& dq, const TensorView& dk, const TensorView& dv, AttentionStats* stats) {
+  const attn::DotTileKernels& k = *attn::dot_tile_kernels();
+  const attn::FusedTileKernels& f = *k.fp32;
+  constexpr int64_t P = attn::kDotPanel;
+  const Geometry g = geometry(a);
+  check_backward_views(a, dout, dq, dk, dv);
+  const TileMap map(a, g);
+  const int64_t nb = backward_kv_blocks(AttentionTilePath::bf16_dot, g.B, g.G, g.nk);
+  const std::vector<Unit> units = backward_units(map, g, nb);
+  DqTurns dq_turns(map, g, nb);
+  const int64_t Dd = attn::round_up(g.D, k.d_align), ld = attn::round_up(g.D, P), s_panel = g.bk * P;
+  const int64_t packed = k.packed_elements(g.bk, g.D);
+  const int64_t per_thread = dot_backward_scratch_bytes(g.D, k);
+  Buffer scratch(MemCategory::scratch, "attention backward scratch", per_thread * omp_get_max_threads());
+  const int64_t n_units = static_cast<int64_t>(units.size());
+  std::atomic<int64_t> next_unit{0};  // claimed in list order (backward_units says why)
+  TileCounts counts;
+
+#pragma omp parallel reduction(+ : counts)
+  {
+    float* s = reinterpret_cast<float*>(scratch.as<char>() + per_thread * omp_get_thread_num());  // [bq, bk]
+    float* dp = s + g.bq * g.bk;               // [bq, bk] dP, then scale dS
+    float* dk_all = dp + g.bq * g.bk;          // [nb][bk][ld]
+    float* dv_all = dk_all + nb * g.bk * ld;   // [nb][bk][ld]
+    float* dq_p = dv_all + nb * g.bk * ld;     // [panels][D][P]
+    float* lse2 = dq_p + g.bq * g.D;           // [bq]
+    float* delta_i = lse2 + g.bq;              // [bq]
+    float* ones = delta_i + g.bq;              // [bq]
+    bf16* k_rows = reinterpret_cast<bf16*>(ones + g.bq);  // [nb][bk * Dd]
+    bf16* v_rows = k_rows + nb * g.bk * Dd;               // [nb][bk * Dd]
+    bf16* k_packed = v_rows + nb * g.bk * Dd;             // [nb][packed]
+    bf16* qp = k_packed + nb * packed;                    // [bq * Dd]
+    bf16* dop = qp + g.bq * Dd;                           // [bq * Dd]
+    bf16* qr2 = dop + g.bq * Dd;                          // [bq * ld]
+    bf16* dor2 = qr2 + g.bq * ld;                         // [bq * ld]
+    bf16* pa = dor2 + g.bq * ld;                          // [bq * bk] P
+    bf16* dsa = pa + g.bq * g.bk;                         // [bq * bk] dS
+    bf16* ds2 = dsa + g.bq * g.bk;                        // [bq * bk] dS pairs
+    check_shape(reinterpret_cast<const char*>(ds2 + g.bq * g.bk) <=
+                    scratch.as<char>() + per_thread * (omp_get_thread_num() + 1),
+                "attention backward: the scratch layout outgrew dot_backward_scratch_bytes (a bug)");
+    std::fill(ones, ones + g.bq, 1.0f);
+    std::vector<char> block_used(nb);
+    for (int64_t u; (u = next_unit.fetch_add(1, std::memory_order_relaxed)) < n_units;) {
+      const Unit& unit = units[u];
+      const int64_t b = unit.b, kvh = unit.head, grp = unit.block;
+      const int64_t j_first = grp * nb, j_end = std::min(g.nk, j_first + nb);
+      for (int64_t j = j_first; j < j_end; ++j) {
+        const int64_t x = j - j_first, j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
+        block_used[x] = false;
+        for (int64_t i = 0; i < g.nq && !block_used[x]; ++i) block_used[x] = map.kind(b, i, j) != TileKind::empty;
+        if (!block_used[x]) continue;
+        attn::dot_rows(rows_at(a.k, b, j0, kvh), a.k.dtype, a.k.stride[1], cols, g.D, Dd, k.kv_align,
+                       k_rows + x * g.bk * Dd);
+        attn::dot_rows(rows_at(a.v, b, j0, kvh), a.v.dtype, a.v.stride[1], cols, g.D, Dd, k.kv_align,
+                       v_rows + x * g.bk * Dd);
+        k.pack_kv(static_cast<const bf16*>(rows_at(a.k, b, j0, kvh)), a.k.stride[1], cols, g.D, k_packed + x * packed);
+        std::fill(dk_all + x * g.bk * ld, dk_all + (x + 1) * g.bk * ld, 0.0f);
+        std::fill(dv_all + x * g.bk * ld, dv_all + (x + 1) * g.bk * ld, 0.0f);
+      }
+      for (int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h)
+        for (int64_t i = 0; i < g.nq; ++i) {
+          if (!row_has_tile(map, b, i, j_first, j_end)) continue;
+          const int64_t i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0), panels = panels_of(rows, P);
+          const int64_t row0 = (b * g.Sq + i0) * g.H + h;  // lse/delta index of row 0, stride H
+          attn::dot_rows_to_panels(rows_at(a.q, b, i0, h), a.q.dtype, a.q.stride[1], rows, g.D, Dd, ld, qp, qr2);
+          attn::dot_rows_to_panels(rows_at(dout, b, i0, h), dout.dtype, dout.stride[1], rows, g.D, Dd, ld, dop, dor2);
+          for (int64_t r = 0; r < panels * P; ++r) {  // padding lanes: P = 0, dS = 0
+            const float l = r < rows ? lse[row0 + r * g.H] : kNegInf;
+            lse2[r] = l == kNegInf ? std::numeric_limits<float>::infinity() : l * kLog2e;
+            delta_i[r] = r < rows ? delta[row0 + r * g.H] : 0.0f;
+          }
+          std::fill(dq_p, dq_p + panels * P * g.D, 0.0f);
+          for (int64_t j = j_first; j < j_end; ++j) {
+            const TileKind kind = map.kind(b, i, j);
+            if (kind == TileKind::empty) continue;
+            const int64_t x = j - j_first, j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
+            k.scores(qp, panels, k_rows + x * g.bk * Dd, cols, Dd, g.scale * kLog2e, s, s_panel);  // S^T, base 2
+            mask_panels(f, a, g, kind, b, i0, rows, j0, cols, s, counts);
+            k.scores(dop, panels, v_rows + x * g.bk * Dd, cols, Dd, 1.0f, dp, s_panel);  // dP^T = V dO^T
+            f.softmax_grad(s, dp, panels, cols, s_panel, lse2, delta_i, g.scale);
+            attn::dot_round(s, panels, cols, s_panel, k.kv_align, nullptr, pa);
+            attn::dot_round(dp, panels, cols, s_panel, k.kv_align, ds2, dsa);
+            k.panel_t_times(pa, rows, cols, s_panel, dor2, ld, dv_all + x * g.bk * ld);   // dV += P^T dO
+            k.panel_t_times(dsa, rows, cols, s_panel, qr2, ld, dk_all + x * g.bk * ld);   // dK += scale dS^T Q
+            k.pv(ds2, panels, cols, s_panel, k_packed + x * packed, g.D, ones, dq_p);      // dQ^T += scale K^T dS^T
+          }
+          dq_turns.in_turn(b, h, i, grp, [&] { add_panel_rows(dq, b, i0, h, rows, g.D, P, dq_p); });
+        }
+      for (int64_t j = j_first; j < j_end; ++j) {
+        const int64_t x = j - j_first, j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
+        if (block_used[x]) add_kv_rows(dk, dv, b, j0, kvh, cols, g.D, dk_all + x * g.bk * ld, dv_all + x * g.bk * ld, ld);
+      }
+    }
+  }
+  add_stats(stats, g, counts);
+}
+
+// Times a forward and backward of a small causal problem on each bf16 path
+// this CPU has (1 thread, best of 2 after a warm-up) and keeps the fastest.
+// The dot products' speed is not the CPU's flags alone (AVX512-BF16 runs
+// at half the fp32 FMA rate on the Intel Xeons without AMX, at twice it on
+// Zen 4), so it is measured, like gemm_bf16's choice.
+Bf16Choice measure_bf16_choice() {
+  const bool fused = attention_fused_tiles_supported(), dot = attention_dot_tiles_supported();
+  std::vector<std::pair<AttentionTilePath, std::string>> candidates;
+  if (dot) candidates.push_back({AttentionTilePath::bf16_dot, "dot"});
+  if (fused) candidates.push_back({AttentionTilePath::bf16_fused, "fused"});
+  if (gemm_bf16_is_native()) candidates.push_back({AttentionTilePath::bf16_native, "native"});
+  if (!fused) candidates.push_back({AttentionTilePath::bf16_widened, "widened"});
+  if (const char* pinned = std::getenv("LONGCTX_BF16_ATTENTION"); pinned && *pinned) {
+    for (const auto& [path, name] : candidates)
+      if (name == pinned) return {path, std::string("pinned by LONGCTX_BF16_ATTENTION=") + pinned};
+    std::string have;
+    for (const auto& c : candidates) have += (have.empty() ? "" : ", ") + c.second;
+    throw ConfigError(std::string("LONGCTX_BF16_ATTENTION=") + pinned + ": not a bf16 attention path this CPU runs (" +
+                      have + ")");
+  }
+  if (candidates.size() == 1) return {candidates[0].first, "the only bf16 path on this CPU"};
+  constexpr int64_t S = 1024, H = 2, D = 64;
+  std::vector<bf16> q(S * H * D), k(S * H * D), v(S * H * D), o(S * H * D), dout(S * H * D);
+  std::vector<float> lse(S * H), delta(S * H), dq(S * H * D), dk(S * H * D), dv(S * H * D);
+  std::vector<int64_t> pos(S);
+  std::iota(pos.begin(), pos.end(), 0);
+  for (int64_t x = 0; x < S * H * D; ++x) {  // a fixed pattern in [-1, 1): no library RNG needed
+    q[x] = bf16(float((x * 37) % 101) / 50.5f - 1.0f), k[x] = bf16(float((x * 53) % 97) / 48.5f - 1.0f);
+    v[x] = bf16(float((x * 29) % 89) / 44.5f - 1.0f), dout[x] = bf16(float((x * 17) % 83) / 41.5f - 1.0f);
+  }
+  AttentionArgs args;
+  args.q = TensorView(q.data(), DType::bf16, {1, S, H, D}), args.k = TensorView(k.data(), DType::bf16, {1, S, H, D});
+  args.v = TensorView(v.data(), DType::bf16, {1, S, H, D});
+  args.q_pos = args.kv_pos = pos.data();
+  args.mask = MaskSpec::parse("causal");
+  const TensorView ov(o.data(), DType::bf16, {1, S, H, D}), dov(dout.data(), DType::bf16, {1, S, H, D});
+  const TensorView dqv(dq.data(), DType::f32, {1, S, H, D}), dkv(dk.data(), DType::f32, {1, S, H, D});
+  const TensorView dvv(dv.data(), DType::f32, {1, S, H, D});
+  struct SingleThread {
+    int threads = omp_get_max_threads();
+    SingleThread() { omp_set_num_threads(1); }
+    ~SingleThread() { omp_set_num_threads(threads); }
+  } single;
+  auto run = [&](AttentionTilePath path) {
+    if (path == AttentionTilePath::bf16_dot) {
+      forward_dot(args, ov, lse.data(), nullptr);
+      return backward_dot(args, dov, lse.data(), delta.data(), dqv, dkv, dvv, nullptr);
+    }
+    if (path == AttentionTilePath::bf16_native) {
+      forward_fast<bf16>(args, ov, lse.data(), nullptr, path);
+      return backward_fast<bf16>(args, dov, lse.data(), delta.data(), dqv, dkv, dvv, nullptr, path);
+    }
+    forward_fast<float>(args, ov, lse.data(), nullptr, path);
+    backward_fast<float>(args, dov, lse.data(), delta.data(), dqv, dkv, dvv, nullptr, path);
+  };
+  Bf16Choice best{candidates[0].first, ""};
+  double best_ms = 0.0;
+  for (const auto& [path, name] : candidates) {
+    run(path);  // warm-up: page faults, oneDNN primitives
+    double ms = 1e30;
+    for (int rep = 0; rep < 2; ++rep) {
+      Timer timer;
+      run(path);
+      ms = std::min(ms, timer.seconds() * 1e3);
+    }
+    char line[96];
+    std::snprintf(line, sizeof line, "%s%s %.1f ms", best.how.empty() ? "" : ", ", name.c_str(), ms);
+    best.how += line;
+    if (best_ms == 0.0 || ms < best_ms) best.path = path, best_ms = ms;
+  }
+  best.how = "fastest of " + best.how + " (forward + backward, 1024 tokens, 1 thread)";
+  return best;
+}
+
+const Bf16Choice& bf16_choice() {
+  static const Bf16Choice choice = measure_bf16_choice();
+  return choice;
 }
 
 }  // namespace
@@ -801,6 +1164,7 @@ void attention_forward(const AttentionArgs& args, const TensorView& o, float* ls
                        AttentionStats* stats) {
   if (args.impl == KernelImpl::reference) return attention_forward_reference(args, o, lse);
   const AttentionTilePath path = attention_tile_path(args.q.dtype);
+  if (path == AttentionTilePath::bf16_dot) return forward_dot(args, o, lse, stats);
   if (path == AttentionTilePath::bf16_native) return forward_fast<bf16>(args, o, lse, stats, path);
   forward_fast<float>(args, o, lse, stats, path);
 }
@@ -811,6 +1175,7 @@ void attention_backward(const AttentionArgs& args, const TensorView& dout, const
   if (args.impl == KernelImpl::reference)
     return attention_backward_reference(args, dout, lse, delta, dq, dk, dv);
   const AttentionTilePath path = attention_tile_path(args.q.dtype);
+  if (path == AttentionTilePath::bf16_dot) return backward_dot(args, dout, lse, delta, dq, dk, dv, stats);
   if (path == AttentionTilePath::bf16_native) return backward_fast<bf16>(args, dout, lse, delta, dq, dk, dv, stats, path);
   backward_fast<float>(args, dout, lse, delta, dq, dk, dv, stats, path);
 }

@@ -74,22 +74,36 @@ constexpr int64_t kAttentionTile = 128;
 //                 and dS^T Q products, as flash attention implementations do.
 //   bf16_fused    as bf16_widened with f32_fused's kernels, where gemm_bf16
 //                 widens and the CPU has the fused kernels.
-// The automatic choice is made once per process (oneDNN and the CPU are
-// asked once); `automatic` is only an argument of set_attention_tile_path.
-enum class AttentionTilePath { f32, f32_fused, bf16_widened, bf16_native, bf16_fused, automatic };
+//   bf16_dot      bf16 inputs on the CPU's bf16 dot products (AVX512-BF16's
+//                 vdpbf16ps, or AMX-BF16 tiles; attention_dot.h), fused like
+//                 bf16_fused: bf16 tile copies laid out for them, the fp32
+//                 softmax of the fused kernels, and bf16_native's arithmetic
+//                 (products exact, fp32 sums, P and dS rounded to bf16).
+// fp32 inputs run f32_fused where the CPU has the fused kernels, else f32.
+// bf16 inputs run the fastest of the bf16 paths this CPU has, timed once per
+// process on one thread (a forward and backward of 1024 tokens, 2 heads,
+// D = 64, causal); LONGCTX_BF16_ATTENTION=dot|fused|native|widened pins
+// it (an error where the CPU lacks it). `automatic` is only an argument of
+// set_attention_tile_path.
+enum class AttentionTilePath { f32, f32_fused, bf16_widened, bf16_native, bf16_fused, bf16_dot, automatic };
 AttentionTilePath attention_tile_path(DType dtype);
+// How the bf16 path was chosen: each candidate's time, or the pin (benchmarks print it).
+std::string attention_bf16_choice();
 std::string attention_tile_path_name(AttentionTilePath path);  // with the fused kernels' ISA
 // Tests and benchmarks: run the inputs of the path's dtype (f32 and
 // f32_fused: fp32; the others: bf16) on `path` instead of the automatic
 // choice; `automatic` restores it for both. bf16_native also forces gemm_bf16
 // native (force_gemm_bf16_path), which still widens where oneDNN has no bf16
 // matmul, so its arithmetic (P and dS rounded to bf16) is tested on any CPU.
-// The fused paths need attention_fused_tiles_supported() (ShapeError
-// without).
+// The fused paths need attention_fused_tiles_supported(), bf16_dot
+// attention_dot_tiles_supported() (ShapeError without, naming the path).
 void set_attention_tile_path(AttentionTilePath path);
 // Whether this CPU runs the fused paths (AVX2 and FMA, or AVX-512, and the
 // kernels compiled in).
 bool attention_fused_tiles_supported();
+// Whether this CPU runs bf16_dot (AVX512-BF16 or AMX-BF16, not capped by
+// ONEDNN_MAX_CPU_ISA), or a test set its kernels to a portable twin.
+bool attention_dot_tiles_supported();
 // Tests: the fused backward's kv blocks per work unit, 1 to 4, instead of
 // the automatic choice (0 restores it: 4 where that leaves at least 32
 // units, else 1; a shape rule, so results stay bit-identical at any thread

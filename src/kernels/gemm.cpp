@@ -378,6 +378,14 @@ VectorIsa onednn_vector_isa() {
                                             : VectorIsa::none;
 }
 
+Bf16Isa onednn_bf16_isa() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto includes = [isa](dnnl_cpu_isa_t x) { return (isa & unsigned(x)) == unsigned(x); };  // nested bit sets
+  return includes(dnnl_cpu_isa_avx512_core_amx)    ? Bf16Isa::amx
+         : includes(dnnl_cpu_isa_avx512_core_bf16) ? Bf16Isa::avx512_bf16
+                                                   : Bf16Isa::none;
+}
+
 double measure_gemm_gflops(DType dtype, int64_t n, double min_seconds) {
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
   std::vector<bf16> a16(n * n, bf16(0.5f)), b16(n * n, bf16(0.25f));

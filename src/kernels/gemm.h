@@ -71,6 +71,10 @@ int64_t gemm_bf16_widen_scratch_floats();
 // attention kernel's own vector kernels, so that one setting caps both.
 enum class VectorIsa { none, avx2, avx512 };
 VectorIsa onednn_vector_isa();
+// The bf16 instructions in oneDNN's effective ISA (capped the same way): the
+// cap of the attention kernel's bf16 dot kernels (attention_dot.h).
+enum class Bf16Isa { none, avx512_bf16, amx };
+Bf16Isa onednn_bf16_isa();
 
 // Measures the GEMM rate (GFLOP/s) of an n x n x n product in `dtype` with the
 // current OpenMP thread count: the reference that benchmarks and MFU divide by.

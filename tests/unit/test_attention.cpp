@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/attention_dot.h"
 #include "kernels/attention_fused.h"
 #include "kernels/attention_fused_impl.h"
 #include "kernels/exp2_poly.h"
+#include "kernels/portable_lanes.h"
 #include "random_data.h"
 
 using namespace longctx;
@@ -231,6 +233,26 @@ void expect_within_tolerance(const Problem& p, const Outputs& fast, const Output
   EXPECT_LE(rel_err(fast.dv, ref.dv), kTol) << "dV";
 }
 
+// A tile path, and for bf16_dot the kernels it runs (null: the CPU's; a
+// portable twin on any CPU).
+struct PathVariant {
+  AttentionTilePath path;
+  const attn::DotTileKernels* dot = nullptr;
+};
+std::string name_of(const PathVariant& v) {
+  return v.dot ? std::string("bf16 tiles, ") + v.dot->isa : attention_tile_path_name(v.path);
+}
+// Runs the kernel on `v` from now on; use({AttentionTilePath::automatic}) restores the automatic choice.
+void use(const PathVariant& v) {
+  if (v.path == AttentionTilePath::automatic) {
+    set_attention_tile_path(v.path);
+    attn::set_dot_tile_kernels(nullptr);
+    return;
+  }
+  attn::set_dot_tile_kernels(v.dot);
+  set_attention_tile_path(v.path);
+}
+
 // The backward's kv blocks per unit to test on a path: f32_fused's
 // backward runs 1 and 4 (forced: these shapes are too small for the
 // automatic 4); bf16_fused, whose arithmetic is f32_fused's on widened
@@ -238,6 +260,7 @@ void expect_within_tolerance(const Problem& p, const Outputs& fast, const Output
 std::vector<int64_t> backward_kv_blocks_of(AttentionTilePath path) {
   if (path == AttentionTilePath::f32_fused) return {1, 4};
   if (path == AttentionTilePath::bf16_fused) return {4};
+  if (path == AttentionTilePath::bf16_dot) return {1, 4};
   return {1};
 }
 
@@ -678,13 +701,14 @@ struct Bf16Check {
 
 // The fast kernel on bf16 q, k, v, dO (bf16 O) on `path`, against the
 // reference on the same values; backward with the reference LSE and delta.
-Bf16Check run_bf16(Problem problem, AttentionTilePath path) {
+Bf16Check run_bf16(Problem problem, PathVariant variant) {
+  const AttentionTilePath path = variant.path;
   Bf16Check c;
   c.p = problem;
   Problem& p = c.p;
   p.init();
   Bf16Inputs in = round_to_bf16(p);
-  c.native = path == AttentionTilePath::bf16_native;
+  c.native = path == AttentionTilePath::bf16_native || path == AttentionTilePath::bf16_dot;
   c.ref = run(p, KernelImpl::reference);
   std::vector<float> delta = reference_delta(p, c.ref);
   // The reference reads bf16 views as their exact values: bitwise the same.
@@ -700,7 +724,7 @@ Bf16Check run_bf16(Problem problem, AttentionTilePath path) {
   c.f_o = kTol * max_abs(c.ref.o), c.f_lse = kTol * max_abs(c.ref.lse), c.f_dq = kTol * max_abs(c.ref.dq);
   c.f_dk = kTol * max_abs(c.ref.dk), c.f_dv = kTol * max_abs(c.ref.dv);
 
-  set_attention_tile_path(path);
+  use(variant);
   EXPECT_EQ(attention_tile_path(DType::bf16), path);
   AttentionArgs a = p.args();
   a.q = p.qview(in.q), a.k = p.kvview(in.k), a.v = p.kvview(in.v);
@@ -712,22 +736,28 @@ Bf16Check run_bf16(Problem problem, AttentionTilePath path) {
   c.fast.dv.assign(c.ref.dv.size(), 0.0f);
   attention_backward(a, p.qview(in.dout), c.ref.lse.data(), delta.data(), p.qview(c.fast.dq),
                      p.kvview(c.fast.dk), p.kvview(c.fast.dv));
-  set_attention_tile_path(AttentionTilePath::automatic);
+  use({AttentionTilePath::automatic});
   return c;
 }
 
 // Every bf16 path this CPU runs: bf16_fused only where it has the fused
-// kernels (its arithmetic is bf16_widened's, so the same bounds hold).
-std::vector<AttentionTilePath> bf16_paths() {
-  std::vector<AttentionTilePath> paths = {AttentionTilePath::bf16_widened, AttentionTilePath::bf16_native};
-  if (attention_fused_tiles_supported()) paths.push_back(AttentionTilePath::bf16_fused);
+// kernels (its arithmetic is bf16_widened's, so the same bounds hold);
+// bf16_dot on both portable twins everywhere, and on the CPU's own
+// kernels where it has them (their arithmetic is bf16_native's).
+std::vector<PathVariant> bf16_paths() {
+  std::vector<PathVariant> paths = {{AttentionTilePath::bf16_widened}, {AttentionTilePath::bf16_native}};
+  if (attention_fused_tiles_supported()) paths.push_back({AttentionTilePath::bf16_fused});
+  paths.push_back({AttentionTilePath::bf16_dot, attn::dot_tile_kernels_portable_lanes()});
+  paths.push_back({AttentionTilePath::bf16_dot, attn::dot_tile_kernels_portable_tiles()});
+  for (const attn::DotTileKernels* k : {attn::dot_tile_kernels_avx512bf16(), attn::dot_tile_kernels_amx()})
+    if (k) paths.push_back({AttentionTilePath::bf16_dot, k});
   return paths;
 }
 
 void expect_bf16_within_bounds(Problem p, const std::string& what) {
-  for (AttentionTilePath path : bf16_paths())
-    for (int64_t kv_blocks : backward_kv_blocks_of(path)) {
-      SCOPED_TRACE(what + " " + attention_tile_path_name(path) + ", backward units of " +
+  for (const PathVariant& path : bf16_paths())
+    for (int64_t kv_blocks : backward_kv_blocks_of(path.path)) {
+      SCOPED_TRACE(what + " " + name_of(path) + ", backward units of " +
                    std::to_string(kv_blocks) + " kv blocks");
       set_attention_backward_kv_blocks(kv_blocks);
       Bf16Check c = run_bf16(p, path);
@@ -782,8 +812,8 @@ TEST(AttentionBf16, OddLengthsAndHeadDimsWithinTheDerivedBounds) {
 TEST(AttentionBf16, FullyMaskedRowsGiveZeroOutputMinusInfinityAndZeroGradients) {
   Problem seg = self_attention(200, 2, 1, 64, MaskSpec::parse("causal+segments"));
   for (int64_t i = 0; i < 100; ++i) seg.q_seg[i] = 99;  // the first 100 q rows see nothing
-  for (AttentionTilePath path : bf16_paths()) {
-    SCOPED_TRACE(attention_tile_path_name(path));
+  for (const PathVariant& path : bf16_paths()) {
+    SCOPED_TRACE(name_of(path));
     Bf16Check c = run_bf16(seg, path);
     const auto v = c.violations_of(c.fast);
     EXPECT_EQ(v[0] + v[1] + v[2] + v[3] + v[4], 0);
@@ -802,8 +832,8 @@ TEST(AttentionBf16, FullyMaskedRowsGiveZeroOutputMinusInfinityAndZeroGradients) 
 // reference itself with one kv tile dropped (its keys masked out), and the
 // right outputs with two q heads swapped.
 TEST(AttentionBf16, BoundsCatchADroppedTileAndAWrongHead) {
-  for (AttentionTilePath path : bf16_paths()) {
-    SCOPED_TRACE(attention_tile_path_name(path));
+  for (const PathVariant& path : bf16_paths()) {
+    SCOPED_TRACE(name_of(path));
     Bf16Check c = run_bf16(self_attention(300, 2, 1, 64, MaskSpec::causal()), path);
     const Problem& p = c.p;
     const auto ok = c.violations_of(c.fast);
@@ -843,12 +873,14 @@ TEST(AttentionBf16, NaNInputsReachTheOutputNeverLookMasked) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   p.q[150 * p.q_row() + 3] = nan, p.k[200 * p.kv_row() + 5] = nan, p.v[250 * p.kv_row() + 7] = nan;
   in.q[150 * p.q_row() + 3] = bf16(nan), in.k[200 * p.kv_row() + 5] = bf16(nan), in.v[250 * p.kv_row() + 7] = bf16(nan);
-  std::vector<AttentionTilePath> paths = f32_paths();
-  for (AttentionTilePath path : bf16_paths()) paths.push_back(path);
-  for (AttentionTilePath path : paths) {
-    SCOPED_TRACE(attention_tile_path_name(path));
+  std::vector<PathVariant> paths;
+  for (AttentionTilePath path : f32_paths()) paths.push_back({path});
+  for (const PathVariant& path : bf16_paths()) paths.push_back(path);
+  for (const PathVariant& variant : paths) {
+    SCOPED_TRACE(name_of(variant));
+    const AttentionTilePath path = variant.path;
     const bool f32 = path == AttentionTilePath::f32 || path == AttentionTilePath::f32_fused;
-    set_attention_tile_path(path);
+    use(variant);
     AttentionArgs a = p.args();
     if (!f32) a.q = p.qview(in.q), a.k = p.kvview(in.k), a.v = p.kvview(in.v);
     std::vector<float> o(p.Sq * p.q_row(), 0.0f), lse(p.Sq);
@@ -878,7 +910,7 @@ TEST(AttentionBf16, NaNInputsReachTheOutputNeverLookMasked) {
                        p.kvview(dk), p.kvview(dv));
     EXPECT_TRUE(std::isnan(dq[150 * p.q_row()]));
     EXPECT_TRUE(std::isfinite(dq[10 * p.q_row()]));
-    set_attention_tile_path(AttentionTilePath::automatic);
+    use({AttentionTilePath::automatic});
   }
 }
 
@@ -982,53 +1014,9 @@ TileState run_fused_tile(const attn::FusedTileKernels& f, const std::vector<floa
   return out;
 }
 
-// Lanes in plain C++ with the vector instructions' rounding and x86's
-// max/min on NaN (the second operand): the fused kernels' template at any
-// width on any CPU. Every operation rounds once (std::fma for the FMAs; this
-// file is compiled with -ffp-contract=off so nothing else fuses).
-template <int Width, int Rows>
-struct PortableLanes {
-  struct R {
-    float v[Width];
-  };
-  static constexpr int W = Width;
-  static constexpr int kRows = Rows;
-  template <class F>
-  static R each(F f) {
-    R r;
-    for (int i = 0; i < W; ++i) r.v[i] = f(i);
-    return r;
-  }
-  static R load(const float* p) { return each([&](int i) { return p[i]; }); }
-  static void store(float* p, R x) { std::copy(x.v, x.v + W, p); }
-  static R set1(float x) { return each([&](int) { return x; }); }
-  static R zero() { return set1(0.0f); }
-  static R add(R a, R b) { return each([&](int i) { return a.v[i] + b.v[i]; }); }
-  static R sub(R a, R b) { return each([&](int i) { return a.v[i] - b.v[i]; }); }
-  static R mul(R a, R b) { return each([&](int i) { return a.v[i] * b.v[i]; }); }
-  static R fmadd(R a, R b, R c) { return each([&](int i) { return std::fma(a.v[i], b.v[i], c.v[i]); }); }
-  static R max(R a, R b) { return each([&](int i) { return a.v[i] > b.v[i] ? a.v[i] : b.v[i]; }); }
-  static R exp2(R x) {  // avx2::exp2_ps, lane by lane
-    return each([&](int i) {
-      const float lo = -126.0f, c = x.v[i];
-      if (std::isnan(c)) return c;
-      if (!(c >= lo)) return 0.0f;  // also -inf
-      float xc = c > lo ? c : lo;
-      xc = xc < 127.0f ? xc : 127.0f;
-      const float n = std::nearbyint(xc);  // to nearest, ties to even
-      const float p = attn::exp2_poly(
-          xc - n, [](float a, float b, float d) { return std::fma(a, b, d); }, [](float k) { return k; });
-      return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-    });
-  }
-  static R zero_where_neg_inf(R x) {
-    return each([&](int i) { return x.v[i] == -std::numeric_limits<float>::infinity() ? 0.0f : x.v[i]; });
-  }
-};
-
-constexpr attn::FusedTileKernels kPortable8 = attn::fused_impl::kernels_of<PortableLanes<8, 6>>("portable, 8 lanes");
+constexpr attn::FusedTileKernels kPortable8 = attn::fused_impl::kernels_of<attn::PortableLanes<8, 6>>("portable, 8 lanes");
 constexpr attn::FusedTileKernels kPortable16 =
-    attn::fused_impl::kernels_of<PortableLanes<16, 8>>("portable, 16 lanes");
+    attn::fused_impl::kernels_of<attn::PortableLanes<16, 8>>("portable, 16 lanes");
 
 // One backward tile through one ISA's fused kernels, from row-major Q, dO
 // [rows, D], K, V [cols, D], the rows' LSE (natural units; -inf: nothing

@@ -1,0 +1,80 @@
+#pragma once
+// The tile products of the bf16_dot tile path (attention.h) on the CPU's
+// native bf16 instructions: AVX512-BF16 dot products (vdpbf16ps: two bf16
+// products added to an fp32 lane) or AMX-BF16 tiles (16 x 16 fp32 += 16 x 32
+// bf16 times 32 x 16). The softmax and its gradient stay fp32 (the fused
+// kernels' softmax and softmax_grad, attention_fused.h); P and dS are
+// rounded to bf16 as the next product's operand, as flash attention
+// implementations do (the arithmetic of bf16_native). Internal to
+// src/kernels.
+//
+// Both ISAs, and their portable twins (plain C++ on any CPU, what the tests
+// run everywhere), share these layouts (bf16 unless said; P = kDotPanel q
+// rows per panel; Dd = the head dim rounded up to d_align, zero-padded):
+//   qp  [panels][Dd/2][P][2]  Q (or dO) panels, pairs of d side by side
+//   k   [cols][Dd]            K (or V) row-major, for S^T = K Q^T (dP^T = V dO^T)
+//   s   [panels][cols][P]     fp32 scores, then P (as the fused kernels')
+//   p2  [panels][kv/2][P][2]  P or dS, pairs of kv side by side (zero past cols,
+//                             up to cols rounded to 32)
+//   a   [panels][cols][P]     P or dS, plain (rows past the block zero)
+//   b2  [rows/2][ld][2]       Q or dO, pairs of q rows side by side (ld: multiple of P)
+//   packed                    V (forward) or K (backward, for dQ), as pack_kv
+//                             writes it: its ISA's operand of pv
+//   acc [panels][D][P]        fp32 running output (or dQ), transposed
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "kernels/attention_fused.h"
+
+namespace longctx::attn {
+
+constexpr int64_t kDotPanel = 32;
+
+struct DotTileKernels {
+  const char* isa;                 // "AVX512-BF16", "AMX-BF16", or a twin's name
+  const FusedTileKernels* fp32;    // softmax and softmax_grad on the same panels (panel == kDotPanel)
+  int64_t d_align;                 // the head dim of qp and k is padded to a multiple of this
+  int64_t kv_align;                // k and a are written (zero) up to cols rounded to this
+  // Elements of `packed` for cols x D.
+  int64_t (*packed_elements)(int64_t cols, int64_t D);
+  // packed from row-major x [cols][D] (row stride ld_x).
+  void (*pack_kv)(const bf16* x, int64_t ld_x, int64_t cols, int64_t D, bf16* packed);
+  // s[p][c][j] = scale sum_d k[c][d] qp[p][d][j], c < cols (kv_align rows computed).
+  void (*scores)(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t Dd, float scale, float* s,
+                 int64_t s_panel);
+  // acc[p][d][j] = alpha[j] acc[p][d][j] + sum_c packed(c, d) p2[p][c][j].
+  void (*pv)(const bf16* p2, int64_t panels, int64_t cols, int64_t p_panel, const bf16* packed, int64_t D,
+             const float* alpha, float* acc);
+  // out[c][x] += sum_q a[q / P][c][q % P] b2(q, x), q < rows rounded to even, x < ld.
+  void (*panel_t_times)(const bf16* a, int64_t rows, int64_t cols, int64_t a_panel, const bf16* b2, int64_t ld,
+                        float* out);
+};
+
+// The kernels where compiled in and this CPU runs them (asked at run time;
+// AMX also needs Linux's permission for the tile data, requested once), else null.
+const DotTileKernels* dot_tile_kernels_avx512bf16();
+const DotTileKernels* dot_tile_kernels_amx();
+// What the bf16_dot path runs: the kernels set by set_dot_tile_kernels, else
+// AMX's where it runs, else AVX512-BF16's, else null.
+const DotTileKernels* dot_tile_kernels();
+// Tests: the bf16_dot path on `kernels` (a twin on any CPU); null restores the CPU's.
+void set_dot_tile_kernels(const DotTileKernels* kernels);
+// The twins, on any CPU: the AVX512-BF16 kernels' template on plain lanes,
+// and the AMX kernels' template on emulated tiles.
+const DotTileKernels* dot_tile_kernels_portable_lanes();
+const DotTileKernels* dot_tile_kernels_portable_tiles();
+
+// Layout helpers shared by the kernels' callers (attention.cpp) and tests.
+inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+// Q (or dO) rows [rows][D] (row stride ld_x, fp32 or bf16 as `dtype`) into
+// qp (panels, Dd = round_up(D, d_align)) and, if b2 is not null, b2
+// ([round_up(rows, P) / 2][ld][2]); padding zero.
+void dot_rows_to_panels(const void* x, DType dtype, int64_t ld_x, int64_t rows, int64_t D, int64_t Dd, int64_t ld,
+                        bf16* qp, bf16* b2);
+// K (or V) rows [cols][D] into k [kv rows][Dd], zero past D and past cols up to round_up(cols, kv_align).
+void dot_rows(const void* x, DType dtype, int64_t ld_x, int64_t cols, int64_t D, int64_t Dd, int64_t kv_align,
+              bf16* k);
+// P or dS, fp32 s [panels][cols][P] into p2 (if non-null) and a (if non-null), rounded to bf16.
+void dot_round(const float* s, int64_t panels, int64_t cols, int64_t s_panel, int64_t kv_align, bf16* p2, bf16* a);
+
+}  // namespace longctx::attn

@@ -1,0 +1,241 @@
+#pragma once
+// The bf16 dot kernels (attention_dot.h), written once over the operations
+// of their ISA and compiled per ISA file:
+//   lanes::kernels_of<L>  over 16 fp32 lanes with a pair dot product
+//                         (AVX512-BF16's vdpbf16ps; plain C++ lanes);
+//   tiles::kernels_of<T>  over AMX tile registers (AMX-BF16; emulated tiles).
+// Include only from the ISA files (attention_dot_*.cpp). Everything here
+// has internal linkage (an unnamed namespace): each file compiles it for its
+// own ISA, and the linker must never pick one file's copy for another.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/attention_dot.h"
+
+namespace longctx::attn {
+namespace {
+
+constexpr int64_t up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+namespace lanes {
+
+// L provides: R (16 fp32 lanes), RB (32 bf16: a pair per lane), kRows (rows
+// per register block), load, store, mul, set1, zero, loadb (RB from 32
+// bf16), pair (both bf16 of one pair, in every lane), dot2 (acc + a.lo b.lo
+// + a.hi b.hi per lane, fp32).
+constexpr int64_t P = kDotPanel;
+
+// f.template operator()<MR>(r0) for blocks of MR rows covering [0, n), the
+// last one shorter (as the fused kernels').
+template <int MR, int Max, class F>
+inline void for_row_blocks(int64_t n, int64_t r0, F&& f) {
+  if constexpr (MR == Max)
+    for (; r0 + MR <= n; r0 += MR) f.template operator()<MR>(r0);
+  if constexpr (MR > 1) {
+    if (n - r0 == MR - 1) return f.template operator()<MR - 1>(r0);
+    for_row_blocks<MR - 1, Max>(n, r0, f);
+  }
+}
+
+// acc[i] (two vectors: 32 q lanes) += sum_t pair(a + i * a_row + t * a_step) . b[t], t < n in order.
+template <class L, int MR>
+inline void dot_rows(typename L::R (&acc)[MR][2], const bf16* a, int64_t a_row, int64_t a_step, const bf16* b,
+                     int64_t b_row, int64_t n) {
+  for (int64_t t = 0; t < n; ++t) {
+    const typename L::RB b0 = L::loadb(b + t * b_row), b1 = L::loadb(b + t * b_row + 32);
+    for (int i = 0; i < MR; ++i) {
+      const typename L::RB x = L::pair(a + i * a_row + t * a_step);
+      acc[i][0] = L::dot2(acc[i][0], x, b0);
+      acc[i][1] = L::dot2(acc[i][1], x, b1);
+    }
+  }
+}
+
+template <class L>
+void scores(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t Dd, float scale, float* s,
+            int64_t s_panel) {
+  using R = typename L::R;
+  const R sc = L::set1(scale);
+  for (int64_t p = 0; p < panels; ++p)
+    for_row_blocks<L::kRows, L::kRows>(cols, 0, [&]<int MR>(int64_t c0) {
+      R acc[MR][2];
+      for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = L::zero();
+      dot_rows<L, MR>(acc, k + c0 * Dd, Dd, 2, qp + p * Dd * P, 2 * P, Dd / 2);
+      float* out = s + p * s_panel + c0 * P;
+      for (int i = 0; i < MR; ++i) {
+        L::store(out + i * P, L::mul(acc[i][0], sc));
+        L::store(out + i * P + 16, L::mul(acc[i][1], sc));
+      }
+    });
+}
+
+// packed [cols2 / 2][D][2]: pairs of kv rows side by side.
+inline int64_t packed_elements(int64_t cols, int64_t D) { return up(cols, 2) * D; }
+inline void pack_kv(const bf16* x, int64_t ld_x, int64_t cols, int64_t D, bf16* packed) {
+  for (int64_t c = 0; c < up(cols, 2); ++c)
+    for (int64_t d = 0; d < D; ++d) packed[((c / 2) * D + d) * 2 + c % 2] = c < cols ? x[c * ld_x + d] : bf16();
+}
+
+template <class L>
+void pv(const bf16* p2, int64_t panels, int64_t cols, int64_t p_panel, const bf16* packed, int64_t D,
+        const float* alpha, float* acc) {
+  using R = typename L::R;
+  for (int64_t p = 0; p < panels; ++p) {
+    const R a0 = L::load(alpha + p * P), a1 = L::load(alpha + p * P + 16);
+    for_row_blocks<L::kRows, L::kRows>(D, 0, [&]<int MR>(int64_t d0) {
+      float* at = acc + (p * D + d0) * P;
+      R o[MR][2];
+      for (int i = 0; i < MR; ++i) {
+        o[i][0] = L::mul(L::load(at + i * P), a0);
+        o[i][1] = L::mul(L::load(at + i * P + 16), a1);
+      }
+      // The pair of kv rows t of column d0 + i sits at packed[(t D + d0 + i) 2].
+      dot_rows<L, MR>(o, packed + d0 * 2, 2, 2 * D, p2 + p * p_panel, 2 * P, up(cols, 2) / 2);
+      for (int i = 0; i < MR; ++i) {
+        L::store(at + i * P, o[i][0]);
+        L::store(at + i * P + 16, o[i][1]);
+      }
+    });
+  }
+}
+
+template <class L>
+void panel_t_times(const bf16* a, int64_t rows, int64_t cols, int64_t a_panel, const bf16* b2, int64_t ld,
+                   float* out) {
+  using R = typename L::R;
+  for (int64_t x0 = 0; x0 < ld; x0 += P)
+    for_row_blocks<L::kRows, L::kRows>(cols, 0, [&]<int MR>(int64_t c0) {
+      R acc[MR][2];
+      for (int i = 0; i < MR; ++i) {
+        acc[i][0] = L::load(out + (c0 + i) * ld + x0);
+        acc[i][1] = L::load(out + (c0 + i) * ld + x0 + 16);
+      }
+      for (int64_t p = 0; p * P < rows; ++p)  // q row pairs in order, panel after panel
+        dot_rows<L, MR>(acc, a + p * a_panel + c0 * P, P, 2, b2 + ((p * P / 2) * ld + x0) * 2, 2 * ld,
+                        (std::min(P, rows - p * P) + 1) / 2);
+      for (int i = 0; i < MR; ++i) {
+        L::store(out + (c0 + i) * ld + x0, acc[i][0]);
+        L::store(out + (c0 + i) * ld + x0 + 16, acc[i][1]);
+      }
+    });
+}
+
+template <class L>
+constexpr DotTileKernels kernels_of(const char* isa, const FusedTileKernels* fp32) {
+  return {isa, fp32, 2, 2, &packed_elements, &pack_kv, &scores<L>, &pv<L>, &panel_t_times<L>};
+}
+
+}  // namespace lanes
+
+namespace tiles {
+
+// T provides, on tile registers 0..7 (every tile 16 rows of 64 bytes):
+// configure() (once per call: another library may have changed the
+// configuration), release(), zero<t>(), load<t>(ptr, stride bytes),
+// store<t>(ptr, stride bytes) and dp<c, a, b>() (tdpbf16ps: c[16][16] fp32
+// += a[16][32] bf16 times b, 16 rows of 16 pairs).
+constexpr int64_t P = kDotPanel;
+constexpr int64_t kAlign = 32;  // a tile's depth in bf16; 16 rows, 16 fp32 columns
+
+// packed [up(D, 16)][cols32]: V^T (or K^T), zero padded.
+inline int64_t packed_elements(int64_t cols, int64_t D) { return up(D, 16) * up(cols, kAlign); }
+inline void pack_kv(const bf16* x, int64_t ld_x, int64_t cols, int64_t D, bf16* packed) {
+  const int64_t c32 = up(cols, kAlign);
+  std::fill(packed, packed + packed_elements(cols, D), bf16());
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t d = 0; d < D; ++d) packed[d * c32 + c] = x[c * ld_x + d];
+}
+
+// S^T for 32 kv rows at a time against a panel's 32 lanes: four C tiles.
+template <class T>
+void scores(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t Dd, float scale, float* s,
+            int64_t s_panel) {
+  T::configure();
+  const int64_t c32 = up(cols, kAlign);
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t c0 = 0; c0 < c32; c0 += 32) {
+      T::template zero<0>(), T::template zero<1>(), T::template zero<2>(), T::template zero<3>();
+      for (int64_t d0 = 0; d0 < Dd; d0 += kAlign) {
+        T::template load<4>(k + c0 * Dd + d0, Dd * 2);
+        T::template load<5>(k + (c0 + 16) * Dd + d0, Dd * 2);
+        const bf16* b = qp + p * Dd * P + (d0 / 2) * P * 2;
+        T::template load<6>(b, P * 4);
+        T::template load<7>(b + 32, P * 4);
+        T::template dp<0, 4, 6>(), T::template dp<1, 4, 7>(), T::template dp<2, 5, 6>(), T::template dp<3, 5, 7>();
+      }
+      float* out = s + p * s_panel + c0 * P;
+      T::template store<0>(out, P * 4), T::template store<1>(out + 16, P * 4);
+      T::template store<2>(out + 16 * P, P * 4), T::template store<3>(out + 16 * P + 16, P * 4);
+      for (int64_t x = 0; x < 32 * P; ++x) out[x] *= scale;
+    }
+  T::release();
+}
+
+// O^T (or dQ^T) 16 columns of d at a time, both halves of the panel's lanes.
+template <class T>
+void pv(const bf16* p2, int64_t panels, int64_t cols, int64_t p_panel, const bf16* packed, int64_t D,
+        const float* alpha, float* acc) {
+  const int64_t c32 = up(cols, kAlign);
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t j = 0; j < P; ++j) acc[(p * D + d) * P + j] *= alpha[p * P + j];
+  T::configure();
+  float tail[16 * P];  // the last d block's rows when D is not a multiple of 16
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      const bool whole = d0 + 16 <= D;
+      float* at = acc + (p * D + d0) * P;
+      if (!whole) {
+        std::fill(tail, tail + 16 * P, 0.0f);
+        std::memcpy(tail, at, (D - d0) * P * sizeof(float));
+      }
+      float* c = whole ? at : tail;
+      T::template load<0>(c, P * 4), T::template load<1>(c + 16, P * 4);
+      for (int64_t c0 = 0; c0 < c32; c0 += kAlign) {
+        T::template load<4>(packed + d0 * c32 + c0, c32 * 2);
+        const bf16* b = p2 + p * p_panel + (c0 / 2) * P * 2;
+        T::template load<6>(b, P * 4);
+        T::template load<7>(b + 32, P * 4);
+        T::template dp<0, 4, 6>(), T::template dp<1, 4, 7>();
+      }
+      T::template store<0>(c, P * 4), T::template store<1>(c + 16, P * 4);
+      if (!whole) std::memcpy(at, tail, (D - d0) * P * sizeof(float));
+    }
+  T::release();
+}
+
+// dK or dV: 32 kv rows by 32 columns of d at a time, a panel (32 q rows) per step.
+template <class T>
+void panel_t_times(const bf16* a, int64_t rows, int64_t cols, int64_t a_panel, const bf16* b2, int64_t ld,
+                   float* out) {
+  T::configure();
+  const int64_t c32 = up(cols, kAlign), panels = (rows + P - 1) / P;
+  for (int64_t c0 = 0; c0 < c32; c0 += 32)
+    for (int64_t x0 = 0; x0 < ld; x0 += 32) {
+      float* o = out + c0 * ld + x0;
+      T::template load<0>(o, ld * 4), T::template load<1>(o + 16, ld * 4);
+      T::template load<2>(o + 16 * ld, ld * 4), T::template load<3>(o + 16 * ld + 16, ld * 4);
+      for (int64_t p = 0; p < panels; ++p) {
+        T::template load<4>(a + p * a_panel + c0 * P, P * 2);
+        T::template load<5>(a + p * a_panel + (c0 + 16) * P, P * 2);
+        const bf16* b = b2 + ((p * P / 2) * ld + x0) * 2;
+        T::template load<6>(b, ld * 4);
+        T::template load<7>(b + 32, ld * 4);
+        T::template dp<0, 4, 6>(), T::template dp<1, 4, 7>(), T::template dp<2, 5, 6>(), T::template dp<3, 5, 7>();
+      }
+      T::template store<0>(o, ld * 4), T::template store<1>(o + 16, ld * 4);
+      T::template store<2>(o + 16 * ld, ld * 4), T::template store<3>(o + 16 * ld + 16, ld * 4);
+    }
+  T::release();
+}
+
+template <class T>
+constexpr DotTileKernels kernels_of(const char* isa, const FusedTileKernels* fp32) {
+  return {isa, fp32, kAlign, kAlign, &packed_elements, &pack_kv, &scores<T>, &pv<T>, &panel_t_times<T>};
+}
+
+}  // namespace tiles
+
+}  // namespace
+}  // namespace longctx::attn
