@@ -966,7 +966,7 @@ void forward_dot(const AttentionArgs& a, const TensorView& o, float* lse, Attent
           k.scores(qp_all + x * g.bq * Dd, panels, kc, cols, Dd, g.scale * kLog2e, s, s_panel);
           mask_panels(f, a, g, kind, b, i0, rows, j0, cols, s, counts);
           f.softmax(s, panels, cols, s_panel, m_all + x * g.bq, l_all + x * g.bq, alpha);
-          attn::dot_round(s, panels, cols, s_panel, k.kv_align, p2, nullptr);
+          k.round(s, panels, cols, s_panel, k.kv_align, p2, nullptr);
           k.pv(p2, panels, cols, s_panel, vp, g.D, alpha, acc);
         }
       }
@@ -1062,8 +1062,8 @@ void backward_dot(const AttentionArgs& a, const TensorView& dout, const float* l
             mask_panels(f, a, g, kind, b, i0, rows, j0, cols, s, counts);
             k.scores(dop, panels, v_rows + x * g.bk * Dd, cols, Dd, 1.0f, dp, s_panel);  // dP^T = V dO^T
             f.softmax_grad(s, dp, panels, cols, s_panel, lse2, delta_i, g.scale);
-            attn::dot_round(s, panels, cols, s_panel, k.kv_align, nullptr, pa);
-            attn::dot_round(dp, panels, cols, s_panel, k.kv_align, ds2, dsa);
+            k.round(s, panels, cols, s_panel, k.kv_align, nullptr, pa);
+            k.round(dp, panels, cols, s_panel, k.kv_align, ds2, dsa);
             k.panel_t_times(pa, rows, cols, s_panel, dor2, ld, dv_all + x * g.bk * ld);   // dV += P^T dO
             k.panel_t_times(dsa, rows, cols, s_panel, qr2, ld, dk_all + x * g.bk * ld);   // dK += scale dS^T Q
             k.pv(ds2, panels, cols, s_panel, k_packed + x * packed, g.D, ones, dq_p);      // dQ^T += scale K^T dS^T

@@ -11,6 +11,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/attention_dot_impl.h"
 #include "kernels/attention_fused_impl.h"
@@ -92,8 +93,19 @@ struct PortableTiles {
   }
 };
 
-constexpr DotTileKernels kPortableLanes = lanes::kernels_of<PortableDotLanes>("portable lanes (AVX512-BF16's twin)", &kPortableFp32);
-constexpr DotTileKernels kPortableTiles = tiles::kernels_of<PortableTiles>("portable tiles (AMX-BF16's twin)", &kPortableFp32);
+// round_tiles's conversions with bf16's own rounding (core/tensor.h).
+struct PortableConvert {
+  static void plain32(const float* x, uint16_t* out) {
+    for (int i = 0; i < 32; ++i) out[i] = bf16::round_bits(std::bit_cast<uint32_t>(x[i]));
+  }
+  static void pairs16(const float* lo, const float* hi, uint32_t* out) {
+    for (int i = 0; i < 16; ++i)
+      out[i] = bf16::round_bits(std::bit_cast<uint32_t>(lo[i])) | uint32_t(bf16::round_bits(std::bit_cast<uint32_t>(hi[i]))) << 16;
+  }
+};
+
+constexpr DotTileKernels kPortableLanes = lanes::kernels_of<PortableDotLanes, PortableConvert>("portable lanes (AVX512-BF16's twin)", &kPortableFp32);
+constexpr DotTileKernels kPortableTiles = tiles::kernels_of<PortableTiles, PortableConvert>("portable tiles (AMX-BF16's twin)", &kPortableFp32);
 
 // Row r of x (fp32 or bf16) as bf16 bits: rounded to nearest even, or as is.
 inline uint16_t bits_at(const void* x, DType dtype, int64_t i) {
@@ -112,17 +124,17 @@ void dot_rows_to_panels(const void* x, DType dtype, int64_t ld_x, int64_t rows, 
   const int64_t padded = round_up(rows, P);
   std::fill(qp, qp + padded * Dd, bf16());
   if (b2) std::fill(b2, b2 + padded * ld, bf16());
-  uint16_t* q = reinterpret_cast<uint16_t*>(qp);
-  uint16_t* b = reinterpret_cast<uint16_t*>(b2);  // may be null: no row pairs wanted
+  std::vector<uint16_t> row(round_up(D, 2) + 1, 0);  // one row as bf16 bits, an even count
+  uint32_t* panels = reinterpret_cast<uint32_t*>(qp);  // pairs of d: [panels][Dd/2][P]
+  uint32_t* pairs = reinterpret_cast<uint32_t*>(b2);   // pairs of rows: [rows/2][ld]
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t row = r * ld_x;
-    uint16_t* panel = q + (r / P) * Dd * P + (r % P) * 2;  // [Dd/2][P][2]
-    uint16_t* pairs = b2 ? b + (r / 2) * ld * 2 + r % 2 : nullptr;  // [rows/2][ld][2]
-    for (int64_t d = 0; d < D; ++d) {
-      const uint16_t v = bits_at(x, dtype, row + d);
-      panel[(d / 2) * P * 2 + d % 2] = v;
-      if (b2) pairs[d * 2] = v;
-    }
+    for (int64_t d = 0; d < D; ++d) row[d] = bits_at(x, dtype, r * ld_x + d);
+    uint32_t* panel = panels + (r / P) * (Dd / 2) * P + r % P;
+    for (int64_t t = 0; t < (D + 1) / 2; ++t) panel[t * P] = uint32_t(row[2 * t]) | uint32_t(row[2 * t + 1]) << 16;
+    if (!b2) continue;
+    uint32_t* out = pairs + (r / 2) * ld;  // row r's bits in the low (even r) or high (odd r) half
+    const int shift = r % 2 ? 16 : 0;
+    for (int64_t d = 0; d < D; ++d) out[d] |= uint32_t(row[d]) << shift;
   }
 }
 
@@ -138,28 +150,6 @@ void dot_rows(const void* x, DType dtype, int64_t ld_x, int64_t cols, int64_t D,
       d = D;
     }
     for (; d < Dd; ++d) row[d] = c < cols && d < D ? bits_at(x, dtype, c * ld_x + d) : 0;
-  }
-}
-
-void dot_round(const float* s, int64_t panels, int64_t cols, int64_t s_panel, int64_t kv_align, bf16* p2, bf16* a) {
-  constexpr int64_t P = kDotPanel;
-  const int64_t padded = round_up(cols, kv_align);
-  for (int64_t p = 0; p < panels; ++p) {
-    const float* sp = s + p * s_panel;
-    if (a) {
-      uint16_t* ap = reinterpret_cast<uint16_t*>(a) + p * s_panel;
-      for (int64_t x = 0; x < cols * P; ++x) ap[x] = bf16::round_bits(std::bit_cast<uint32_t>(sp[x]));
-      std::fill(ap + cols * P, ap + padded * P, uint16_t(0));
-    }
-    if (p2) {
-      uint32_t* pp = reinterpret_cast<uint32_t*>(p2) + p * s_panel / 2;  // [kv/2][P] pairs
-      for (int64_t c = 0; c < padded; c += 2)
-        for (int64_t j = 0; j < P; ++j) {
-          const uint32_t lo = c < cols ? bf16::round_bits(std::bit_cast<uint32_t>(sp[c * P + j])) : 0;
-          const uint32_t hi = c + 1 < cols ? bf16::round_bits(std::bit_cast<uint32_t>(sp[(c + 1) * P + j])) : 0;
-          pp[(c / 2) * P + j] = lo | hi << 16;
-        }
-    }
   }
 }
 

@@ -39,6 +39,9 @@ struct DotTileKernels {
   int64_t (*packed_elements)(int64_t cols, int64_t D);
   // packed from row-major x [cols][D] (row stride ld_x).
   void (*pack_kv)(const bf16* x, int64_t ld_x, int64_t cols, int64_t D, bf16* packed);
+  // P or dS, fp32 s [panels][cols][P], rounded to bf16 (to nearest even) into
+  // p2 and a (either may be null), zero past cols up to cols rounded to kv_align.
+  void (*round)(const float* s, int64_t panels, int64_t cols, int64_t s_panel, int64_t kv_align, bf16* p2, bf16* a);
   // s[p][c][j] = scale sum_d k[c][d] qp[p][d][j], c < cols (kv_align rows computed).
   void (*scores)(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t Dd, float scale, float* s,
                  int64_t s_panel);
@@ -74,7 +77,5 @@ void dot_rows_to_panels(const void* x, DType dtype, int64_t ld_x, int64_t rows, 
 // K (or V) rows [cols][D] into k [kv rows][Dd], zero past D and past cols up to round_up(cols, kv_align).
 void dot_rows(const void* x, DType dtype, int64_t ld_x, int64_t cols, int64_t D, int64_t Dd, int64_t kv_align,
               bf16* k);
-// P or dS, fp32 s [panels][cols][P] into p2 (if non-null) and a (if non-null), rounded to bf16.
-void dot_round(const float* s, int64_t panels, int64_t cols, int64_t s_panel, int64_t kv_align, bf16* p2, bf16* a);
 
 }  // namespace longctx::attn

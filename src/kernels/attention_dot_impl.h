@@ -13,10 +13,43 @@
 
 #include "kernels/attention_dot.h"
 
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
+
 namespace longctx::attn {
 namespace {
 
 constexpr int64_t up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// P or dS (fp32 s [panels][cols][P]) rounded to bf16 into p2 and a
+// (attention_dot.h; either may be null), zero past cols up to
+// up(cols, kv_align). C converts: plain32 (32 floats to 32 bf16) and pairs16
+// (16 lanes of two rows into 16 pairs).
+template <class C>
+void round_tiles(const float* s, int64_t panels, int64_t cols, int64_t s_panel, int64_t kv_align, bf16* p2, bf16* a) {
+  constexpr int64_t P = kDotPanel;
+  static_assert(P == 32);
+  static const float zeros[P] = {};
+  const int64_t padded = up(cols, kv_align);
+  for (int64_t p = 0; p < panels; ++p) {
+    const float* sp = s + p * s_panel;
+    if (a) {
+      uint16_t* ap = reinterpret_cast<uint16_t*>(a) + p * s_panel;
+      for (int64_t c = 0; c < cols; ++c) C::plain32(sp + c * P, ap + c * P);
+      std::fill(ap + cols * P, ap + padded * P, uint16_t(0));
+    }
+    if (p2) {
+      uint32_t* pp = reinterpret_cast<uint32_t*>(p2) + p * s_panel / 2;  // [kv/2][P] pairs
+      for (int64_t c = 0; c < padded; c += 2) {
+        const float* lo = c < cols ? sp + c * P : zeros;
+        const float* hi = c + 1 < cols ? sp + (c + 1) * P : zeros;
+        C::pairs16(lo, hi, pp + (c / 2) * P);
+        C::pairs16(lo + 16, hi + 16, pp + (c / 2) * P + 16);
+      }
+    }
+  }
+}
 
 namespace lanes {
 
@@ -73,8 +106,13 @@ void scores(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t
 // packed [cols2 / 2][D][2]: pairs of kv rows side by side.
 inline int64_t packed_elements(int64_t cols, int64_t D) { return up(cols, 2) * D; }
 inline void pack_kv(const bf16* x, int64_t ld_x, int64_t cols, int64_t D, bf16* packed) {
-  for (int64_t c = 0; c < up(cols, 2); ++c)
-    for (int64_t d = 0; d < D; ++d) packed[((c / 2) * D + d) * 2 + c % 2] = c < cols ? x[c * ld_x + d] : bf16();
+  const uint16_t* in = reinterpret_cast<const uint16_t*>(x);
+  uint32_t* out = reinterpret_cast<uint32_t*>(packed);
+  for (int64_t c = 0; c < cols; c += 2) {  // rows c, c + 1 interleaved (the missing last one zero)
+    const uint16_t* lo = in + c * ld_x;
+    const uint16_t* hi = c + 1 < cols ? lo + ld_x : nullptr;
+    for (int64_t d = 0; d < D; ++d) out[(c / 2) * D + d] = uint32_t(lo[d]) | (hi ? uint32_t(hi[d]) << 16 : 0u);
+  }
 }
 
 template <class L>
@@ -121,9 +159,9 @@ void panel_t_times(const bf16* a, int64_t rows, int64_t cols, int64_t a_panel, c
     });
 }
 
-template <class L>
+template <class L, class C>
 constexpr DotTileKernels kernels_of(const char* isa, const FusedTileKernels* fp32) {
-  return {isa, fp32, 2, 2, &packed_elements, &pack_kv, &scores<L>, &pv<L>, &panel_t_times<L>};
+  return {isa, fp32, 2, 2, &packed_elements, &pack_kv, &round_tiles<C>, &scores<L>, &pv<L>, &panel_t_times<L>};
 }
 
 }  // namespace lanes
@@ -230,12 +268,28 @@ void panel_t_times(const bf16* a, int64_t rows, int64_t cols, int64_t a_panel, c
   T::release();
 }
 
-template <class T>
+template <class T, class C>
 constexpr DotTileKernels kernels_of(const char* isa, const FusedTileKernels* fp32) {
-  return {isa, fp32, kAlign, kAlign, &packed_elements, &pack_kv, &scores<T>, &pv<T>, &panel_t_times<T>};
+  return {isa, fp32, kAlign, kAlign, &packed_elements, &pack_kv, &round_tiles<C>, &scores<T>, &pv<T>, &panel_t_times<T>};
 }
 
 }  // namespace tiles
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+// round_tiles's conversions on vcvtne2ps2bf16 (to nearest even; denormals
+// read as and flushed to zero), pairs interleaved by vpermw.
+struct Avx512Bf16Convert {
+  static void plain32(const float* x, uint16_t* out) {
+    _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x)));
+  }
+  static void pairs16(const float* lo, const float* hi, uint32_t* out) {
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(hi), _mm512_loadu_ps(lo));  // lo 0..15, hi 0..15
+    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    _mm512_storeu_si512(out, _mm512_permutexvar_epi16(order, both));
+  }
+};
+#endif
 
 }  // namespace
 }  // namespace longctx::attn
