@@ -19,8 +19,9 @@ namespace {
 struct Avx512Bf16 {
   using R = __m512;
   using RB = __m512bh;
-  // 8 rows x 2 accumulators, two operand vectors and a broadcast: 19 of 32 registers.
-  static constexpr int kRows = 8;
+  // 12 rows x 2 accumulators, two operand vectors and a broadcast: 27 of 32
+  // registers (8 rows measured 2-3% slower on Zen 4: more operand loads per product).
+  static constexpr int kRows = 12;
   static R load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, R x) { _mm512_storeu_ps(p, x); }
   static R set1(float x) { return _mm512_set1_ps(x); }

@@ -215,9 +215,12 @@ template <class T>
 void pv(const bf16* p2, int64_t panels, int64_t cols, int64_t p_panel, const bf16* packed, int64_t D,
         const float* alpha, float* acc) {
   const int64_t c32 = up(cols, kAlign);
-  for (int64_t p = 0; p < panels; ++p)
+  for (int64_t p = 0; p < panels; ++p) {  // the tiles add to acc in memory: rescale it there first
+    const float* a = alpha + p * P;
+    if (std::all_of(a, a + P, [](float x) { return x == 1.0f; })) continue;  // the running max held (dQ: always)
     for (int64_t d = 0; d < D; ++d)
-      for (int64_t j = 0; j < P; ++j) acc[(p * D + d) * P + j] *= alpha[p * P + j];
+      for (int64_t j = 0; j < P; ++j) acc[(p * D + d) * P + j] *= a[j];
+  }
   T::configure();
   float tail[16 * P];  // the last d block's rows when D is not a multiple of 16
   for (int64_t p = 0; p < panels; ++p)

@@ -497,6 +497,10 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
                                    std::string(quick ? "512" : "1024") +
                                    ", H=4 G=2 D=128, random data), 14 D FLOPs per pair, over the GEMM rate" + how},
       {"attention_efficiency_per_head_dim", "measured as attention_efficiency, at D = 16, 32, 64, 128"},
+      {"attention_tile_path", "measured on the kernels a step runs: fp32 " +
+                                  attention_tile_path_name(attention_tile_path(DType::f32)) + "; bf16 " +
+                                  attention_tile_path_name(attention_tile_path(DType::bf16)) + " (" +
+                                  attention_bf16_choice() + ")"},
       {"attention_forward_efficiency_per_head_dim", "measured: the forward alone (4 D FLOPs per pair), same runs"},
       {"attention_block", "the attention kernel's tile (kAttentionTile in src/kernels/attention.h)"},
       {"attention_partial_tile_cost",
