@@ -210,7 +210,7 @@ CpCheckResult check_cp_strategy(const Mesh& mesh, const CpCheckCase& c) {
   if (bf16_run) {
     o = widen(o_16);
     const double u = kBf16Roundoff;
-    const double u_p = attention_tile_path(DType::bf16) == AttentionTilePath::bf16_native ? u : 0.0;
+    const double u_p = attention_path_rounds_p_and_ds(attention_tile_path(DType::bf16)) ? u : 0.0;
     const bool ring = mesh.cp().size() > 1 && (c.strategy == CpStrategy::ring ||
                                                (c.strategy == CpStrategy::usp && mesh.ring().size() > 1));
     const double wire = ring ? u : 0.0;

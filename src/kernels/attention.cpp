@@ -106,6 +106,10 @@ AttentionTilePath attention_tile_path(DType dtype) {
 
 std::string attention_bf16_choice() { return bf16_choice().how; }
 
+bool attention_path_rounds_p_and_ds(AttentionTilePath path) {
+  return path == AttentionTilePath::bf16_native || path == AttentionTilePath::bf16_dot;
+}
+
 bool attention_fused_tiles_supported() { return attn::fused_tile_kernels() != nullptr; }
 bool attention_dot_tiles_supported() { return attn::dot_tile_kernels() != nullptr; }
 
@@ -387,6 +391,13 @@ bool row_has_tile(const TileMap& map, int64_t b, int64_t i, int64_t j_first, int
   return false;
 }
 
+// Whether kv block j of batch row b has a non-empty tile among q blocks [i_first, i_end).
+bool column_has_tile(const TileMap& map, int64_t b, int64_t i_first, int64_t i_end, int64_t j) {
+  for (int64_t i = i_first; i < i_end; ++i)
+    if (map.kind(b, i, j) != TileKind::empty) return true;
+  return false;
+}
+
 // The backward's units: nb consecutive kv blocks (a group) of one kv head,
 // those with a non-empty tile, head by head in group order. A q block's dQ
 // sum of a group waits for the previous group with a non-empty tile in its
@@ -605,6 +616,13 @@ void add_stats(AttentionStats* stats, const Geometry& g, const TileCounts& count
   stats->blocks_full += counts.full;
 }
 
+// The forward's start for one q block: running output 0, max -inf, sum 0 on `rows` rows.
+void start_rows(float* acc, float* m, float* l, int64_t rows, int64_t D) {
+  std::fill(acc, acc + rows * D, 0.0f);
+  std::fill(m, m + rows, kNegInf);
+  std::fill(l, l + rows, 0.0f);
+}
+
 // The forward's end for q rows i0..i0+rows of head h: O = acc / l stored
 // in o's dtype, LSE = m + log2(l) in natural units (m, l per row; acc
 // [rows][D] row-major, or panels [panels][D][panel] when panel > 0); a
@@ -695,14 +713,10 @@ void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, Atten
           copy_rows_to_panels(reinterpret_cast<float*>(qc_all) + x * g.bq * g.D, fused->panel, a.q, b, i0, h, rows, g.D,
                               row.data(), 0);
         else copy_rows(qc_all + x * g.bq * g.D, a.q, b, i0, h, rows, g.D);
-        std::fill(acc_all + x * g.bq * g.D, acc_all + x * g.bq * g.D + run_rows * g.D, 0.0f);
-        std::fill(m_all + x * g.bq, m_all + x * g.bq + run_rows, kNegInf);
-        std::fill(l_all + x * g.bq, l_all + x * g.bq + run_rows, 0.0f);
+        start_rows(acc_all + x * g.bq * g.D, m_all + x * g.bq, l_all + x * g.bq, run_rows, g.D);
       }
       for (int64_t j = 0; j < g.nk; ++j) {
-        bool needed = false;
-        for (int64_t i = i_first; i < i_end; ++i) needed = needed || map.kind(b, i, j) != TileKind::empty;
-        if (!needed) continue;
+        if (!column_has_tile(map, b, i_first, i_end, j)) continue;
         const int64_t j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
         copy_rows(kc, a.k, b, j0, kvh, cols, g.D);
         copy_rows(vc, a.v, b, j0, kvh, cols, g.D);
@@ -841,8 +855,7 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
       const int64_t j_first = grp * nb, j_end = std::min(g.nk, j_first + nb);
       for (int64_t j = j_first; j < j_end; ++j) {
         const int64_t x = j - j_first, j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
-        block_used[x] = false;
-        for (int64_t i = 0; i < g.nq && !block_used[x]; ++i) block_used[x] = map.kind(b, i, j) != TileKind::empty;
+        block_used[x] = column_has_tile(map, b, 0, g.nq, j);
         if (!block_used[x]) continue;
         copy_rows(k_all + x * g.bk * g.D, a.k, b, j0, kvh, cols, g.D);
         copy_rows(v_all + x * g.bk * g.D, a.v, b, j0, kvh, cols, g.D);
@@ -946,14 +959,10 @@ void forward_dot(const AttentionArgs& a, const TensorView& o, float* lse, Attent
         const int64_t lanes = attn::round_up(rows, P);  // padding rows: zero q, never stored
         attn::dot_rows_to_panels(rows_at(a.q, b, i0, h), a.q.dtype, a.q.stride[1], rows, g.D, Dd, 0,
                                  qp_all + x * g.bq * Dd, nullptr);
-        std::fill(acc_all + x * g.bq * g.D, acc_all + x * g.bq * g.D + lanes * g.D, 0.0f);
-        std::fill(m_all + x * g.bq, m_all + x * g.bq + lanes, kNegInf);
-        std::fill(l_all + x * g.bq, l_all + x * g.bq + lanes, 0.0f);
+        start_rows(acc_all + x * g.bq * g.D, m_all + x * g.bq, l_all + x * g.bq, lanes, g.D);
       }
       for (int64_t j = 0; j < g.nk; ++j) {
-        bool needed = false;
-        for (int64_t i = i_first; i < i_end; ++i) needed = needed || map.kind(b, i, j) != TileKind::empty;
-        if (!needed) continue;
+        if (!column_has_tile(map, b, i_first, i_end, j)) continue;
         const int64_t j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
         attn::dot_rows(rows_at(a.k, b, j0, kvh), a.k.dtype, a.k.stride[1], cols, g.D, Dd, k.kv_align, kc);
         k.pack_kv(static_cast<const bf16*>(rows_at(a.v, b, j0, kvh)), a.v.stride[1], cols, g.D, vp);
@@ -1030,8 +1039,7 @@ void backward_dot(const AttentionArgs& a, const TensorView& dout, const float* l
       const int64_t j_first = grp * nb, j_end = std::min(g.nk, j_first + nb);
       for (int64_t j = j_first; j < j_end; ++j) {
         const int64_t x = j - j_first, j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
-        block_used[x] = false;
-        for (int64_t i = 0; i < g.nq && !block_used[x]; ++i) block_used[x] = map.kind(b, i, j) != TileKind::empty;
+        block_used[x] = column_has_tile(map, b, 0, g.nq, j);
         if (!block_used[x]) continue;
         attn::dot_rows(rows_at(a.k, b, j0, kvh), a.k.dtype, a.k.stride[1], cols, g.D, Dd, k.kv_align,
                        k_rows + x * g.bk * Dd);

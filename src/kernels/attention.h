@@ -87,6 +87,9 @@ constexpr int64_t kAttentionTile = 128;
 // set_attention_tile_path.
 enum class AttentionTilePath { f32, f32_fused, bf16_widened, bf16_native, bf16_fused, bf16_dot, automatic };
 AttentionTilePath attention_tile_path(DType dtype);
+// Whether `path` rounds P and dS to bf16 for their products (bf16_native,
+// bf16_dot): error bounds gain bf16's unit roundoff times their sums.
+bool attention_path_rounds_p_and_ds(AttentionTilePath path);
 // How the bf16 path was chosen: each candidate's time, or the pin (benchmarks print it).
 std::string attention_bf16_choice();
 std::string attention_tile_path_name(AttentionTilePath path);  // with the fused kernels' ISA

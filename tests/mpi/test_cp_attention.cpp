@@ -78,12 +78,13 @@ void check_all(CpStrategy s, int ulysses) {
 // Each mask and GQA shape once, layouts alternating (both layouts meet every
 // mask and shape across the two loops), on the widened path; the native and
 // fused paths' own arithmetic is the kernel's (test_attention), so one GQA
-// shape shows their bounds hold through the strategies (fused where the CPU
-// has the fused kernels). Kept cheap for 8 ranks.
+// shape shows their bounds hold through the strategies (fused and dot where
+// the CPU has their kernels). Kept cheap for 8 ranks.
 void check_all_bf16(CpStrategy s, int ulysses) {
   Mesh mesh(1, world_size(), ulysses, 1);
   std::vector<AttentionTilePath> paths = {AttentionTilePath::bf16_widened, AttentionTilePath::bf16_native};
   if (attention_fused_tiles_supported()) paths.push_back(AttentionTilePath::bf16_fused);
+  if (attention_dot_tiles_supported()) paths.push_back(AttentionTilePath::bf16_dot);
   for (AttentionTilePath path : paths) {
     set_attention_tile_path(path);
     int n = 0;

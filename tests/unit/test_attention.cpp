@@ -708,7 +708,7 @@ Bf16Check run_bf16(Problem problem, PathVariant variant) {
   Problem& p = c.p;
   p.init();
   Bf16Inputs in = round_to_bf16(p);
-  c.native = path == AttentionTilePath::bf16_native || path == AttentionTilePath::bf16_dot;
+  c.native = attention_path_rounds_p_and_ds(path);
   c.ref = run(p, KernelImpl::reference);
   std::vector<float> delta = reference_delta(p, c.ref);
   // The reference reads bf16 views as their exact values: bitwise the same.
