@@ -81,7 +81,49 @@ std::vector<std::vector<float>> run_attention(AttentionProblem& p) {
   return {o, lse, dq, dk, dv};
 }
 
+// The same in bf16 (q, k, v, dO and O bf16; lse, dQ, dK, dV fp32).
+std::vector<std::vector<float>> run_attention_bf16(const AttentionProblem& p) {
+  const int64_t S = p.S, H = p.H, G = p.G, D = p.D;
+  auto rounded = [](const std::vector<float>& x) {
+    std::vector<bf16> y;
+    for (float e : x) y.push_back(bf16(e));
+    return y;
+  };
+  std::vector<bf16> q = rounded(p.q), k = rounded(p.k), v = rounded(p.v), dout = rounded(p.dout), o(S * H * D);
+  auto view = [&](void* d, DType t, int64_t heads) {
+    return TensorView::strided(d, t, {1, S, heads, D}, {S * heads * D, heads * D, D, 1});
+  };
+  AttentionArgs a;
+  a.q = view(q.data(), DType::bf16, H), a.k = view(k.data(), DType::bf16, G), a.v = view(v.data(), DType::bf16, G);
+  a.q_pos = a.kv_pos = p.pos.data();
+  if (p.mask.same_segment) a.q_seg = a.kv_seg = p.seg.data();
+  a.mask = p.mask;
+  std::vector<float> lse(S * H), delta(S * H), dq = p.dq0, dk(S * G * D, 0.0f), dv(S * G * D, 0.0f);
+  attention_forward(a, view(o.data(), DType::bf16, H), lse.data());
+  attention_delta(view(o.data(), DType::bf16, H), view(dout.data(), DType::bf16, H), delta.data());
+  attention_backward(a, view(dout.data(), DType::bf16, H), lse.data(), delta.data(), view(dq.data(), DType::f32, H),
+                     view(dk.data(), DType::f32, G), view(dv.data(), DType::f32, G));
+  std::vector<float> o32;
+  for (bf16 e : o) o32.push_back(float(e));
+  return {o32, lse, dq, dk, dv};
+}
+
 }  // namespace
+
+// bf16_dot, where the CPU has its kernels, on the same terms: its backward
+// shares the fused paths' units and dQ order (units of 4 kv blocks forced).
+TEST(Determinism, Bf16DotAttentionIsBitIdenticalAtAnyThreadCount) {
+  if (!attention_dot_tiles_supported()) GTEST_SKIP() << "no AVX512-BF16 or AMX-BF16 on this CPU";
+  set_attention_tile_path(AttentionTilePath::bf16_dot);
+  set_attention_backward_kv_blocks(4);
+  for (const char* mask : {"causal", "local:300"}) {
+    const AttentionProblem p = attention_problem(1000, 4, 2, 64, MaskSpec::parse(mask));
+    expect_same_at_every_thread_count([&] { return run_attention_bf16(p); },
+                                      mask + (" " + attention_tile_path_name(AttentionTilePath::bf16_dot)));
+  }
+  set_attention_tile_path(AttentionTilePath::automatic);
+  set_attention_backward_kv_blocks(0);
+}
 
 TEST(Determinism, AttentionIsBitIdenticalAtAnyThreadCount) {
   // 1000 = 7 full tiles + 104 rows; GQA so that a unit covers two heads.
