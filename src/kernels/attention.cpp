@@ -1093,7 +1093,9 @@ void backward_dot(const AttentionArgs& a, const TensorView& dout, const float* l
 // at half the fp32 FMA rate on the Intel Xeons without AMX, at twice it on
 // Zen 4), so it is measured, like gemm_bf16's choice.
 Bf16Choice measure_bf16_choice() {
-  const bool fused = attention_fused_tiles_supported(), dot = attention_dot_tiles_supported();
+  // The CPU's own dot kernels (never a twin a test has set).
+  const bool fused = attention_fused_tiles_supported();
+  const bool dot = attn::dot_tile_kernels_amx() || attn::dot_tile_kernels_avx512bf16();
   std::vector<std::pair<AttentionTilePath, std::string>> candidates;
   if (dot) candidates.push_back({AttentionTilePath::bf16_dot, "dot"});
   if (fused) candidates.push_back({AttentionTilePath::bf16_fused, "fused"});
