@@ -124,7 +124,9 @@ void dot_rows_to_panels(const void* x, DType dtype, int64_t ld_x, int64_t rows, 
   const int64_t padded = round_up(rows, P);
   std::fill(qp, qp + padded * Dd, bf16());
   if (b2) std::fill(b2, b2 + padded * ld, bf16());
-  std::vector<uint16_t> row(round_up(D, 2) + 1, 0);  // one row as bf16 bits, an even count
+  // One row as bf16 bits, an even count. A local buffer: a thread_local one
+  // made the backward 15% slower (its data pointer reloaded in every loop).
+  std::vector<uint16_t> row(round_up(D, 2) + 1, 0);
   uint32_t* panels = reinterpret_cast<uint32_t*>(qp);  // pairs of d: [panels][Dd/2][P]
   uint32_t* pairs = reinterpret_cast<uint32_t*>(b2);   // pairs of rows: [rows/2][ld]
   for (int64_t r = 0; r < rows; ++r) {
