@@ -107,10 +107,11 @@ bool attention_fused_tiles_supported();
 // Whether this CPU runs bf16_dot (AVX512-BF16 or AMX-BF16, not capped by
 // ONEDNN_MAX_CPU_ISA), or a test set its kernels to a portable twin.
 bool attention_dot_tiles_supported();
-// Tests: the fused backward's kv blocks per work unit, 1 to 4, instead of
-// the automatic choice (0 restores it: 4 where that leaves at least 32
-// units, else 1; a shape rule, so results stay bit-identical at any thread
-// count). The grouping changes dQ's summation order, not its arithmetic.
+// Tests: the fused backward's kv blocks per work unit, 1 to 4 (bf16_dot: to
+// 8), instead of the automatic choice (0 restores it: 8 on bf16_dot, else 4,
+// where that leaves at least 32 units, else 1; a shape rule, so results
+// stay bit-identical at any thread count). The grouping changes dQ's
+// summation order, not its arithmetic.
 void set_attention_backward_kv_blocks(int64_t blocks);
 
 // Scratch bytes one fast forward / backward call with q, k, v in `dtype`

@@ -260,7 +260,7 @@ void use(const PathVariant& v) {
 std::vector<int64_t> backward_kv_blocks_of(AttentionTilePath path) {
   if (path == AttentionTilePath::f32_fused) return {1, 4};
   if (path == AttentionTilePath::bf16_fused) return {4};
-  if (path == AttentionTilePath::bf16_dot) return {1, 4};
+  if (path == AttentionTilePath::bf16_dot) return {1, 8};
   return {1};
 }
 

@@ -111,11 +111,11 @@ std::vector<std::vector<float>> run_attention_bf16(const AttentionProblem& p) {
 }  // namespace
 
 // bf16_dot, where the CPU has its kernels, on the same terms: its backward
-// shares the fused paths' units and dQ order (units of 4 kv blocks forced).
+// shares the fused paths' units and dQ order (units of 8 kv blocks forced).
 TEST(Determinism, Bf16DotAttentionIsBitIdenticalAtAnyThreadCount) {
   if (!attention_dot_tiles_supported()) GTEST_SKIP() << "no AVX512-BF16 or AMX-BF16 on this CPU";
   set_attention_tile_path(AttentionTilePath::bf16_dot);
-  set_attention_backward_kv_blocks(4);
+  set_attention_backward_kv_blocks(8);
   for (const char* mask : {"causal", "local:300"}) {
     const AttentionProblem p = attention_problem(1000, 4, 2, 64, MaskSpec::parse(mask));
     expect_same_at_every_thread_count([&] { return run_attention_bf16(p); },
