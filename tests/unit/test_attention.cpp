@@ -20,6 +20,7 @@
 #include "kernels/exp2_poly.h"
 #include "kernels/portable_lanes.h"
 #include "random_data.h"
+#include "run_command.h"
 
 using namespace longctx;
 
@@ -1202,4 +1203,27 @@ TEST(FusedTiles, TheBackwardGivesTheSameBitsAtEveryWidth) {
       }
     }
   }
+}
+
+// A bf16 path the CPU lacks is refused by name, never run on something
+// else: `--tile-path dot` and LONGCTX_BF16_ATTENTION=dot with oneDNN capped
+// to AVX2 (no bf16 instructions then, on any x86 CPU), and a pin that names
+// no path. Each exits non-zero with the rule in its message.
+TEST(AttentionBf16, PathsTheCpuLacksAreRefusedByName) {
+  const std::string exe = shell_quote(LONGCTX_BINARY) + " bench attention --dtype bf16 --seq 128 --reps 1";
+  const CommandResult capped = run_command("ONEDNN_MAX_CPU_ISA=AVX2 " + exe + " --tile-path dot");
+  EXPECT_NE(capped.status, 0);
+  EXPECT_NE(capped.output.find("--tile-path dot needs a CPU with AVX512-BF16 or AMX-BF16"), std::string::npos)
+      << capped.output;
+  const CommandResult pinned = run_command("ONEDNN_MAX_CPU_ISA=AVX2 LONGCTX_BF16_ATTENTION=dot " + exe);
+  EXPECT_NE(pinned.status, 0);
+  EXPECT_NE(pinned.output.find("LONGCTX_BF16_ATTENTION=dot: not a bf16 attention path this CPU runs"),
+            std::string::npos)
+      << pinned.output;
+  const CommandResult bogus = run_command("LONGCTX_BF16_ATTENTION=bogus " + exe);
+  EXPECT_NE(bogus.status, 0);
+  EXPECT_NE(bogus.output.find("LONGCTX_BF16_ATTENTION=bogus: not a bf16 attention path"), std::string::npos)
+      << bogus.output;
+  if (!attention_dot_tiles_supported())  // in process too, where this CPU lacks them
+    EXPECT_THROW(set_attention_tile_path(AttentionTilePath::bf16_dot), ShapeError);
 }
