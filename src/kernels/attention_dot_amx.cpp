@@ -46,28 +46,31 @@ struct Amx {
 
 // The intrinsics take the tile's number as a literal (GCC pastes it into
 // the register name): one specialisation per tile and per product used.
-#define LONGCTX_AMX_TILE(t)                                                                            \
-  template <>                                                                                          \
-  void Amx::zero<t>() {                                                                                \
-    _tile_zero(t);                                                                                     \
-  }                                                                                                    \
-  template <>                                                                                          \
-  void Amx::load<t>(const void* p, int64_t stride) {                                                   \
-    _tile_loadd(t, p, stride);                                                                         \
-  }                                                                                                    \
-  template <>                                                                                          \
-  void Amx::store<t>(void* p, int64_t stride) {                                                        \
-    _tile_stored(t, p, stride);                                                                        \
+#define LONGCTX_AMX_LOAD(t)                              \
+  template <>                                            \
+  void Amx::load<t>(const void* p, int64_t stride) {     \
+    _tile_loadd(t, p, stride);                           \
   }
-LONGCTX_AMX_TILE(0)
-LONGCTX_AMX_TILE(1)
-LONGCTX_AMX_TILE(2)
-LONGCTX_AMX_TILE(3)
-LONGCTX_AMX_TILE(4)
-LONGCTX_AMX_TILE(5)
-LONGCTX_AMX_TILE(6)
-LONGCTX_AMX_TILE(7)
-#undef LONGCTX_AMX_TILE
+#define LONGCTX_AMX_ACCUMULATOR(t)                       \
+  LONGCTX_AMX_LOAD(t)                                    \
+  template <>                                            \
+  void Amx::zero<t>() {                                  \
+    _tile_zero(t);                                       \
+  }                                                      \
+  template <>                                            \
+  void Amx::store<t>(void* p, int64_t stride) {          \
+    _tile_stored(t, p, stride);                          \
+  }
+LONGCTX_AMX_ACCUMULATOR(0)  // tiles 0-3: C (zeroed, loaded, stored)
+LONGCTX_AMX_ACCUMULATOR(1)
+LONGCTX_AMX_ACCUMULATOR(2)
+LONGCTX_AMX_ACCUMULATOR(3)
+LONGCTX_AMX_LOAD(4)  // tiles 4-7: the operands (loaded only)
+LONGCTX_AMX_LOAD(5)
+LONGCTX_AMX_LOAD(6)
+LONGCTX_AMX_LOAD(7)
+#undef LONGCTX_AMX_ACCUMULATOR
+#undef LONGCTX_AMX_LOAD
 #define LONGCTX_AMX_DP(c, a, b)  \
   template <>                    \
   void Amx::dp<c, a, b>() {      \
