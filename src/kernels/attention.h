@@ -81,7 +81,7 @@ constexpr int64_t kAttentionTile = 128;
 //                 (products exact, fp32 sums, P and dS rounded to bf16).
 // fp32 inputs run f32_fused where the CPU has the fused kernels, else f32.
 // bf16 inputs run the fastest of the bf16 paths this CPU has, timed once per
-// process on one thread (a forward and backward of 1024 tokens, 2 heads,
+// process on one thread (a forward and backward of 2048 tokens, 2 heads,
 // D = 64, causal); LONGCTX_BF16_ATTENTION=dot|fused|native|widened pins
 // it (an error where the CPU lacks it). `automatic` is only an argument of
 // set_attention_tile_path.
