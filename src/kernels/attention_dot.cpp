@@ -93,7 +93,7 @@ struct PortableTiles {
   }
 };
 
-// round_tiles's conversions with bf16's own rounding (core/tensor.h).
+// The softmax's conversions with bf16's own rounding (core/tensor.h).
 struct PortableConvert {
   static void plain32(const float* x, uint16_t* out) {
     for (int i = 0; i < 32; ++i) out[i] = bf16::round_bits(std::bit_cast<uint32_t>(x[i]));
@@ -104,8 +104,8 @@ struct PortableConvert {
   }
 };
 
-constexpr DotTileKernels kPortableLanes = lanes::kernels_of<PortableDotLanes, PortableConvert>("portable lanes (AVX512-BF16's twin)", &kPortableFp32);
-constexpr DotTileKernels kPortableTiles = tiles::kernels_of<PortableTiles, PortableConvert>("portable tiles (AMX-BF16's twin)", &kPortableFp32);
+constexpr DotTileKernels kPortableLanes = lanes::kernels_of<PortableDotLanes, PortableConvert, Lanes16>("portable lanes (AVX512-BF16's twin)", &kPortableFp32);
+constexpr DotTileKernels kPortableTiles = tiles::kernels_of<PortableTiles, PortableConvert, Lanes16>("portable tiles (AMX-BF16's twin)", &kPortableFp32);
 
 // Row r of x (fp32 or bf16) as bf16 bits: rounded to nearest even, or as is.
 inline uint16_t bits_at(const void* x, DType dtype, int64_t i) {

@@ -13,7 +13,7 @@
 // rows per panel; Dd = the head dim rounded up to d_align, zero-padded):
 //   qp  [panels][Dd/2][P][2]  Q (or dO) panels, pairs of d side by side
 //   k   [cols][Dd]            K (or V) row-major, for S^T = K Q^T (dP^T = V dO^T)
-//   s   [panels][cols][P]     fp32 scores, then P (as the fused kernels')
+//   s   [panels][cols][P]     fp32 scores (as the fused kernels')
 //   p2  [panels][kv/2][P][2]  P or dS, pairs of kv side by side (zero past cols,
 //                             up to cols rounded to 32)
 //   a   [panels][cols][P]     P or dS, plain (rows past the block zero)
@@ -32,16 +32,23 @@ constexpr int64_t kDotPanel = 32;
 
 struct DotTileKernels {
   const char* isa;                 // "AVX512-BF16", "AMX-BF16", or a twin's name
-  const FusedTileKernels* fp32;    // softmax and softmax_grad on the same panels (panel == kDotPanel)
+  const FusedTileKernels* fp32;    // the masks of the fused kernels on the same panels (panel == kDotPanel)
   int64_t d_align;                 // the head dim of qp and k is padded to a multiple of this
   int64_t kv_align;                // k and a are written (zero) up to cols rounded to this
   // Elements of `packed` for cols x D.
   int64_t (*packed_elements)(int64_t cols, int64_t D);
   // packed from row-major x [cols][D] (row stride ld_x).
   void (*pack_kv)(const bf16* x, int64_t ld_x, int64_t cols, int64_t D, bf16* packed);
-  // P or dS, fp32 s [panels][cols][P], rounded to bf16 (to nearest even) into
-  // p2 and a (either may be null), zero past cols up to cols rounded to kv_align.
-  void (*round)(const float* s, int64_t panels, int64_t cols, int64_t s_panel, int64_t kv_align, bf16* p2, bf16* a);
+  // fp32's softmax (fp32->softmax and softmax_grad: the same arithmetic), P
+  // and dS rounded to bf16 (to nearest even) as they are written, zero past
+  // cols up to cols rounded to kv_align. The forward's: s (scores, base 2),
+  // m, l, alpha as fp32->softmax; P into p2.
+  void (*softmax_to_pairs)(const float* s, int64_t panels, int64_t cols, int64_t s_panel, int64_t kv_align, float* m,
+                           float* l, float* alpha, bf16* p2);
+  // The backward's: P = 2^(s - lse2) into a (pa), dS = scale P (dp - delta) into p2 (ds2) and a (dsa).
+  void (*softmax_grad_to_bf16)(const float* s, const float* dp, int64_t panels, int64_t cols, int64_t s_panel,
+                               const float* lse2, const float* delta, float scale, int64_t kv_align, bf16* pa,
+                               bf16* ds2, bf16* dsa);
   // s[p][c][j] = scale sum_d k[c][d] qp[p][d][j], c < cols (kv_align rows computed).
   void (*scores)(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t Dd, float scale, float* s,
                  int64_t s_panel);

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "kernels/attention_dot_impl.h"
+#include "kernels/avx512_lanes.h"
 #include "kernels/gemm.h"
 
 namespace longctx::attn {
@@ -92,7 +93,7 @@ bool tile_data_granted() {
 }  // namespace
 
 const DotTileKernels* dot_tile_kernels_amx() {
-  static const DotTileKernels kernels = tiles::kernels_of<Amx, Avx512Bf16Convert>("AMX-BF16", fused_tile_kernels_avx512());
+  static const DotTileKernels kernels = tiles::kernels_of<Amx, Avx512Bf16Convert, Avx512>("AMX-BF16", fused_tile_kernels_avx512());
   static const bool runs = fused_tile_kernels_avx512() && __builtin_cpu_supports("amx-bf16") &&
                            onednn_bf16_isa() == Bf16Isa::amx && tile_data_granted();
   return runs ? &kernels : nullptr;

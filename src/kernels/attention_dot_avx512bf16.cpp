@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "kernels/attention_dot_impl.h"
+#include "kernels/avx512_lanes.h"
 #include "kernels/gemm.h"
 
 namespace longctx::attn {
@@ -39,7 +40,7 @@ struct Avx512Bf16 {
 }  // namespace
 
 const DotTileKernels* dot_tile_kernels_avx512bf16() {
-  static const DotTileKernels kernels = lanes::kernels_of<Avx512Bf16, Avx512Bf16Convert>("AVX512-BF16", fused_tile_kernels_avx512());
+  static const DotTileKernels kernels = lanes::kernels_of<Avx512Bf16, Avx512Bf16Convert, Avx512>("AVX512-BF16", fused_tile_kernels_avx512());
   // oneDNN's ISA caps these kernels as it caps its own (and the fp32 softmax they share).
   static const bool runs = fused_tile_kernels_avx512() && __builtin_cpu_supports("avx512bf16") &&
                            onednn_bf16_isa() != Bf16Isa::none;

@@ -22,32 +22,103 @@ namespace {
 
 constexpr int64_t up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-// P or dS (fp32 s [panels][cols][P]) rounded to bf16 into p2 and a
-// (attention_dot.h; either may be null), zero past cols up to
-// up(cols, kv_align). C converts: plain32 (32 floats to 32 bf16) and pairs16
-// (16 lanes of two rows into 16 pairs).
-template <class C>
-void round_tiles(const float* s, int64_t panels, int64_t cols, int64_t s_panel, int64_t kv_align, bf16* p2, bf16* a) {
-  constexpr int64_t P = kDotPanel;
-  static_assert(P == 32);
-  static const float zeros[P] = {};
+// The fp32 softmax of the fused kernels (fused_impl::softmax and
+// softmax_grad: the same arithmetic in the same order, V their vector type
+// of 16 lanes) with P and dS written straight as bf16 operands of the next
+// products: the fp32 P and dS are never stored, and no pass reads them back
+// to round them (that pass and the stores were 6% of the kernels' time).
+// C converts: plain32 (32 floats to 32 bf16, to nearest even) and pairs16
+// (16 lanes of two kv rows into 16 pairs). Outputs are zero past cols up to
+// up(cols, kv_align).
+
+// The forward's online softmax of s [panels][cols][P] (scores, base 2) into p2.
+template <class V, class C>
+void softmax_to_pairs(const float* s, int64_t panels, int64_t cols, int64_t s_panel, int64_t kv_align, float* m,
+                      float* l, float* alpha, bf16* p2) {
+  constexpr int64_t P = kDotPanel, W = V::W;
+  static_assert(W == 16 && P == 2 * W);
+  using R = typename V::R;
   const int64_t padded = up(cols, kv_align);
+  alignas(64) float e[2][W];
   for (int64_t p = 0; p < panels; ++p) {
-    const float* sp = s + p * s_panel;
-    if (a) {
-      uint16_t* ap = reinterpret_cast<uint16_t*>(a) + p * s_panel;
-      for (int64_t c = 0; c < cols; ++c) C::plain32(sp + c * P, ap + c * P);
-      std::fill(ap + cols * P, ap + padded * P, uint16_t(0));
-    }
-    if (p2) {
-      uint32_t* pp = reinterpret_cast<uint32_t*>(p2) + p * s_panel / 2;  // [kv/2][P] pairs
-      for (int64_t c = 0; c < padded; c += 2) {
-        const float* lo = c < cols ? sp + c * P : zeros;
-        const float* hi = c + 1 < cols ? sp + (c + 1) * P : zeros;
-        C::pairs16(lo, hi, pp + (c / 2) * P);
-        C::pairs16(lo + 16, hi + 16, pp + (c / 2) * P + 16);
+    uint32_t* pairs = reinterpret_cast<uint32_t*>(p2) + p * s_panel / 2;  // [kv/2][P]
+    for (int64_t h = 0; h < P; h += W) {  // W q rows at a time, down the tile's columns
+      const float* col = s + p * s_panel + h;
+      const int64_t row = p * P + h;
+      const R m_old = V::load(m + row);
+      R mx[4] = {m_old, m_old, m_old, m_old};  // four independent chains
+      int64_t c = 0;
+      for (; c + 4 <= cols; c += 4)
+        for (int x = 0; x < 4; ++x) mx[x] = V::max(mx[x], V::load(col + (c + x) * P));
+      for (; c < cols; ++c) mx[0] = V::max(mx[0], V::load(col + c * P));
+      const R m_new = V::max(V::max(mx[0], mx[1]), V::max(mx[2], mx[3]));
+      const R shift = V::zero_where_neg_inf(m_new);  // rows with nothing allowed yet: 0, alpha 0
+      R sum0 = V::zero(), sum1 = V::zero();
+      for (c = 0; c + 2 <= cols; c += 2) {
+        const R e0 = V::exp2(V::sub(V::load(col + c * P), shift));
+        const R e1 = V::exp2(V::sub(V::load(col + (c + 1) * P), shift));
+        sum0 = V::add(sum0, e0);
+        sum1 = V::add(sum1, e1);
+        V::store(e[0], e0), V::store(e[1], e1);
+        C::pairs16(e[0], e[1], pairs + (c / 2) * P + h);
       }
+      if (c < cols) {
+        const R e0 = V::exp2(V::sub(V::load(col + c * P), shift));
+        sum0 = V::add(sum0, e0);
+        V::store(e[0], e0), V::store(e[1], V::zero());
+        C::pairs16(e[0], e[1], pairs + (c / 2) * P + h);
+        c += 2;
+      }
+      for (; c < padded; c += 2) std::fill(pairs + (c / 2) * P + h, pairs + (c / 2) * P + h + W, 0u);
+      const R a = V::exp2(V::sub(m_old, shift));
+      V::store(alpha + row, a);
+      V::store(l + row, V::fmadd(V::load(l + row), a, V::add(sum0, sum1)));
+      V::store(m + row, m_new);
     }
+  }
+}
+
+// The backward's P = 2^(s - lse2) into pa and dS = scale P (dp - delta) into
+// ds2 (pairs) and dsa (plain), from s and dp [panels][cols][P].
+template <class V, class C>
+void softmax_grad_to_bf16(const float* s, const float* dp, int64_t panels, int64_t cols, int64_t s_panel,
+                          const float* lse2, const float* delta, float scale, int64_t kv_align, bf16* pa, bf16* ds2,
+                          bf16* dsa) {
+  constexpr int64_t P = kDotPanel, W = V::W;
+  static_assert(W == 16 && P == 2 * W);
+  using R = typename V::R;
+  const R sc = V::set1(scale);
+  const int64_t padded = up(cols, kv_align);
+  alignas(64) float pr[2][P], ds[2][P];  // two kv rows of the panel's 32 lanes
+  for (int64_t p = 0; p < panels; ++p) {
+    const R l[2] = {V::load(lse2 + p * P), V::load(lse2 + p * P + W)};
+    const R dl[2] = {V::load(delta + p * P), V::load(delta + p * P + W)};
+    uint16_t* a_out = reinterpret_cast<uint16_t*>(pa) + p * s_panel;
+    uint16_t* ds_out = reinterpret_cast<uint16_t*>(dsa) + p * s_panel;
+    uint32_t* pairs = reinterpret_cast<uint32_t*>(ds2) + p * s_panel / 2;  // [kv/2][P]
+    for (int64_t c = 0; c < cols; c += 2) {
+      for (int64_t x = 0; x < 2; ++x)
+        for (int half = 0; half < 2; ++half) {
+          if (c + x >= cols) {  // the odd last row's partner: zero
+            V::store(pr[x] + half * W, V::zero()), V::store(ds[x] + half * W, V::zero());
+            continue;
+          }
+          const int64_t at = p * s_panel + (c + x) * P + half * W;
+          const R e = V::exp2(V::sub(V::load(s + at), l[half]));
+          V::store(pr[x] + half * W, e);
+          V::store(ds[x] + half * W, V::mul(V::mul(e, V::sub(V::load(dp + at), dl[half])), sc));
+        }
+      for (int64_t x = 0; x < 2 && c + x < padded; ++x) {
+        C::plain32(pr[x], a_out + (c + x) * P);
+        C::plain32(ds[x], ds_out + (c + x) * P);
+      }
+      C::pairs16(ds[0], ds[1], pairs + (c / 2) * P);
+      C::pairs16(ds[0] + W, ds[1] + W, pairs + (c / 2) * P + W);
+    }
+    const int64_t done = up(cols, 2);
+    std::fill(a_out + done * P, a_out + padded * P, uint16_t(0));
+    std::fill(ds_out + done * P, ds_out + padded * P, uint16_t(0));
+    std::fill(pairs + (done / 2) * P, pairs + (padded / 2) * P, 0u);
   }
 }
 
@@ -159,9 +230,10 @@ void panel_t_times(const bf16* a, int64_t rows, int64_t cols, int64_t a_panel, c
     });
 }
 
-template <class L, class C>
+template <class L, class C, class V>
 constexpr DotTileKernels kernels_of(const char* isa, const FusedTileKernels* fp32) {
-  return {isa, fp32, 2, 2, &packed_elements, &pack_kv, &round_tiles<C>, &scores<L>, &pv<L>, &panel_t_times<L>};
+  return {isa,           fp32,      2,           2, &packed_elements, &pack_kv, &softmax_to_pairs<V, C>,
+          &softmax_grad_to_bf16<V, C>, &scores<L>, &pv<L>, &panel_t_times<L>};
 }
 
 }  // namespace lanes
@@ -271,15 +343,16 @@ void panel_t_times(const bf16* a, int64_t rows, int64_t cols, int64_t a_panel, c
   T::release();
 }
 
-template <class T, class C>
+template <class T, class C, class V>
 constexpr DotTileKernels kernels_of(const char* isa, const FusedTileKernels* fp32) {
-  return {isa, fp32, kAlign, kAlign, &packed_elements, &pack_kv, &round_tiles<C>, &scores<T>, &pv<T>, &panel_t_times<T>};
+  return {isa,           fp32,      kAlign,      kAlign, &packed_elements, &pack_kv, &softmax_to_pairs<V, C>,
+          &softmax_grad_to_bf16<V, C>, &scores<T>, &pv<T>, &panel_t_times<T>};
 }
 
 }  // namespace tiles
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-// round_tiles's conversions on vcvtne2ps2bf16 (to nearest even; denormals
+// The conversions of softmax_to_pairs and softmax_grad_to_bf16 on vcvtne2ps2bf16 (to nearest even; denormals
 // read as and flushed to zero), pairs interleaved by vpermw.
 struct Avx512Bf16Convert {
   static void plain32(const float* x, uint16_t* out) {

@@ -1,0 +1,49 @@
+#pragma once
+// The fused kernels' vector type on AVX-512 (attention_fused_impl.h): 16
+// fp32 lanes. Shared by the fused kernels (attention_fused_avx512.cpp) and
+// the bf16 dot kernels' softmax (attention_dot_avx512bf16.cpp,
+// attention_dot_amx.cpp), so both compute the same P bit for bit. Include
+// only from files compiled with -mavx512f; internal linkage, as
+// attention_dot_impl.h says why.
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+#include "kernels/exp2_poly.h"
+
+namespace longctx::attn {
+namespace {
+
+struct Avx512 {
+  using R = __m512;
+  static constexpr int W = 16;
+  // 8 rows x 2 accumulators: 16 registers of 32 (more rows measured no faster;
+  // 8 divides the 128-row tiles and D = 64, 128).
+  static constexpr int kRows = 8;
+  static R load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, R x) { _mm512_storeu_ps(p, x); }
+  static R set1(float x) { return _mm512_set1_ps(x); }
+  static R zero() { return _mm512_setzero_ps(); }
+  static R add(R a, R b) { return _mm512_add_ps(a, b); }
+  static R sub(R a, R b) { return _mm512_sub_ps(a, b); }
+  static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
+  static R fmadd(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
+  static R max(R a, R b) { return _mm512_max_ps(a, b); }
+  // avx2::exp2_ps's arithmetic, 16 lanes: the same result in every lane.
+  static R exp2(R x) {
+    const R lo = set1(-126.0f);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);  // false for -inf and NaN
+    const R xc = _mm512_min_ps(_mm512_max_ps(x, lo), set1(127.0f));
+    const R n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const R p = exp2_poly(sub(xc, n), fmadd, set1);
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e)),
+                                x);
+  }
+  static R zero_where_neg_inf(R x) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, set1(-__builtin_inff()), _CMP_EQ_OQ), x, zero());
+  }
+};
+
+}  // namespace
+}  // namespace longctx::attn
+#endif
