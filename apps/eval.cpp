@@ -3,8 +3,10 @@
 // directory or a longctx checkpoint) on held-out data by context position
 // (src/train/eval.h): a table on stdout, eval_output (JSON) and a PNG beside
 // it (scripts/plot_eval.py, Debian's matplotlib).
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -26,6 +28,22 @@ const char* const kEvalUsage =
     "  load_parameters_path=DIR   Hugging Face Llama directory or longctx checkpoint (step_N)\n"
     "  eval_steps=N eval_dataset_path=PATH eval_output=FILE.json eval_first_bucket=1024\n";
 
+namespace {
+
+// Every byte written and flushed, or a DataError naming the file and errno
+// (a full disk, /dev/full, a file the system will not let us write).
+void write_result(const fs::path& path, const std::string& bytes) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  bool ok = f && std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() && std::fflush(f) == 0;
+  const int err = errno;
+  if (f && std::fclose(f) != 0) ok = false;
+  if (!ok)
+    throw DataError("eval_output '" + path.string() + "' could not be written (" + std::strerror(err) +
+                    "): the table above has the numbers; name a writable file");
+}
+
+}  // namespace
+
 int run_eval(const Args& args) {
   if (args.empty()) throw ConfigError(std::string("eval needs a config file\n") + kEvalUsage);
   RunConfig config = load_config(args[0], Args(args.begin() + 1, args.end()));
@@ -33,12 +51,13 @@ int run_eval(const Args& args) {
   apply_hf_model_config(config);
   validate_config(config, comm_world_size());
   Mesh mesh(mesh_shape_from_config(config));
+  const fs::path json_path = eval_output_path(config);
+  // Before the evaluation, not after it: a directory is no place for the result.
+  if (fs::is_directory(json_path))
+    throw ConfigError("eval_output '" + json_path.string() + "' is a directory; name a file for the JSON result");
   const EvalResult r = evaluate(config, mesh);
   if (mesh.world_rank() != 0) return 0;
-  const fs::path json_path = eval_output_path(config);
   if (json_path.has_parent_path()) fs::create_directories(json_path.parent_path());
-  std::ofstream(json_path) << eval_json(r, config);
-  if (!fs::exists(json_path)) throw ConfigError("eval_output '" + json_path.string() + "' cannot be written");
   std::printf("eval: %s on %lld sequences from #%lld of %s %s (S=%lld, %s, cp=%lld, tp=%lld, dp=%lld, fsdp=%lld)\n%s",
               r.weights.c_str(), static_cast<long long>(r.sequences), static_cast<long long>(r.first_sequence),
               name_of(config.dataset_type),
@@ -48,6 +67,7 @@ int run_eval(const Args& args) {
               static_cast<long long>(config.max_target_length), name_of(config.strategy()),
               static_cast<long long>(config.cp), static_cast<long long>(config.tp), static_cast<long long>(config.dp), static_cast<long long>(config.fsdp),
               eval_table(r).c_str());
+  write_result(json_path, eval_json(r, config));
   // The plot: best effort (matplotlib may be missing); the JSON is the result.
   const fs::path png = fs::path(json_path).replace_extension(".png");
   // Debian's python3 has matplotlib; a python3 earlier on PATH (a venv, pyenv) may not.

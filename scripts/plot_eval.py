@@ -7,6 +7,7 @@ Needs matplotlib (Debian: python3-matplotlib)."""
 import argparse
 import json
 import os
+import sys
 
 import matplotlib
 
@@ -21,6 +22,9 @@ def main():
     a = ap.parse_args()
     fig, ax = plt.subplots(figsize=(7, 4))
     for path in a.json:
+        # A device (/dev/full, /dev/zero) would be read forever: results are regular files.
+        if not os.path.isfile(path):
+            sys.exit(f"plot_eval: {path} is not a regular file (an eval_output JSON)")
         with open(path) as f:
             r = json.load(f)
         rows = [b for b in r["buckets"] if b["loss"] is not None]

@@ -96,7 +96,7 @@ const std::vector<ConfigKey>& config_keys() {
       {"metrics_file", S(""), "JSON lines; empty = <base_output_directory>/<run_name>/metrics.jsonl", F(metrics_file)},
       {"enable_checkpointing", true, "write checkpoints", F(enable_checkpointing)},
       {"checkpoint_period", I(0), "steps between checkpoints; 0 = only at the end", F(checkpoint_period)},
-      {"max_num_checkpoints_to_keep", I(0), "newest complete checkpoints kept, older ones deleted; 0 = keep all", F(max_num_checkpoints_to_keep)},
+      {"max_num_checkpoints_to_keep", I(0), "newest complete checkpoints kept, older ones deleted (until a step has run from the newest, the one before it stays too); 0 = keep all", F(max_num_checkpoints_to_keep)},
       {"resume", true, "continue from the latest complete checkpoint in checkpoint_dir", F(resume)},
       {"log_period", I(1), "steps between printed step lines", F(log_period)},
       {"progress_interval_seconds", 10.0, "during a step, rank 0's layer and pass on stderr this often; 0 = off",

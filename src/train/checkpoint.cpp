@@ -406,8 +406,6 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
       throw DataError("checkpoint step " + std::to_string(state.step) +
                       " was NOT saved (the existing checkpoints are kept, none pruned): " + e.what());
     }
-    // Only after the new one is verified on disk: a crash here loses nothing.
-    prune_older_than(dir, config.max_num_checkpoints_to_keep, state.step);
   }
   mesh.world().barrier();  // nobody resumes from a checkpoint still being written
   return final_dir.string();
@@ -468,6 +466,25 @@ void prune_older_than(const fs::path& dir, int64_t keep, int64_t verified) {
 
 }  // namespace
 
+std::vector<std::string> checkpoints_newest_first(const std::string& checkpoint_dir) {
+  std::vector<std::string> out;
+  const auto found = complete_checkpoints(checkpoint_dir);
+  for (auto it = found.rbegin(); it != found.rend(); ++it) out.push_back(it->second.string());
+  return out;
+}
+
+std::vector<std::string> step_dirs_without_manifest(const std::string& checkpoint_dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!fs::is_directory(checkpoint_dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(checkpoint_dir))
+    if (checkpoint_step_from_name(e.path().filename().string()) && e.is_directory() &&
+        !fs::exists(e.path() / "MANIFEST.json"))
+      out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::string latest_checkpoint(const std::string& checkpoint_dir) {
   const auto found = complete_checkpoints(checkpoint_dir);
   return found.empty() ? "" : found.back().second.string();
@@ -499,12 +516,8 @@ std::string latest_valid_checkpoint(const std::string& checkpoint_dir, std::FILE
   return "";
 }
 
-void prune_checkpoints(const std::string& checkpoint_dir, int64_t keep) {
-  if (keep <= 0) return;
-  // Only below a checkpoint verified now: never delete the last good one.
-  const std::string newest = latest_valid_checkpoint(checkpoint_dir, nullptr);
-  if (newest.empty()) return;
-  prune_older_than(checkpoint_dir, keep, *checkpoint_step_from_name(fs::path(newest).filename().string()));
+void prune_checkpoints(const std::string& checkpoint_dir, int64_t keep, int64_t below_step) {
+  prune_older_than(checkpoint_dir, keep, below_step);
 }
 
 TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& optimizer) {
@@ -557,6 +570,18 @@ TrainState load_checkpoint(const std::string& path, LlamaModel& model, AdamW& op
 
 void load_hf_parameters(const std::string& dir, LlamaModel& model) {
   auto bad = [&](const std::string& why) { return DataError("load_parameters_path '" + dir + "': " + why); };
+  // A longctx checkpoint is checked as resume checks it (every size and
+  // CRC-32 of its MANIFEST.json) before a byte of it is used; one without a
+  // MANIFEST.json was never completed (saves write it last).
+  if (fs::exists(fs::path(dir) / "MANIFEST.json")) {
+    try {
+      verify_checkpoint(dir);
+    } catch (const DataError& e) {
+      throw bad(std::string("a longctx checkpoint that fails verification, refused: ") + e.what());
+    }
+  } else if (fs::exists(fs::path(dir) / "train_state.json")) {
+    throw bad("a longctx checkpoint without MANIFEST.json (its save never completed), refused");
+  }
   const HfWeights files(dir);  // headers only
   match_model_tensors(model.parameters(), shapes_of(files.tensors()), {""}, bad);
   // One tensor in memory at a time (widened to fp32), of which this tp rank

@@ -43,12 +43,19 @@ namespace longctx {
 
 class Mesh;
 
-// Collective over the world (every rank calls it); world rank 0 writes. A
+// Collective over the world (every rank calls it); world rank 0 writes; it
+// prunes nothing (prune_checkpoints). A
 // sharded optimizer's (ZeRO-1) moment pieces are gathered over the replicas
 // first: the files never depend on the mesh or on sharding.
 // Returns the checkpoint directory.
 std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const AdamW& optimizer,
                             const TrainState& state, const RunConfig& config, const Mesh& mesh);
+
+// The complete checkpoints (step_N with a MANIFEST.json), newest first.
+std::vector<std::string> checkpoints_newest_first(const std::string& checkpoint_dir);
+// step_N directories without a MANIFEST.json: never a save of ours (saves
+// write it last, then rename), so cut short by hand or by another tool.
+std::vector<std::string> step_dirs_without_manifest(const std::string& checkpoint_dir);
 
 // The complete checkpoint with the highest step in checkpoint_dir, or "".
 std::string latest_checkpoint(const std::string& checkpoint_dir);
@@ -64,9 +71,12 @@ std::string latest_valid_checkpoint(const std::string& checkpoint_dir, std::FILE
 void verify_checkpoint(const std::string& path);
 
 // Deletes all but the `keep` newest complete checkpoints (keep <= 0: none),
-// but only ones older than the newest valid (verified) checkpoint.
-// save_checkpoint calls it with max_num_checkpoints_to_keep after each save.
-void prune_checkpoints(const std::string& checkpoint_dir, int64_t keep);
+// but only ones older than step `below_step`: the newest checkpoint known
+// good. The Trainer passes the newest one a finite step has since run from
+// (a save is verified on disk, but weights that diverged finitely, 1e29
+// say, verify too: the one before them must survive until a step shows
+// them sound). The caller holds the only writer (world rank 0).
+void prune_checkpoints(const std::string& checkpoint_dir, int64_t keep, int64_t below_step);
 
 // ---- test seams (nullptr/empty: off) -----------------------------------------------
 // Called at each named point of the save / re-save / prune protocol
@@ -120,7 +130,8 @@ void apply_hf_model_config(RunConfig& config);
 
 // Loads the weights of a Hugging Face Llama directory (config.json +
 // model.safetensors or sharded model.safetensors.index.json; F32, BF16 or
-// F16) into the model: every rank reads one tensor at a time from its file
+// F16), or of a longctx checkpoint (verified against its MANIFEST.json
+// first; refused without one), into the model: every rank reads one tensor at a time from its file
 // and keeps its tp shard. DataError naming the tensor and the rule when a
 // tensor is missing, unexpected or of another shape, before the model is
 // touched.

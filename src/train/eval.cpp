@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/checked.h"
 #include "cp/layout.h"
 #include "model/llama.h"
 #include "train/checkpoint.h"
@@ -32,6 +33,16 @@ EvalResult evaluate(const RunConfig& c, const Mesh& mesh) {
   RunConfig data_config = c;
   if (!c.eval_dataset_path.empty()) data_config.dataset_path = c.eval_dataset_path;
   const Dataset data(load_corpus(data_config), c.max_target_length, c.packing);
+  const int64_t global_batch = c.per_device_batch_size * c.data_parallelism();
+  const int64_t sequences = checked_mul(c.eval_steps, global_batch, "eval_steps x global batch");
+  // Never wrap around: past its end the data repeats (and, without
+  // eval_dataset_path, runs into the training sequences before the tail).
+  if (sequences > data.num_sequences())
+    throw ConfigError("eval_steps " + std::to_string(c.eval_steps) + " x global batch " + std::to_string(global_batch) +
+                      " = " + std::to_string(sequences) + " sequences, but the eval data holds only " +
+                      std::to_string(data.num_sequences()) + " of max_target_length " +
+                      std::to_string(c.max_target_length) +
+                      " tokens: an evaluation reads each sequence at most once (lower eval_steps)");
   const CpLayout layout(c.layout(), c.max_target_length, static_cast<int>(c.cp), mesh.shape().ulysses);
   const MaskSpec mask = c.mask();
   LlamaModel model(c.model, model_options_from_config(c, mesh), static_cast<uint64_t>(c.init_weights_seed));
@@ -40,8 +51,7 @@ EvalResult evaluate(const RunConfig& c, const Mesh& mesh) {
                                              : c.load_parameters_path;
   if (!c.load_parameters_path.empty()) load_hf_parameters(c.load_parameters_path, model);
 
-  const int64_t global_batch = c.per_device_batch_size * c.data_parallelism();
-  r.sequences = c.eval_steps * global_batch;
+  r.sequences = sequences;
   r.first_sequence = c.eval_dataset_path.empty() ? std::max<int64_t>(0, data.num_sequences() - r.sequences) : 0;
   r.buckets = position_buckets(c.max_target_length, c.eval_first_bucket);
   // Bucket of each position: the first whose end is past it.

@@ -4,11 +4,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <random>
 
+#include "core/crc32.h"
 #include "core/memory.h"
 #include "core/timer.h"
 #include "kernels/gemm.h"
@@ -101,6 +106,110 @@ void apply_system_settings(const RunConfig& c) {
   set_collective_timeout_seconds(static_cast<double>(c.collective_timeout_seconds));
 }
 
+// ---- start-up checks ---------------------------------------------------------------
+
+namespace {
+
+// Runs check() on every rank, then the ranks compare: where it failed on
+// any rank, every rank throws (that rank its own error, the others one
+// naming `rule` and the ranks that broke it), so that no rank goes on into
+// a collective a failed rank never joins.
+void on_every_rank(const Communicator& world, const std::string& rule, const std::function<void()>& check) {
+  std::exception_ptr error;
+  try {
+    check();
+  } catch (const std::exception&) {
+    error = std::current_exception();
+  }
+  std::vector<int64_t> failed(world.size(), 0);
+  failed[world.rank()] = error ? 1 : 0;
+  world.all_reduce_sum(failed.data(), failed.size());
+  if (error) std::rethrow_exception(error);
+  std::string ranks;
+  for (int r = 0; r < world.size(); ++r)
+    if (failed[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  if (!ranks.empty()) throw ConfigError(rule + ": broken on rank(s) " + ranks + " (their messages say how)");
+}
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// Every rank runs the same binary with the same config: a rank started from
+// another build or with other key=value arguments would compute something
+// else, or wait in a collective the others never make.
+void check_same_binary_and_config(const RunConfig& c, const Communicator& world) {
+  static const uint32_t binary = [] {
+    const std::string bytes = file_bytes("/proc/self/exe");
+    return crc32(bytes.data(), bytes.size());
+  }();
+  const std::string yaml = c.to_yaml();
+  const int64_t mine[2] = {binary, crc32(yaml.data(), yaml.size())};
+  std::vector<int64_t> all(2 * world.size());
+  world.all_gather(mine, all.data(), sizeof mine);
+  std::string problems;
+  for (int r = 1; r < world.size(); ++r)
+    for (int x = 0; x < 2; ++x)
+      if (all[2 * r + x] != all[x])
+        problems += std::string(problems.empty() ? "" : "; ") + "rank " + std::to_string(r) + "'s " +
+                    (x == 0 ? "binary (another build)" : "config (other key=value arguments or file)");
+  if (!problems.empty())
+    throw ConfigError("every rank must run the same longctx binary with the same config; rank 0's differs from " +
+                      problems);
+}
+
+// checkpoint_dir: made and written by rank 0 (a regular file or a read-only
+// filesystem is found now, not at the first save), and the same directory
+// on every host: rank 0 writes the checkpoints every rank reads to resume,
+// so they must live on a filesystem all hosts share.
+void check_checkpoint_dir(const std::string& dir, const Communicator& world) {
+  uint64_t token = 0;
+  if (world.rank() == 0) token = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}() ^ uint64_t(::getpid());
+  world.broadcast(&token, sizeof token, 0);
+  char name[48];
+  std::snprintf(name, sizeof name, ".longctx-shared-%016llx", static_cast<unsigned long long>(token));
+  const fs::path marker = fs::path(dir) / name;
+  const std::string text = std::string(name) + "\n";
+  on_every_rank(world, "checkpoint_dir '" + dir + "' must be a directory rank 0 can write", [&] {
+    if (world.rank() != 0) return;
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec || !fs::is_directory(dir))
+      throw ConfigError("checkpoint_dir '" + dir + "' cannot be made a directory (" +
+                        (ec ? ec.message() : "a file of that name exists") + ")");
+    std::FILE* f = std::fopen(marker.c_str(), "wb");
+    const bool wrote = f && std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
+    const int err = errno;
+    if (f) std::fclose(f);
+    if (!wrote) {
+      fs::remove(marker, ec);
+      throw ConfigError("checkpoint_dir '" + dir + "' is not writable (" + std::strerror(err) +
+                        "): checkpoints could never be saved");
+    }
+  });
+  struct RemoveMarker {  // on rank 0, once every rank has looked (the check below is collective), pass or fail
+    const fs::path& marker;
+    bool mine;
+    ~RemoveMarker() {
+      std::error_code ec;
+      if (mine) fs::remove(marker, ec);
+    }
+  } remove_marker{marker, world.rank() == 0};
+  on_every_rank(world,
+                "checkpoint_dir '" + dir + "' must be the same directory on every host (a filesystem all hosts share: "
+                "rank 0 writes the checkpoints, every rank reads them to resume)",
+                [&] {
+                  if (file_bytes(marker) != text)
+                    throw ConfigError("checkpoint_dir '" + dir + "' on rank " + std::to_string(world.rank()) +
+                                      " is not rank 0's: rank 0's marker " + marker.string() +
+                                      " is not there (per-host local disks? checkpoints must live on a "
+                                      "filesystem all hosts share)");
+                });
+}
+
+}  // namespace
+
 Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), mesh_(mesh) {
   const RunConfig& c = config_;
   apply_system_settings(c);
@@ -108,7 +217,13 @@ Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), m
   if (want.dp != got.dp || want.fsdp != got.fsdp || want.cp != got.cp || want.ulysses != got.ulysses ||
       want.tp != got.tp || want.fsdp_over_context != got.fsdp_over_context)
     throw ConfigError("the mesh (" + got.to_string() + ") differs from the config's (" + want.to_string() + ")");
-  data_ = std::make_unique<Dataset>(load_corpus(c), c.max_target_length, c.packing);
+  // Start-up checks on every rank, before anything waits on another rank.
+  const Communicator& world = mesh_.world();
+  if (world.size() > 1) check_same_binary_and_config(c, world);
+  if (c.enable_checkpointing) check_checkpoint_dir(c.checkpoint_dir, world);
+  on_every_rank(world, "the data must be readable on every rank", [&] {
+    data_ = std::make_unique<Dataset>(load_corpus(c), c.max_target_length, c.packing);
+  });
   const int cp = static_cast<int>(c.cp), ulysses = mesh_.shape().ulysses;
   layout_ = std::make_unique<CpLayout>(c.layout(),
                                        c.max_target_length, cp, ulysses);
@@ -137,15 +252,47 @@ Trainer::~Trainer() = default;
 bool Trainer::is_logger() const { return mesh_.world_rank() == 0; }
 
 std::string Trainer::resume() {
-  // The newest one that verifies; a corrupt newer one is skipped loudly (stderr).
-  const std::string path = latest_valid_checkpoint(config_.checkpoint_dir, is_logger() ? stderr : nullptr);
-  if (path.empty()) return "";
-  state_ = load_checkpoint(path, *model_, *optimizer_);
-  return path;
+  const std::string& dir = config_.checkpoint_dir;
+  std::FILE* warn = is_logger() ? stderr : nullptr;
+  const std::vector<std::string> unfinished = step_dirs_without_manifest(dir);
+  for (const std::string& path : unfinished)
+    if (warn) std::fprintf(warn, "WARNING: ignoring %s: no MANIFEST.json, so not a complete checkpoint\n", path.c_str());
+  const std::vector<std::string> found = checkpoints_newest_first(dir);
+  if (found.empty() && !unfinished.empty())
+    throw DataError("checkpoint_dir '" + dir + "' holds step directories but no complete checkpoint (" +
+                    unfinished.front() + " has no MANIFEST.json): refusing to start over from step 0 silently; "
+                    "restore the checkpoint, or move those directories away to start a new run");
+  // The newest one that loads: load_checkpoint checks sizes, checksums,
+  // train_state.json, the model config and every tensor before it touches
+  // the model, so a newer one failing any check is skipped loudly. Every
+  // rank must take the same one: they agree after each try.
+  std::string reasons;
+  for (const std::string& path : found) {
+    std::string why;
+    try {
+      state_ = load_checkpoint(path, *model_, *optimizer_);
+    } catch (const DataError& e) {
+      why = e.what();
+    }
+    int64_t failed = why.empty() ? 0 : 1;
+    mesh_.world().all_reduce_max(&failed, 1);
+    if (!failed) return path;
+    if (why.empty()) why = "another rank could not load it (its message says why)";
+    if (warn) std::fprintf(warn, "WARNING: skipping checkpoint %s: %s; trying an older one\n", path.c_str(), why.c_str());
+    reasons += "\n  " + why;
+  }
+  if (!found.empty())
+    throw DataError("no valid checkpoint in '" + dir + "': all " + std::to_string(found.size()) +
+                    " complete ones fail their checks (refusing to start over silently):" + reasons);
+  return "";
 }
 
 std::string Trainer::save() {
   return save_checkpoint(config_.checkpoint_dir, *model_, *optimizer_, state_, config_, mesh_);
+}
+
+void Trainer::prune(int64_t good_step) {
+  if (mesh_.world_rank() == 0) prune_checkpoints(config_.checkpoint_dir, config_.max_num_checkpoints_to_keep, good_step);
 }
 
 StepMetrics Trainer::train_step() {
@@ -170,9 +317,19 @@ StepMetrics Trainer::train_step() {
   // holds the same reduced values, so all stop together.
   if (const double loss = loss_sums[0] / loss_sums[1];
       !std::isfinite(loss) || !std::isfinite(m.grad_norm) || !std::isfinite(m.learning_rate)) {
-    char what[160];
-    std::snprintf(what, sizeof what, "loss %g, gradient norm %g, learning rate %g", loss, m.grad_norm, m.learning_rate);
-    throw Error("step " + std::to_string(state_.step + 1) + ": non-finite " + what +
+    // Name exactly the values that are not finite (a finite loss with a NaN
+    // gradient norm is what weights that diverged finitely give).
+    std::string bad, fine;
+    for (const auto& [name, value] : {std::pair<const char*, double>{"loss", loss},
+                                      {"gradient norm", m.grad_norm},
+                                      {"learning rate", m.learning_rate}}) {
+      char one[64];
+      std::snprintf(one, sizeof one, "%s %g", name, value);
+      std::string& list = std::isfinite(value) ? fine : bad;
+      list += (list.empty() ? "" : ", ") + std::string(one);
+    }
+    throw Error("step " + std::to_string(state_.step + 1) + ": non-finite " + bad +
+                (fine.empty() ? "" : " (finite: " + fine + ")") +
                 "; training stopped before the update, no checkpoint written (resume from the last checkpoint, "
                 "lower learning_rate or check the data)");
   }
@@ -195,8 +352,20 @@ StepMetrics Trainer::train_step() {
 void Trainer::run(std::FILE* out, std::FILE* progress) {
   const RunConfig& c = config_;
   const bool log = is_logger() && out;
+  if (!c.resume && c.enable_checkpointing) {
+    // A new run would overwrite its steps and prune the rest: another run's work.
+    std::vector<std::string> there = checkpoints_newest_first(c.checkpoint_dir);
+    for (const std::string& path : step_dirs_without_manifest(c.checkpoint_dir)) there.push_back(path);
+    if (!there.empty())
+      throw ConfigError("resume=false, but checkpoint_dir '" + c.checkpoint_dir + "' already holds " +
+                        std::to_string(there.size()) + " checkpoint(s) (" + there.front() +
+                        "): this run would overwrite and prune them. Use another checkpoint_dir, "
+                        "resume=true to continue from them, or move them away");
+  }
+  bool resumed = false;
   if (c.resume) {
     std::string from = resume();
+    resumed = !from.empty();
     if (log && !from.empty())
       std::fprintf(out, "resumed from %s (step %lld, data cursor %lld)\n", from.c_str(),
                    static_cast<long long>(state_.step), static_cast<long long>(state_.data_cursor));
@@ -218,6 +387,9 @@ void Trainer::run(std::FILE* out, std::FILE* progress) {
     std::fflush(out);
   }
   int64_t last_saved = -1;
+  // The newest checkpoint no step has run from yet (the resumed one, or the
+  // last save), -1 if none: the one before it is never pruned.
+  int64_t unproven = resumed ? state_.step : -1;
   std::string last_path;
   ProgressReporter reporter(is_logger() ? c.progress_interval_seconds : 0, c.steps, c.model.num_layers,
                             mesh_.world_rank(), progress);
@@ -229,10 +401,15 @@ void Trainer::run(std::FILE* out, std::FILE* progress) {
       std::fprintf(out, "%s\n", step_line(m).c_str());
       std::fflush(out);
     }
-    if (metrics.is_open()) metrics << step_json(m) << "\n" << std::flush;
+    if (metrics.is_open() && !(metrics << step_json(m) << "\n" << std::flush))
+      throw DataError("metrics_file '" + c.metrics_file + "': writing step " + std::to_string(m.step) +
+                      " failed (" + std::strerror(errno) + ")");
+    // A step ran from the weights of the newest checkpoint, its loss and
+    // gradient finite: only now may that checkpoint push older ones out.
+    if (unproven >= 0) prune(unproven), unproven = -1;
     if (c.enable_checkpointing && c.checkpoint_period > 0 && m.step % c.checkpoint_period == 0) {
       last_path = save();
-      last_saved = m.step;
+      last_saved = unproven = m.step;
     }
     // Every rank stops after the same step, whichever got the signal and
     // when: the signal number's maximum over the world (8 bytes a step, on

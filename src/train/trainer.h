@@ -76,7 +76,11 @@ class Trainer {
   // every progress_interval_seconds (src/train/progress.h).
   void run(std::FILE* out = stdout, std::FILE* progress = stderr);
   int stopped_by_signal() const { return stopped_by_; }
-  std::string save();  // a checkpoint of the current state
+  std::string save();  // a checkpoint of the current state (prunes nothing)
+  // Prunes to max_num_checkpoints_to_keep, deleting only checkpoints older
+  // than step good_step (one a finite step has run from). run() calls it:
+  // until a step has run from the newest save, the one before it stays too.
+  void prune(int64_t good_step);
 
   int64_t step() const { return state_.step; }
   int64_t data_cursor() const { return state_.data_cursor; }

@@ -56,9 +56,13 @@ struct Fixture {
   AdamW opt;
   explicit Fixture(std::map<std::string, ConfigValue> extra = {})
       : c(tiny_config(std::move(extra))), m(c.model, ModelOptions{}, 1), opt(m, c, one_rank()) {}
+  // A save, then pruning to `keep` below it (the Trainer prunes below the
+  // newest checkpoint a step has run from; here the one just verified).
   std::string save(const fs::path& dir, int64_t step, int64_t keep) {
     c.max_num_checkpoints_to_keep = keep;
-    return save_checkpoint(dir.string(), m, opt, TrainState{step, step, 0}, c, one_rank());
+    const std::string path = save_checkpoint(dir.string(), m, opt, TrainState{step, step, 0}, c, one_rank());
+    prune_checkpoints(dir.string(), keep, step);
+    return path;
   }
 };
 
@@ -371,7 +375,8 @@ TEST(CheckpointFaults, AnInfiniteLearningRateStopsBeforeAnyCheckpointAndPrunesNo
   EXPECT_NE(e.find("non-finite"), std::string::npos) << e;
   EXPECT_NE(e.find("learning rate"), std::string::npos) << e;
   EXPECT_NE(e.find("no checkpoint written"), std::string::npos) << e;
-  EXPECT_EQ(entries(t.path), (std::vector<std::string>{"metrics.jsonl", "step_00000002"}));
+  // Step 1 stays too: no step has run from step 2 (the resumed one) yet.
+  EXPECT_EQ(entries(t.path), (std::vector<std::string>{"metrics.jsonl", "step_00000001", "step_00000002"}));
   auto weights = read_safetensors(good + "/model.safetensors");
   for (const auto& [name, w] : weights)
     for (float x : w.data) ASSERT_TRUE(std::isfinite(x)) << name;
