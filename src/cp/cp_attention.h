@@ -149,7 +149,7 @@ struct CpCallShape {
 // Peak bytes one call allocates (forward or backward, whichever is larger),
 // tracked as communication and scratch, and what they hold. It follows the
 // buffers of all_gather_attention.cpp, ulysses_attention.cpp and
-// ring_attention.cpp in the order they live (cp_workspace.cpp);
+// ring_attention.cpp in the order they live (cp_sizes.cpp);
 // tests/mpi/test_plan_memory.cpp holds it against the MemoryTracker.
 struct CpWorkspace {
   int64_t bytes = 0;

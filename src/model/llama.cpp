@@ -14,7 +14,7 @@
 #include "kernels/ops.h"
 #include "model/offload.h"
 #include "model/sharded_parameters.h"
-#include "model/progress.h"
+#include "model/step_position.h"
 
 namespace longctx {
 

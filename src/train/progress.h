@@ -2,7 +2,7 @@
 // The progress line of long steps. While a step runs, a thread prints every
 // `interval_seconds` (not sooner) where this rank's model is, e.g.
 //   longctx: step 3/20, 40.1 s in: rank 0 in backward, layer 5 of 32
-// reading the position the model publishes (src/model/progress.h). Only
+// reading the position the model publishes (src/model/step_position.h). Only
 // this rank's position: the other ranks' would need communication. A step
 // shorter than the interval prints nothing.
 #include <condition_variable>
@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "core/timer.h"
-#include "model/progress.h"
+#include "model/step_position.h"
 
 namespace longctx {
 
