@@ -136,15 +136,17 @@ std::string file_bytes(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-// Every rank runs the same binary with the same config: a rank started from
-// another build or with other key=value arguments would compute something
-// else, or wait in a collective the others never make.
+// Every rank runs the same binary with the same config (but offload_dir): a
+// rank started from another build or with other key=value arguments would
+// compute something else, or wait in a collective the others never make.
 void check_same_binary_and_config(const RunConfig& c, const Communicator& world) {
   static const uint32_t binary = [] {
     const std::string bytes = file_bytes("/proc/self/exe");
     return crc32(bytes.data(), bytes.size());
   }();
-  const std::string yaml = c.to_yaml();
+  RunConfig shared = c;
+  shared.offload_dir.clear();  // a local spill directory: per host (or per rank) by design
+  const std::string yaml = shared.to_yaml();
   const int64_t mine[2] = {binary, crc32(yaml.data(), yaml.size())};
   std::vector<int64_t> all(2 * world.size());
   world.all_gather(mine, all.data(), sizeof mine);
