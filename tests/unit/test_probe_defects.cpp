@@ -62,13 +62,10 @@ std::vector<std::string> entries(const fs::path& dir) {
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
+// The message of whatever f throws ("" when nothing).
+template <typename F>
+std::string error_of(F f) {
+  return error_text<std::exception>(f);
 }
 
 // stderr of f (the Trainer's warnings), as text.
