@@ -260,6 +260,17 @@ std::string Trainer::resume() {
   for (const std::string& path : unfinished)
     if (warn) std::fprintf(warn, "WARNING: ignoring %s: no MANIFEST.json, so not a complete checkpoint\n", path.c_str());
   const std::vector<std::string> found = checkpoints_newest_first(dir);
+  // Every rank must see the same checkpoints (a per-host local disk would
+  // not), or the ranks would load different ones, or wait for each other.
+  std::string names;
+  for (const std::string& path : found) names += path + "\n";
+  int64_t lowest = crc32(names.data(), names.size()), highest = lowest;
+  mesh_.world().all_reduce_min(&lowest, 1);
+  mesh_.world().all_reduce_max(&highest, 1);
+  if (lowest != highest)
+    throw ConfigError("checkpoint_dir '" + dir + "' holds other checkpoints on some ranks than on others (this rank: " +
+                      std::to_string(found.size()) + "): it must be the same directory on every host (a filesystem all "
+                      "hosts share)");
   if (found.empty() && !unfinished.empty())
     throw DataError("checkpoint_dir '" + dir + "' holds step directories but no complete checkpoint (" +
                     unfinished.front() + " has no MANIFEST.json): refusing to start over from step 0 silently; "

@@ -284,4 +284,13 @@ TEST(ProbeDefects, RanksWithAnotherConfigOrCheckpointDirAreRefusedBeforeStep1) {
   EXPECT_NE(r.output.find("must be the same directory on every host"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rank 1 is not rank 0's"), std::string::npos) << r.output;
   EXPECT_TRUE(entries(ckpt).empty()) << "the marker was left behind";
+
+  // Without checkpointing nothing is written, but a resume must still see
+  // the same checkpoints on every rank: rank 0 has one, rank 1 none.
+  Trainer(tiny_run(ckpt, {{"steps", int64_t(1)}}), one_rank()).run(nullptr);
+  const std::string resume = args + " enable_checkpointing=false steps=2";
+  r = run_command(mpi + "-n 1 " + exe + resume + " : -n 1 unshare -m sh -c " +
+                  shell_quote("mount -t tmpfs none " + shell_quote(ckpt.string()) + " && exec " + exe + resume));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("holds other checkpoints on some ranks"), std::string::npos) << r.output;
 }
