@@ -72,6 +72,10 @@ void comm_init(int* argc, char*** argv);
 void comm_finalize();  // after every Communicator is gone; no-op without comm_init
 bool comm_initialized();  // comm_init was called and comm_finalize not yet
 // Ends the whole job (every rank) with `code`; without MPI, this process.
+// This process exits within kAbortGraceSeconds even when MPI_Abort cannot
+// reach an unreachable host. A rank started by mpiexec also exits (143) as
+// soon as its launcher (mpiexec or orted) is gone.
+constexpr int kAbortGraceSeconds = 10;
 [[noreturn]] void comm_abort(int code);
 int comm_world_rank();  // 0 without MPI
 int comm_world_size();  // 1 without MPI

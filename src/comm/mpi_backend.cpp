@@ -3,9 +3,19 @@
 // Communicator completes it through MpiOp::test (its watched wait).
 #include <mpi.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <string>
+#include <thread>
 
 #include "comm/backend.h"
 #include "comm/communicator.h"
@@ -143,9 +153,35 @@ std::unique_ptr<CommBackend> make_mpi_world_backend() {
   return std::make_unique<MpiBackend>(c);
 }
 
+namespace {
+
+// No rank outlives its job. A rank that mpiexec (or an orted) started
+// watches its parent: once the launcher is gone (it exited, was killed, or
+// gave up on an unreachable host), nobody will end or collect this rank,
+// and a scheduler may already be starting the next job on these nodes.
+// Polling getppid (a reparented process sees another parent) rather than
+// PR_SET_PDEATHSIG, which fires when the forking *thread* exits.
+void end_with_the_launcher() {
+  if (!std::getenv("OMPI_COMM_WORLD_RANK")) return;  // not started by mpiexec: a singleton keeps its shell's rules
+  const pid_t launcher = ::getppid();
+  std::thread([launcher] {
+    while (::getppid() == launcher) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    char line[160];
+    const int n = std::snprintf(line, sizeof line,
+                                "longctx: rank %s: its launcher (pid %d, mpiexec or orted) has exited: ending this rank "
+                                "too (exit 143)\n",
+                                std::getenv("OMPI_COMM_WORLD_RANK"), static_cast<int>(launcher));
+    (void)!::write(STDERR_FILENO, line, static_cast<size_t>(n));
+    std::_Exit(143);
+  }).detach();
+}
+
+}  // namespace
+
 void comm_init(int* argc, char*** argv) {
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  end_with_the_launcher();
 }
 
 void comm_finalize() {
@@ -159,7 +195,65 @@ bool comm_initialized() {
   return initialized && !finalized;
 }
 
+namespace {
+
+// The start time of process `pid` (field 22 of /proc/PID/stat, in clock
+// ticks), or 0: with the pid, it names one process, never a later one that
+// reused the pid. Only open/read: callable after fork.
+unsigned long long start_time_of(pid_t pid) {
+  char path[32], buf[1024];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY);
+  if (fd < 0) return 0;
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces
+  for (int field = 2; p && *p && field < 22; ++p)
+    if (*p == ' ') ++field;
+  unsigned long long t = 0;
+  for (; p && *p >= '0' && *p <= '9'; ++p) t = t * 10 + static_cast<unsigned long long>(*p - '0');
+  return t;
+}
+
+// A process of its own (it outlives this rank, whom the launcher may kill
+// first) that waits out the grace period and then kills this rank's
+// launcher if that same process is still there: mpiexec or an orted stuck
+// sending to an unreachable host. Its own ranks then end with it
+// (end_with_the_launcher), mpiexec exits non-zero (killed), and an orted
+// that lost its mpiexec no longer lingers on its host.
+void reap_the_launcher_later() {
+  if (!std::getenv("OMPI_COMM_WORLD_RANK")) return;
+  const pid_t launcher = ::getppid();
+  const unsigned long long started = start_time_of(launcher);
+  if (started == 0 || ::fork() != 0) return;  // the rank goes on to MPI_Abort
+  ::setsid();  // out of the rank's process group and session: a kill of those spares it
+  // No descriptor of the rank's: its stdout/stderr pipes and sockets held
+  // open here would keep the launcher waiting for them to close.
+  if (::syscall(SYS_close_range, 0u, ~0u, 0u) != 0)
+    for (int fd = 0; fd < 4096; ++fd) ::close(fd);
+  struct timespec left = {kAbortGraceSeconds + 5, 0};
+  while (::nanosleep(&left, &left) != 0) {
+  }
+  if (start_time_of(launcher) == started) ::kill(launcher, SIGKILL);
+  ::_exit(0);
+}
+
+}  // namespace
+
 void comm_abort(int code) {
+  // MPI_Abort asks the launcher to end every rank; when a host or the link
+  // to it is gone, it can wait for that host forever. This rank leaves
+  // after a grace period whatever MPI_Abort does, and its launcher is
+  // killed a little later if it is still stuck (reap_the_launcher_later).
+  if (comm_initialized()) reap_the_launcher_later();
+  std::thread([code] {
+    std::this_thread::sleep_for(std::chrono::seconds(kAbortGraceSeconds));
+    static const char msg[] = "longctx: MPI_Abort did not end the job within its grace period: exiting alone\n";
+    (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+    std::_Exit(code);
+  }).detach();
   if (comm_initialized()) MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }
