@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "comm/mesh.h"
 #include "core/crc32.h"
@@ -293,4 +294,32 @@ TEST(ProbeDefects, RanksWithAnotherConfigOrCheckpointDirAreRefusedBeforeStep1) {
                   shell_quote("mount -t tmpfs none " + shell_quote(ckpt.string()) + " && exec " + exe + resume));
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("holds other checkpoints on some ranks"), std::string::npos) << r.output;
+}
+
+// D6: no rank outlives its mpiexec. Killed outright (as a scheduler's
+// SIGKILL, or a crash), mpiexec can end no rank; they must end themselves.
+TEST(ProbeDefects, D6NoRankOutlivesItsMpiexec) {
+  TempDir t;
+  const fs::path log = t.path / "job.log";
+  const std::string job = "OMP_NUM_THREADS=1 mpiexec --oversubscribe --allow-run-as-root --bind-to none -n 2 " +
+                          shell_quote(LONGCTX_BINARY) + " train " + shell_quote(LONGCTX_SOURCE_DIR "/configs/base.yml") +
+                          " model_name=tiny dataset_type=synthetic max_target_length=2048 ici_data_parallelism=2 "
+                          "steps=100000 log_period=1 enable_checkpointing=false base_output_directory=" +
+                          shell_quote(t.path.string());
+  // The job in the background; its mpiexec's pid, then its ranks' (children of it).
+  const CommandResult started = run_command("(" + job + " > " + shell_quote(log.string()) + " 2>&1 & echo $!)");
+  const std::string mpiexec = started.output.substr(0, started.output.find('\n'));
+  ASSERT_FALSE(mpiexec.empty()) << started.output;
+  std::string ranks;
+  for (int i = 0; i < 600 && read(log).find("step 1 |") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ranks = run_command("pgrep -P " + mpiexec + " longctx | tr '\\n' ' '").output;
+  ASSERT_NE(ranks.find(' '), std::string::npos) << "no ranks found under mpiexec " << mpiexec << "\n" << read(log);
+  run_command("kill -KILL " + mpiexec);
+  // A rank that has exited but not been reaped (state Z) is gone.
+  const std::string alive = "ps -o pid=,stat= -p " + shell_quote(ranks) + " | grep -v ' Z' | wc -l";
+  for (int i = 0; i < 20 && std::stoi(run_command(alive).output) > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(std::stoi(run_command(alive).output), 0) << "ranks " << ranks << "outlived their mpiexec by 2 s";
+  run_command("kill -KILL " + ranks + " 2>/dev/null");
 }
