@@ -72,6 +72,9 @@ int run_measure(const std::string& output) {
     std::printf("  p2p %.2f GB/s, latency %.1f us, all-to-all %.2f GB/s, all-gather %.2f GB/s per rank\n",
                 h.p2p_bandwidth / 1e9, h.latency * 1e6, h.all_to_all_bandwidth / 1e9,
                 h.collective_bandwidth / 1e9);
+    if (h.inter_node_bandwidth > 0)
+      std::printf("  between hosts (%lld rank(s) per host): %.3f GB/s each way, latency %.1f us\n",
+                  (long long)h.devices_per_node, h.inter_node_bandwidth / 1e9, h.inter_node_latency * 1e6);
   }
   return 0;
 }

@@ -11,7 +11,9 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/memory.h"
@@ -355,31 +357,57 @@ void spin(const Communicator& comm, Request&& r) {
   }
 }
 
-LinkNumbers measure_links(const Communicator& comm, bool quick) {
-  const int rank = comm.rank(), P = comm.size();
-  LinkNumbers r{};
-  auto pingpong = [&](int64_t bytes, int reps) {
-    std::vector<char> buf(bytes);
-    spin(comm, comm.ibarrier());
-    Timer t;
-    for (int i = 0; i < reps; ++i) {
-      if (rank == 0) {
-        spin(comm, comm.isend(buf.data(), size_t(bytes), 1, 0));
-        spin(comm, comm.irecv(buf.data(), size_t(bytes), 1, 0));
-      } else if (rank == 1) {
-        spin(comm, comm.irecv(buf.data(), size_t(bytes), 0, 0));
-        spin(comm, comm.isend(buf.data(), size_t(bytes), 0, 0));
-      }
+// One-way seconds of a `bytes` message between ranks a and b of comm (the
+// others wait), as every rank learns it.
+double pingpong(const Communicator& comm, int a, int b, int64_t bytes, int reps) {
+  std::vector<char> buf(bytes);
+  spin(comm, comm.ibarrier());
+  Timer t;
+  for (int i = 0; i < reps; ++i) {
+    if (comm.rank() == a) {
+      spin(comm, comm.isend(buf.data(), size_t(bytes), b, 0));
+      spin(comm, comm.irecv(buf.data(), size_t(bytes), b, 0));
+    } else if (comm.rank() == b) {
+      spin(comm, comm.irecv(buf.data(), size_t(bytes), a, 0));
+      spin(comm, comm.isend(buf.data(), size_t(bytes), a, 0));
     }
-    double one_way = t.seconds() / (2.0 * reps);
-    comm.broadcast(&one_way, sizeof one_way, 0);
-    return one_way;
-  };
-  pingpong(8, 100);  // warm-up
-  r.latency = pingpong(8, quick ? 300 : 2000);
+  }
+  double one_way = t.seconds() / (2.0 * reps);
+  comm.broadcast(&one_way, sizeof one_way, a);
+  return one_way;
+}
+
+// Seconds for ranks a and b to send each other `bytes` at once, as a ring
+// step and an all-reduce do (both directions share what acknowledges them).
+double exchange(const Communicator& comm, int a, int b, int64_t bytes, int reps) {
+  std::vector<char> out(bytes), in(bytes);
+  spin(comm, comm.ibarrier());
+  Timer t;
+  if (comm.rank() == a || comm.rank() == b)
+    for (int i = 0; i < reps; ++i) {
+      const int peer = comm.rank() == a ? b : a;
+      Request r = comm.irecv(in.data(), size_t(bytes), peer, 1);
+      spin(comm, comm.isend(out.data(), size_t(bytes), peer, 1));
+      spin(comm, std::move(r));
+    }
+  double seconds = t.seconds() / reps;
+  comm.broadcast(&seconds, sizeof seconds, a);
+  return seconds;
+}
+
+// Latency (8 bytes, one way) and bandwidth (a big message each way at once) between ranks a and b.
+std::pair<double, double> latency_and_bandwidth(const Communicator& comm, int a, int b, bool quick) {
+  pingpong(comm, a, b, 8, 100);  // warm-up
+  const double latency = pingpong(comm, a, b, 8, quick ? 300 : 2000);
   const int64_t big = int64_t{quick ? 4 : 32} << 20;
-  pingpong(big, 2);
-  r.p2p_bandwidth = double(big) / pingpong(big, quick ? 4 : 10);
+  exchange(comm, a, b, big, 1);
+  return {latency, double(big) / exchange(comm, a, b, big, quick ? 3 : 6)};
+}
+
+LinkNumbers measure_links(const Communicator& comm, bool quick) {
+  const int P = comm.size();
+  LinkNumbers r{};
+  std::tie(r.latency, r.p2p_bandwidth) = latency_and_bandwidth(comm, 0, 1, quick);
 
   // Per-device bandwidth as the counters count it: bytes sent to others / time.
   const int64_t block = (int64_t{quick ? 8 : 64} << 20) / P;
@@ -449,8 +477,26 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
   KernelTables bf16_tables = measure_kernel_tables(world, DType::bf16, gemm_bf16, quick);
   double bw = measure_memory_bandwidth(quick);
   world.all_reduce_min(&bw, 1);
+  // Hosts: ranks on one host measure their links among themselves (each
+  // host at once); rank 0 and the first rank on another host, the link
+  // between hosts. A host is a host name and a network namespace
+  // (scripts/cluster.sh's hosts share this machine's name, not its network).
+  char host_name[256] = {};
+  gethostname(host_name, sizeof host_name - 1);
+  std::error_code ec;
+  const uint64_t mine = std::hash<std::string>{}(std::string(host_name) + "/" +
+                                                 std::filesystem::read_symlink("/proc/self/ns/net", ec).string());
+  std::vector<uint64_t> hosts(P);
+  world.all_gather(&mine, hosts.data(), sizeof mine);
+  const int my_host = static_cast<int>(std::find(hosts.begin(), hosts.end(), mine) - hosts.begin());
+  const int64_t per_host = std::count(hosts.begin(), hosts.end(), hosts[0]);
+  const int other_host = static_cast<int>(std::find_if(hosts.begin(), hosts.end(), [&](uint64_t h) { return h != hosts[0]; }) - hosts.begin());
+  const int64_t n_hosts = static_cast<int64_t>(std::set<uint64_t>(hosts.begin(), hosts.end()).size());
+  const Communicator local = world.split(my_host, world.rank(), "host");
   LinkNumbers links{bw, 1e-6, bw, bw};
-  if (P > 1) links = measure_links(world, quick);
+  if (local.size() > 1) links = measure_links(local, quick);
+  std::pair<double, double> inter{0, 0};
+  if (other_host < P) inter = latency_and_bandwidth(world, 0, other_host, quick);
 
   const OffloadRates offload = quick ? OffloadRates{} : measure_offload();
 
@@ -471,7 +517,12 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
   h.threads_per_device = threads;
   h.memory_bytes = physical_memory_bytes() / P;
   h.memory_bandwidth = bw;
-  h.devices_per_node = P;
+  h.devices_per_node = per_host;
+  h.inter_node_latency = inter.first;
+  h.inter_node_bandwidth = inter.second;
+  if (n_hosts > 1)
+    h.topology = std::to_string(n_hosts) + " hosts of " + std::to_string(per_host) +
+                 " rank(s) (host name and network namespace), the network between them";
   h.p2p_bandwidth = links.p2p_bandwidth;
   h.collective_bandwidth = links.collective_bandwidth;
   h.all_to_all_bandwidth = links.all_to_all_bandwidth;
@@ -517,12 +568,14 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
                               "pool on its thread), bytes one way per second, put + get of " + offload.what + how},
       {"disk_bandwidth", quick ? "not measured in the quick profile" : "measured: the disk offload tier, spill files with CRC-32 written and read back in " +
                              offload.dir + " (the page cache included, as in a run), " + offload.what + how},
-      {"p2p_bandwidth", P > 1 ? "measured: MPI ping-pong between ranks 0 and 1" : "placeholder (one rank)"},
-      {"latency", P > 1 ? "measured: 8-byte MPI ping-pong, one way" : "placeholder (one rank)"},
-      {"all_to_all_bandwidth", P > 1 ? "measured: MPI all-to-all, bytes sent to others per second per rank"
-                                     : "placeholder (one rank)"},
-      {"collective_bandwidth", P > 1 ? "measured: MPI all-gather, bytes sent to others per second per rank"
-                                     : "placeholder (one rank)"},
+      {"p2p_bandwidth", per_host > 1 ? "measured: ranks 0 and 1 of a host sending each other 32 MiB at once, bytes one way per second" : "placeholder (one rank per host)"},
+      {"latency", per_host > 1 ? "measured: 8-byte MPI ping-pong, one way, within a host" : "placeholder (one rank per host)"},
+      {"inter_node_bandwidth", n_hosts > 1 ? "measured: rank 0 and rank " + std::to_string(other_host) + " (another host) sending each other 32 MiB at once, bytes one way per second" : "one host"},
+      {"inter_node_latency", n_hosts > 1 ? "measured: 8-byte MPI ping-pong, one way, between hosts" : "one host"},
+      {"all_to_all_bandwidth", per_host > 1 ? "measured: MPI all-to-all within a host, bytes sent to others per second per rank"
+                                            : "placeholder (one rank per host)"},
+      {"collective_bandwidth", per_host > 1 ? "measured: MPI all-gather within a host, bytes sent to others per second per rank"
+                                            : "placeholder (one rank per host)"},
   };
   return h;
 }
