@@ -8,6 +8,7 @@
 // and src/comm/single_backend.cpp (one process, no MPI).
 #include <cstddef>
 #include <memory>
+#include <string>
 
 namespace longctx {
 
@@ -31,6 +32,9 @@ class CommBackend {
   virtual int size() const = 0;
   // Collective: the ranks with equal color form a group, ordered by key.
   virtual std::unique_ptr<CommBackend> split(int color, int key) const = 0;
+  // Which host rank `rank` of this group runs on (host name and address),
+  // for messages; "" where unknown (one process).
+  virtual std::string host_of(int rank) const { return ""; }
 
   virtual std::unique_ptr<PendingOp> isend(const void* data, size_t bytes, int dest, int tag) = 0;
   virtual std::unique_ptr<PendingOp> irecv(void* data, size_t bytes, int source, int tag) = 0;

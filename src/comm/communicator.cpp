@@ -1,9 +1,10 @@
 #include "comm/communicator.h"
 
-#include "comm/backend.h"
-
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+
+#include "comm/backend.h"
 
 #include "core/error.h"
 #include "core/timer.h"
@@ -135,11 +136,29 @@ void Communicator::reset_counters() const {
   tally_->counters = CommCounters{};
 }
 
+std::string Communicator::host_text(int peer) const {
+  if (peer >= 0) {
+    const std::string host = backend_->host_of(peer);
+    return host.empty() ? "" : " (host " + host + ")";
+  }
+  // A collective: the hosts of the others it waits for, other than this one's (the first few).
+  const std::string here = backend_->host_of(rank_);
+  std::vector<std::string> others;
+  for (int r = 0; r < size_ && others.size() < 4; ++r) {
+    const std::string host = backend_->host_of(r);
+    if (!host.empty() && host != here && std::find(others.begin(), others.end(), host) == others.end())
+      others.push_back(host);
+  }
+  std::string text;
+  for (const std::string& host : others) text += (text.empty() ? "" : ", ") + host;
+  return text.empty() ? "" : " (its ranks on other hosts: " + text + ")";
+}
+
 void Communicator::timed_out(double timeout, CommOp op, int peer, Request* request) const {
   std::string message = "watchdog: rank " + std::to_string(rank_) + " of communicator '" + name_ +
                         "' waited more than " + std::to_string(timeout) +
                         " s (collective_timeout_seconds) on " + comm_op_name(op) +
-                        (peer >= 0 ? " with rank " + std::to_string(peer) : std::string()) +
+                        (peer >= 0 ? " with rank " + std::to_string(peer) : std::string()) + host_text(peer) +
                         "; aborting the job";
   WatchdogHandler handler = g_watchdog_handler;
   if (!handler) abort_job(message);

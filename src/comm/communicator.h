@@ -193,6 +193,9 @@ class Communicator {
   void count(CommOp op, int64_t sent, int64_t received) const;
   void finish(Request& request, CommOp op, int peer) const;
   [[noreturn]] void timed_out(double timeout, CommOp op, int peer, Request* request) const;
+  // " (host NAME (ADDRESS))" of rank `peer`; for a collective (peer < 0)
+  // the other hosts of its ranks; "" where unknown.
+  std::string host_text(int peer) const;
 
   std::unique_ptr<CommBackend> backend_;
   std::string name_;

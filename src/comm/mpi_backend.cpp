@@ -3,7 +3,11 @@
 // Communicator completes it through MpiOp::test (its watched wait).
 #include <mpi.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -16,6 +20,7 @@
 #include <ctime>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/backend.h"
 #include "comm/communicator.h"
@@ -24,6 +29,14 @@
 namespace longctx {
 
 namespace {
+
+// Every world rank's host, as host_of names it: "name (address)", the first
+// IPv4 address that is not loopback (hosts that share a name, as the
+// network namespaces of scripts/cluster.sh do, differ in it).
+std::vector<std::string>& world_hosts() {
+  static std::vector<std::string> hosts;
+  return hosts;
+}
 
 int checked_count(size_t bytes) {
   if (bytes > static_cast<size_t>(INT_MAX))
@@ -91,6 +104,16 @@ class MpiBackend final : public CommBackend {
     MPI_Comm_split(comm_, color, key, &c);
     return std::make_unique<MpiBackend>(c);
   }
+  std::string host_of(int rank) const override {
+    MPI_Group mine, world;
+    MPI_Comm_group(comm_, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    int world_rank = MPI_UNDEFINED;
+    MPI_Group_translate_ranks(mine, 1, &rank, world, &world_rank);
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+    return world_rank >= 0 && world_rank < static_cast<int>(world_hosts().size()) ? world_hosts()[world_rank] : "";
+  }
 
   std::unique_ptr<PendingOp> isend(const void* data, size_t bytes, int dest, int tag) override {
     auto op = std::make_unique<MpiOp>();
@@ -155,6 +178,35 @@ std::unique_ptr<CommBackend> make_mpi_world_backend() {
 
 namespace {
 
+std::string this_host() {
+  char name[64] = {};
+  gethostname(name, sizeof name - 1);
+  std::string out = name;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs* a = list; a; a = a->ifa_next)
+      if (a->ifa_addr && a->ifa_addr->sa_family == AF_INET && !(a->ifa_flags & IFF_LOOPBACK)) {
+        char ip[INET_ADDRSTRLEN] = {};
+        inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, ip, sizeof ip);
+        out += std::string(" (") + ip + ")";
+        break;
+      }
+    freeifaddrs(list);
+  }
+  return out;
+}
+
+void gather_world_hosts() {
+  constexpr int kBytes = 96;
+  char mine[kBytes] = {};
+  std::snprintf(mine, sizeof mine, "%s", this_host().c_str());
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<char> all(static_cast<size_t>(size) * kBytes);
+  MPI_Allgather(mine, kBytes, MPI_CHAR, all.data(), kBytes, MPI_CHAR, MPI_COMM_WORLD);
+  for (int r = 0; r < size; ++r) world_hosts().emplace_back(all.data() + r * kBytes);
+}
+
 // No rank outlives its job. A rank that mpiexec (or an orted) started
 // watches its parent: once the launcher is gone (it exited, was killed, or
 // gave up on an unreachable host), nobody will end or collect this rank,
@@ -182,6 +234,7 @@ void comm_init(int* argc, char*** argv) {
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   end_with_the_launcher();
+  gather_world_hosts();
 }
 
 void comm_finalize() {

@@ -180,6 +180,7 @@ TEST_P(ClusterFault, EndsEveryProcessThenResumes) {
   if (fault != "host_killed") {  // a killed host's sockets close at once: Open MPI reports the lost daemon first
     EXPECT_NE(text.find("watchdog"), std::string::npos) << text;
     EXPECT_NE(text.find("collective_timeout_seconds"), std::string::npos) << text;
+    EXPECT_NE(text.find("10.77.0.2"), std::string::npos) << "the unreachable host is not named:\n" << text;
   }
   std::printf("[ %s ] every process ended %.1f s after the fault (bound %d s)\n", fault.c_str(), seconds,
               kTimeout + 60);
