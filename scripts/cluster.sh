@@ -89,7 +89,18 @@ EOF
   mpiexec) shift; exec "$dir/mpiexec" "$@" ;;
   link)
     [[ ${3:-} == up || ${3:-} == down ]] || die "link HOST down|up"
-    ip netns exec "$switch" ip link set "$(host_ns "$2")-p" "$3"
+    port=$(host_ns "$2")-p
+    ip netns exec "$switch" ip link set "$port" "$3"
+    if [ "$3" = up ]; then
+      # Forwarding again before we return, and no neighbour entry left
+      # FAILED from the outage (a connect to it fails at once, EHOSTUNREACH,
+      # and Open MPI's daemons give up on it).
+      for _ in $(seq 50); do
+        [ "$(ip netns exec "$switch" cat "/sys/class/net/$port/brport/state" 2>/dev/null)" = 3 ] && break
+        sleep 0.1
+      done
+      for ns in $(hosts); do ip netns exec "$ns" ip neigh flush all 2>/dev/null || true; done
+    fi
     ;;
   kill) signal_host KILL "$2" ;;
   freeze) signal_host STOP "$2" ;;
