@@ -73,8 +73,8 @@ void comm_finalize();  // after every Communicator is gone; no-op without comm_i
 bool comm_initialized();  // comm_init was called and comm_finalize not yet
 // Ends the whole job (every rank) with `code`; without MPI, this process.
 // This process exits within kAbortGraceSeconds even when MPI_Abort cannot
-// reach an unreachable host. A rank started by mpiexec also exits (143) as
-// soon as its launcher (mpiexec or orted) is gone.
+// reach an unreachable host. A rank started by mpiexec is also killed
+// (SIGKILL, PR_SET_PDEATHSIG) as soon as its launcher (mpiexec or orted) exits.
 constexpr int kAbortGraceSeconds = 10;
 [[noreturn]] void comm_abort(int code);
 int comm_world_rank();  // 0 without MPI

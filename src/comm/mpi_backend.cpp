@@ -9,6 +9,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -207,33 +208,35 @@ void gather_world_hosts() {
   for (int r = 0; r < size; ++r) world_hosts().emplace_back(all.data() + r * kBytes);
 }
 
-// No rank outlives its job. A rank that mpiexec (or an orted) started
-// watches its parent: once the launcher is gone (it exited, was killed, or
+// No rank outlives its job. A rank that mpiexec (or an orted) started dies
+// with its launcher: once the launcher is gone (it exited, was killed, or
 // gave up on an unreachable host), nobody will end or collect this rank,
 // and a scheduler may already be starting the next job on these nodes.
-// Polling getppid (a reparented process sees another parent) rather than
-// PR_SET_PDEATHSIG, which fires when the forking *thread* exits.
+// PR_SET_PDEATHSIG(SIGKILL) rather than watching getppid: the kernel queues
+// the SIGKILL while the launcher exits, before whoever waits for the
+// launcher hears of it, so no rank runs a step or renames a checkpoint into
+// place after its mpiexec has exited (D6; a SIGTERM handler would let the
+// graceful stop go on, and the launcher that would read a message is gone).
+// The signal comes when the thread that forked the rank exits: Open MPI's
+// launchers fork from their event loop's threads, which live until the
+// launcher ends. Set before MPI_Init; the parent checked again after prctl:
+// a launcher that died just before it would never send the signal.
 void end_with_the_launcher() {
   if (!std::getenv("OMPI_COMM_WORLD_RANK")) return;  // not started by mpiexec: a singleton keeps its shell's rules
   const pid_t launcher = ::getppid();
-  std::thread([launcher] {
-    while (::getppid() == launcher) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    char line[160];
-    const int n = std::snprintf(line, sizeof line,
-                                "longctx: rank %s: its launcher (pid %d, mpiexec or orted) has exited: ending this rank "
-                                "too (exit 143)\n",
-                                std::getenv("OMPI_COMM_WORLD_RANK"), static_cast<int>(launcher));
-    (void)!::write(STDERR_FILENO, line, static_cast<size_t>(n));
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != launcher || launcher == 1) {
+    static const char msg[] = "longctx: this rank's launcher (mpiexec or orted) is gone: exiting (143)\n";
+    (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
     std::_Exit(143);
-  }).detach();
+  }
 }
 
 }  // namespace
 
 void comm_init(int* argc, char*** argv) {
   int provided = 0;
-  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   end_with_the_launcher();
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   gather_world_hosts();
 }
 

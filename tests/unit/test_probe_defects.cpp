@@ -1,4 +1,4 @@
-// The reliability probe's defects (issue 24, D1-D9 but D6) and the start-up
+// The reliability probe's defects (issue 24, D1-D9) and the start-up
 // checks every rank makes before step 1, each reproduced as the probe found
 // it: every test here failed before its fix.
 #include <gtest/gtest.h>
@@ -54,6 +54,19 @@ void rewrite_with_manifest(const fs::path& checkpoint, const std::string& file, 
   json manifest = json::parse(read(checkpoint / "MANIFEST.json"));
   manifest["files"][file] = {{"bytes", bytes.size()}, {"crc32", crc32(bytes.data(), bytes.size())}};
   write(checkpoint / "MANIFEST.json", manifest.dump(2) + "\n");
+}
+
+// How many of the processes `pids` (separated by spaces) still run: a
+// process that has exited but not been reaped (state Z) is gone.
+int still_running(const std::string& pids) {
+  int n = 0;
+  std::istringstream in(pids);
+  for (std::string pid; in >> pid;) {
+    const std::string stat = read("/proc/" + pid + "/stat");
+    const size_t paren = stat.rfind(')');
+    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z') ++n;
+  }
+  return n;
 }
 
 std::vector<std::string> entries(const fs::path& dir) {
@@ -296,30 +309,41 @@ TEST(ProbeDefects, RanksWithAnotherConfigOrCheckpointDirAreRefusedBeforeStep1) {
   EXPECT_NE(r.output.find("holds other checkpoints on some ranks"), std::string::npos) << r.output;
 }
 
-// D6: no rank outlives its mpiexec. Killed outright (as a scheduler's
-// SIGKILL, or a crash), mpiexec can end no rank; they must end themselves.
-TEST(ProbeDefects, D6NoRankOutlivesItsMpiexec) {
+// D6: no rank outlives its mpiexec. A scheduler starts the next job once
+// mpiexec has exited (SIGTERM and its 2 s of SIGCONT, SIGTERM, SIGKILL to
+// the ranks, or mpiexec killed outright), so from then on nothing of this
+// job may change: the checkpoints listed by the shell that waited for
+// mpiexec, as soon as it returned, are all there ever are, and its ranks
+// are gone. Open MPI alone left a rank of a killed mpiexec running for
+// about 1 s (until it noticed the lost PMIx server), long enough to write
+// or prune a checkpoint; the ranks write one every step here.
+class D6 : public testing::TestWithParam<std::string> {};
+
+TEST_P(D6, NothingOfTheJobChangesAfterItsMpiexecHasExited) {
   TempDir t;
-  const fs::path log = t.path / "job.log";
+  const fs::path log = t.path / "job.log", ckpt = t.path / "ckpt", pid = t.path / "mpiexec.pid",
+                 at_exit = t.path / "at_exit";
+  const std::string ls = "ls " + shell_quote(ckpt.string()) + " 2>&1";
   const std::string job = "OMP_NUM_THREADS=1 mpiexec --oversubscribe --allow-run-as-root --bind-to none -n 2 " +
                           shell_quote(LONGCTX_BINARY) + " train " + shell_quote(LONGCTX_SOURCE_DIR "/configs/base.yml") +
                           " model_name=tiny dataset_type=synthetic max_target_length=2048 ici_data_parallelism=2 "
-                          "steps=100000 log_period=1 enable_checkpointing=false base_output_directory=" +
-                          shell_quote(t.path.string());
-  // The job in the background; its mpiexec's pid, then its ranks' (children of it).
-  const CommandResult started = run_command("(" + job + " > " + shell_quote(log.string()) + " 2>&1 & echo $!)");
-  const std::string mpiexec = started.output.substr(0, started.output.find('\n'));
-  ASSERT_FALSE(mpiexec.empty()) << started.output;
-  std::string ranks;
-  for (int i = 0; i < 600 && read(log).find("step 1 |") == std::string::npos; ++i)
+                          "steps=100000 log_period=1 checkpoint_period=1 max_num_checkpoints_to_keep=2 checkpoint_dir=" +
+                          shell_quote(ckpt.string()) + " base_output_directory=" + shell_quote(t.path.string());
+  run_command("( " + job + " > " + shell_quote(log.string()) + " 2>&1 & m=$!; echo $m > " + shell_quote(pid.string()) +
+              "; wait $m; " + ls + " > " + shell_quote(at_exit.string()) + ") > /dev/null 2>&1 &");
+  for (int i = 0; i < 600 && read(log).find("step 3 |") == std::string::npos; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ranks = run_command("pgrep -P " + mpiexec + " longctx | tr '\\n' ' '").output;
+  const std::string mpiexec = read(pid).substr(0, read(pid).find('\n'));
+  const std::string ranks = run_command("pgrep -P " + mpiexec + " longctx | tr '\\n' ' '").output;
   ASSERT_NE(ranks.find(' '), std::string::npos) << "no ranks found under mpiexec " << mpiexec << "\n" << read(log);
-  run_command("kill -KILL " + mpiexec);
-  // A rank that has exited but not been reaped (state Z) is gone.
-  const std::string alive = "ps -o pid=,stat= -p " + shell_quote(ranks) + " | grep -v ' Z' | wc -l";
-  for (int i = 0; i < 20 && std::stoi(run_command(alive).output) > 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(std::stoi(run_command(alive).output), 0) << "ranks " << ranks << "outlived their mpiexec by 2 s";
+  run_command("kill -" + GetParam() + " " + mpiexec);
+  for (int i = 0; i < 300 && read(at_exit).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_FALSE(read(at_exit).empty()) << "mpiexec still running 30 s after SIG" << GetParam() << "\n" << read(log);
+  // Longer than Open MPI's own 1 s, and than a step and a checkpoint.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  EXPECT_EQ(run_command(ls).output, read(at_exit)) << "checkpoints changed after mpiexec exited\n" << read(log);
+  EXPECT_EQ(still_running(ranks), 0) << "ranks " << ranks << "outlived their mpiexec by 3 s";
   run_command("kill -KILL " + ranks + " 2>/dev/null");
 }
+
+INSTANTIATE_TEST_SUITE_P(ProbeDefects, D6, testing::Values("KILL", "TERM"));
