@@ -58,13 +58,9 @@ MaskSpec MaskSpec::parse(const std::string& text) {
 }
 
 std::string MaskSpec::to_string() const {
-  std::string s;
-  switch (kind) {
-    case Kind::full: s = "full"; break;
-    case Kind::causal: s = "causal"; break;
-    case Kind::local: s = "local:" + std::to_string(left) + ":" + std::to_string(right); break;
-    case Kind::chunked: s = "chunked:" + std::to_string(chunk); break;
-  }
+  std::string s = name_of(kind);  // the one name table (core/vocabulary.h), then the kind's parameters
+  if (kind == Kind::local) s += ":" + std::to_string(left) + ":" + std::to_string(right);
+  if (kind == Kind::chunked) s += ":" + std::to_string(chunk);
   return same_segment ? s + "+segments" : s;
 }
 

@@ -297,16 +297,6 @@ struct AttentionWork {
   double mean_pairs = 0;
 };
 
-const char* mask_kind_name(const MaskSpec& m) {
-  switch (m.kind) {
-    case MaskSpec::Kind::full: return "full";
-    case MaskSpec::Kind::causal: return "causal";
-    case MaskSpec::Kind::local: return "local";
-    case MaskSpec::Kind::chunked: return "chunked";
-  }
-  return "";
-}
-
 int64_t tokens_in(std::span<const PositionRange> ranges) {
   int64_t n = 0;
   for (const PositionRange& r : ranges) n += r.size();
@@ -324,7 +314,7 @@ double kernel_work(std::span<const PositionRange> q, std::span<const PositionRan
   const double rows = hw.attention_half_rate_tokens * double(tokens_in(q) + tokens_in(kv)) / 2;
   if (hw.attention_block <= 0) return double(pairs) + rows;
   const TilePairs t = count_tile_pairs(q, kv, mask, hw.attention_block);
-  return double(t.full) + hw.attention_partial_tile_cost_at(mask_kind_name(mask), head_dim) * double(t.partial) +
+  return double(t.full) + hw.attention_partial_tile_cost_at(name_of(mask.kind), head_dim) * double(t.partial) +
          rows;
 }
 
