@@ -33,6 +33,8 @@ while (($#)); do
 done
 set -- "${args[@]}"
 (($#)) || die "usage: up N [--rate R] [--slots S] | mpiexec ARGS | link HOST down|up | kill|freeze|thaw|procs HOST | down"
+# Interface names (NAME-hI-e, NAME-hI-p) must fit Linux's 15 characters.
+[[ $name =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--name: 1-8 lower-case letters or digits, a letter first (got '$name')"
 switch=$name-sw
 host_ns() { echo "$name-h$1"; }
 hosts() { ip netns list | sed -n "s/^\($name-h[0-9][0-9]*\)\b.*/\1/p"; }
@@ -47,6 +49,8 @@ case $1 in
     [ -z "$(hosts)" ] || die "hosts named $name-h* exist already: scripts/cluster.sh down --name $name first"
     command -v ip >/dev/null || die "ip (iproute2) not found"
     ip netns add "$switch" || die "cannot make network namespaces here (root and CAP_SYS_ADMIN needed)"
+    # A step that fails leaves nothing half made.
+    trap 'echo "cluster.sh: up failed; removing what it made" >&2; "$0" down --name "$name"' ERR
     ip netns exec "$switch" ip link add br0 type bridge
     ip netns exec "$switch" ip link set br0 up
     mkdir -p "$dir"
@@ -117,6 +121,11 @@ EOF
         sleep 0.2
       done
       ip netns del "$ns"
+    done
+    # A veth of ours still in this namespace (an up that failed before
+    # moving it): only names this script makes.
+    for link in $(ip -o link show | sed -n "s/^[0-9]*: \($name-h[0-9][0-9]*-[ep]\)[@:].*/\1/p"); do
+      ip link del "$link" 2>/dev/null || true
     done
     ;;
   *) die "unknown command '$1'" ;;

@@ -58,6 +58,22 @@ struct Cluster {
   ~Cluster() { run_command(shell_quote(kScript) + " down --name " + name); }
   bool ok() const { return up.status == 0; }
   CommandResult on(const std::string& what) { return run_command(shell_quote(kScript) + " " + what + " --name " + name); }
+  // `down`, then what it left: processes that were on the hosts and still
+  // run, namespaces and interfaces of this cluster's name; "" when nothing.
+  std::string down_leftovers() {
+    std::string pids;
+    for (int h = 1; h <= 2; ++h) pids += run_command("ip netns pids " + name + "-h" + std::to_string(h) + " 2>/dev/null").output;
+    const CommandResult d = on("down");
+    std::string left = d.status == 0 ? "" : "down failed: " + d.output;
+    std::istringstream in(pids);
+    for (std::string pid; in >> pid;) {
+      const std::string stat = read("/proc/" + pid + "/stat");
+      const size_t paren = stat.rfind(')');
+      if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z') left += "process " + stat.substr(0, paren + 1) + " ";
+    }
+    left += run_command("ip netns list | grep '^" + name + "-'; ip -o link show | grep -o '" + name + "-[a-z0-9-]*'").output;
+    return left;
+  }
   // Live processes (not zombies) on host h.
   std::string live(int h) {
     std::string out;
@@ -201,6 +217,7 @@ TEST_P(ClusterFault, EndsEveryProcessThenResumes) {
   const auto last = losses(out / "metrics.jsonl");
   ASSERT_FALSE(last.empty()) << one_host.output;
   for (const auto& [step, loss] : last) EXPECT_EQ(loss, want.at(step)) << "step " << step << " on one host";
+  EXPECT_EQ(c.down_leftovers(), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, ClusterFault, testing::Values("link_down", "host_killed", "host_frozen"));
@@ -226,4 +243,22 @@ TEST(Cluster, ALinkFlapShorterThanTheTimeoutLeavesTheRunGoing) {
   ASSERT_TRUE(fs::exists(rc)) << read(log);
   EXPECT_EQ(std::stoi(read(rc)), 0) << read(log);
   EXPECT_EQ(losses(out / "metrics.jsonl").size(), 60u) << read(log);
+}
+
+// `down` ends every process left on the hosts, frozen ones too, and removes
+// the hosts: a job across both, host 2 frozen, then down.
+TEST(Cluster, DownEndsEveryProcessAndRemovesTheHosts) {
+  TempDir t;
+  Cluster c(t.path, 2, 1);
+  CLUSTER_OR_SKIP(c);
+  const fs::path log = t.path / "job.log";
+  run_command("( timeout 120 " + c.mpiexec("-n 2 --map-by node sleep 100") + " > " + shell_quote(log.string()) +
+              " 2>&1 ) > /dev/null 2>&1 &");
+  // Up when host 2 has its sleep (started by an orted there).
+  for (auto start = Clock::now(); c.live(2).find("sleep") == std::string::npos && Clock::now() - start < std::chrono::seconds(60);)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_NE(c.live(2).find("sleep"), std::string::npos) << read(log);
+  ASSERT_NE(c.live(1).find("mpiexec"), std::string::npos);
+  c.on("freeze 2");
+  EXPECT_EQ(c.down_leftovers(), "");
 }
