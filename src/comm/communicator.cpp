@@ -155,8 +155,10 @@ std::string Communicator::host_text(int peer) const {
 }
 
 void Communicator::timed_out(double timeout, CommOp op, int peer, Request* request) const {
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%g", timeout);  // "5", as configured, not "5.000000"
   std::string message = "watchdog: rank " + std::to_string(rank_) + " of communicator '" + name_ +
-                        "' waited more than " + std::to_string(timeout) +
+                        "' waited more than " + seconds +
                         " s (collective_timeout_seconds) on " + comm_op_name(op) +
                         (peer >= 0 ? " with rank " + std::to_string(peer) : std::string()) + host_text(peer) +
                         "; aborting the job";
