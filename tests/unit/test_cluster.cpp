@@ -238,6 +238,9 @@ TEST(Cluster, ALinkFlapShorterThanTheTimeoutLeavesTheRunGoing) {
   c.on("link 2 down");
   std::this_thread::sleep_for(std::chrono::seconds(3));
   c.on("link 2 up");
+  // The cut fell inside the run (every step of ring cp=2 crosses the link).
+  ASSERT_FALSE(fs::exists(rc)) << "the run ended before the link came back\n" << read(log);
+  ASSERT_LT(losses(out / "metrics.jsonl").size(), 60u);
   for (auto start = Clock::now(); !fs::exists(rc) && Clock::now() - start < std::chrono::seconds(280);)
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   ASSERT_TRUE(fs::exists(rc)) << read(log);
