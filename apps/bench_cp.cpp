@@ -16,6 +16,7 @@
 #include "comm/mesh.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "cp/strategy.h"
 #include "cp/cp_attention.h"
 #include "cp/layout.h"
 
@@ -162,9 +163,11 @@ int run_bench_cp(const Args& args) {
   BenchFlags f = parse(args);
   const int world = comm_world_size(), rank = comm_world_rank();
   CpStrategy strategy = parse_enum<CpStrategy>(f.strategy);
-  int ulysses = 1;
-  if (strategy == CpStrategy::usp) ulysses = f.ulysses ? f.ulysses : (world % 2 == 0 ? 2 : 1);
-  else if (f.ulysses) throw ConfigError("bench cp: --ulysses applies to --strategy usp only");
+  const CpStrategyInfo& info = cp_strategy_info(strategy);
+  int ulysses = 1;  // the mesh's split of cp (the strategies that take it)
+  if (info.takes_usp_factor) ulysses = f.ulysses ? f.ulysses : (world % 2 == 0 ? 2 : 1);
+  const std::string split_rule = usp_factor_rule(strategy, world, f.ulysses ? f.ulysses : ulysses);
+  if (!split_rule.empty()) throw ConfigError("bench cp: --ulysses: " + split_rule);
   omp_set_num_threads(f.threads);
   Mesh mesh(1, world, ulysses, 1);
   CpLayout layout(parse_enum<LayoutKind>(f.layout), f.seq, world, ulysses);
@@ -231,8 +234,7 @@ int run_bench_cp(const Args& args) {
   const double single_step = single.forward + single.backward;
   const double efficiency = f.single ? single_step / (world * step_max) : 0.0;
   const double cpu_efficiency = f.single && cpu_max > 0 ? single.cpu / (world * cpu_max) : 0.0;
-  std::string name = name_of(strategy);
-  if (strategy == CpStrategy::usp) name += "(" + std::to_string(ulysses) + "x" + std::to_string(world / ulysses) + ")";
+  const std::string name = cp_strategy_label(strategy, world, ulysses);
   nlohmann::json out = {
       {"strategy", name}, {"ranks", world}, {"layout", f.layout}, {"mask", f.mask},
       {"batch", B}, {"seq", S}, {"heads", f.heads}, {"kv_heads", f.kv_heads}, {"head_dim", f.head_dim},
@@ -257,7 +259,7 @@ int run_bench_cp(const Args& args) {
               "load imbalance %.3f, best of %d\n",
               name.c_str(), world, f.layout.c_str(), (long long)B, (long long)S, (long long)f.heads,
               (long long)f.kv_heads, (long long)f.head_dim, f.mask.c_str(), f.threads, imbalance, f.repeat);
-  if (strategy == CpStrategy::ring || strategy == CpStrategy::usp)
+  if (!info.gathers_kv && info.ulysses_degree(world, ulysses) < world)  // ring steps
     std::printf("ring chunks: %lld per shard of %lld tokens, %lld tokens each\n", (long long)ring_chunks,
                 (long long)ring_local, (long long)chunk_tokens);
   std::printf("%5s %10s %10s %10s %12s %14s %14s %16s %12s\n", "rank", "fwd_s", "bwd_s", "cpu_s",

@@ -8,6 +8,7 @@
 #include "apps/commands.h"
 #include "comm/mesh.h"
 #include "core/error.h"
+#include "cp/strategy.h"
 #include "cp/cp_selfcheck.h"
 
 namespace longctx {
@@ -81,7 +82,7 @@ int run_selftest(const Args& args) {
   std::vector<std::pair<CpStrategy, int>> runs;
   for (const auto& name : f.strategies) {
     CpStrategy s = parse_enum<CpStrategy>(name);
-    if (s != CpStrategy::usp) {
+    if (!cp_strategy_info(s).takes_usp_factor) {
       runs.push_back({s, 1});
       continue;
     }
@@ -98,9 +99,7 @@ int run_selftest(const Args& args) {
                 "err_o", "err_lse", "err_dq", "err_dk", "err_dv", "result");
   for (const auto& [strategy, u] : runs) {
     Mesh mesh(world / f.cp, f.cp, u, 1);
-    std::string name = name_of(strategy);
-    if (strategy == CpStrategy::usp)
-      name += "(" + std::to_string(u) + "x" + std::to_string(f.cp / u) + ")";
+    const std::string name = cp_strategy_label(strategy, f.cp, u);
     for (const auto& l : f.layouts)
       for (const auto& m : f.masks) {
         CpCheckCase c;

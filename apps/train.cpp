@@ -6,6 +6,7 @@
 #include "apps/commands.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "cp/strategy.h"
 #include "core/timer.h"
 #include "kernels/gemm.h"
 #include "plan/hardware.h"
@@ -62,10 +63,9 @@ void resolve_auto_strategy(RunConfig& config, const Communicator& world) {
   if (!r.found) throw ConfigError("context_parallel_strategy=auto: the planner found no configuration that fits: " + r.reason);
   config = r.config;
   if (rank == 0) {
-    std::printf("auto: context_parallel_strategy=%s ici_context_parallelism=%lld%s remat_policy=%s%s (%s)\n"
+    std::printf("auto: %s remat_policy=%s%s (%s)\n"
                 "  why: %s\n",
-                name_of(r.strategy), static_cast<long long>(r.cp),
-                r.strategy == CpStrategy::usp ? (" ici_context_usp_ulysses_parallelism=" + std::to_string(r.ulysses)).c_str() : "",
+                cp_strategy_settings(r.strategy, r.cp, r.ulysses).c_str(),
                 name_of(r.remat_policy), r.levers.empty() ? "" : (", levers: " + r.levers).c_str(),
                 source.c_str(), r.reason.c_str());
     std::fflush(stdout);

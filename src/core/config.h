@@ -107,7 +107,7 @@ struct RunConfig {
   // local tokens (per_device_batch_size * max_target_length / cp) divisible by tp.
   bool tp_sequence_parallel = false;
   // context_parallel_strategy; nullopt = "auto" (the planner picks; apps/train.cpp).
-  std::optional<CpStrategy> cp_strategy = CpStrategy::all_gather;
+  std::optional<CpStrategy> cp_strategy = CpStrategy{};
   bool cp_load_balance = true;        // context_parallel_load_balance: zigzag (true) or contiguous
 
   // ---- data

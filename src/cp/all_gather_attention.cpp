@@ -4,8 +4,10 @@
 // dtype (bf16: half the bytes); dK, dV are reduce-scattered in fp32.
 #include <cstring>
 
+#include "comm/mesh.h"
 #include "core/error.h"
 #include "cp/strategies.h"
+#include "cp/strategy.h"
 
 namespace longctx {
 
@@ -81,6 +83,18 @@ void AllGatherAttention::backward_with_delta(const AttentionArgs& local, const T
         std::memcpy(dk.at<float>({b, s, gh}), src + gh * d.D, d.D * sizeof(float));
         std::memcpy(dv.at<float>({b, s, gh}), src + (d.G + gh) * d.D, d.D * sizeof(float));
       }
+}
+
+const CpStrategyInfo& all_gather_strategy() {
+  static const CpStrategyInfo info{
+      CpStrategy::all_gather, "K,V of the whole sequence gathered on every rank; dK,dV reduce-scattered back",
+      /*takes_usp_factor=*/false, /*gathers_kv=*/true,
+      [](int64_t, int64_t) -> int64_t { return 1; },
+      [](int64_t) { return std::vector<int64_t>{1}; },
+      [](const Mesh& mesh, const CpOptions&) -> std::unique_ptr<CpAttentionImpl> {
+        return std::make_unique<AllGatherAttention>(mesh.cp());
+      }};
+  return info;
 }
 
 }  // namespace longctx

@@ -5,6 +5,7 @@
 #include "comm/mesh.h"
 #include "core/error.h"
 #include "cp/strategies.h"
+#include "cp/strategy.h"
 #include "kernels/convert.h"
 
 namespace longctx {
@@ -25,23 +26,7 @@ int64_t cp_ring_chunks(int64_t local_tokens, int64_t chunk_tokens) {
 std::unique_ptr<CpAttention> make_cp_attention(CpStrategy strategy, const Mesh& mesh,
                                                const CpOptions& options) {
   if (mesh.cp().size() == 1) return std::make_unique<LocalAttention>();
-  switch (strategy) {
-    case CpStrategy::all_gather: return std::make_unique<AllGatherAttention>(mesh.cp());
-    case CpStrategy::ulysses:
-      return std::make_unique<UlyssesAttention>(mesh.cp(), std::make_unique<LocalAttention>());
-    case CpStrategy::ring:
-      return std::make_unique<RingAttention>(mesh.cp(), options.ring_chunk_tokens);
-    case CpStrategy::usp: {
-      std::unique_ptr<CpAttentionImpl> inner;
-      if (mesh.ring().size() == 1)
-        inner = std::make_unique<LocalAttention>();
-      else
-        inner = std::make_unique<RingAttention>(mesh.ring(), options.ring_chunk_tokens);
-      if (mesh.ulysses().size() == 1) return inner;
-      return std::make_unique<UlyssesAttention>(mesh.ulysses(), std::move(inner));
-    }
-  }
-  throw ConfigError("unknown context-parallel strategy");
+  return cp_strategy_info(strategy).make(mesh, options);
 }
 
 void CpAttentionImpl::backward(const AttentionArgs& local, const TensorView& o, const float* lse,

@@ -12,6 +12,7 @@
 #include "cp/cp_attention.h"
 #include "cp/layout.h"
 #include "cp/strategies.h"
+#include "cp/strategy.h"
 
 namespace longctx {
 
@@ -60,7 +61,7 @@ CpWorkspace cp_attention_workspace(const CpCallShape& s) {
     w.what = "kernel scratch and delta";
     return w;
   }
-  if (s.strategy == CpStrategy::all_gather) {
+  if (cp_strategy_info(s.strategy).gathers_kv) {
     // gather_kv: the local K,V copy lives while K,V, positions, segments are gathered.
     const int64_t local = B * L * 2 * s.G * D * e;
     const int64_t kv = B * S * 2 * s.G * D * e, pos = B * S * 8, seg = B * S * seg_row;
@@ -77,7 +78,8 @@ CpWorkspace cp_attention_workspace(const CpCallShape& s) {
   // Heads after the all-to-all: q heads split, KV heads split when the
   // degree divides them, else one replicated KV head.
   const int64_t U = s.ulysses, R = s.cp / U;
-  const int64_t Hu = s.H / U, Gu = U == 1 ? s.G : s.G % U == 0 ? s.G / U : 1;
+  const UlyssesHeads heads = ulysses_heads(U, s.H, s.G);
+  const int64_t Hu = heads.Hu, Gu = heads.Gu;
   if (U == 1) {  // ring
     w.bytes = std::max(ring_call_peak(s, Hu, Gu, L, false), delta + ring_call_peak(s, Hu, Gu, L, true));
     w.what = "ring K,V chunks (1 send, 2 receive) and returning dK,dV";
@@ -121,7 +123,7 @@ std::pair<int64_t, int64_t> heads_after_all_to_all(const CpCallShape& s) {
 // chunk plan, with bounds from the layout's positions (CpLayout).
 CpCallTraffic::CpCallTraffic(const CpCallShape& s) : s_(s) {
   const int64_t R = s.cp / s.ulysses;
-  if (s.cp == 1 || R == 1 || s.strategy == CpStrategy::all_gather) return;
+  if (s.cp == 1 || R == 1 || cp_strategy_info(s.strategy).gathers_kv) return;
   const int64_t S = s.L * s.cp, L = S / R;
   RingChunks chunks(R, 1, L, s.ring_chunk_tokens);
   ring_chunks_ = chunks.n;
@@ -152,7 +154,7 @@ std::vector<CpTransfer> CpCallTraffic::transfers(bool backward, int64_t cp_rank)
   if (s.cp == 1) return out;
   const int64_t B = s.B, D = s.D, L = s.L, e = s.element_bytes, seg = s.segments ? 4 : 0;
   activation_dtype(s);  // checks e
-  if (s.strategy == CpStrategy::all_gather) {
+  if (cp_strategy_info(s.strategy).gathers_kv) {
     const int64_t P = s.cp, G = s.G;
     add("all_gather", "cp", "K,V", 1, (P - 1) * B * L * 2 * G * D * e, (P - 1) * B * L * 2 * G * D * e);
     add("all_gather", "cp", "positions", 1, (P - 1) * B * L * 8, (P - 1) * B * L * 8);

@@ -13,31 +13,15 @@
 // when G divides P (replicated on P/G ranks; their gradients are summed).
 #include <cstring>
 
+#include "comm/mesh.h"
 #include "core/error.h"
 #include "cp/strategies.h"
+#include "cp/strategy.h"
 #include "kernels/convert.h"
 
 namespace longctx {
 
 namespace {
-
-struct HeadSplit {
-  int64_t Hu, Gu;       // q and kv heads per rank after the all-to-all
-  int64_t kv_per_rank;  // ranks sharing one kv head (1 when split)
-  int64_t kv_head(int j) const { return kv_per_rank == 1 ? j * Gu : j / kv_per_rank; }
-};
-
-HeadSplit split_heads(int P, int64_t H, int64_t G) {
-  if (H % P != 0)
-    throw ConfigError("ulysses: the ulysses degree (" + std::to_string(P) +
-                      ") must divide the query heads (" + std::to_string(H) + ")");
-  if (G % P == 0) return {H / P, G / P, 1};
-  if (P % G == 0) return {H / P, 1, P / G};
-  throw ConfigError("ulysses: the kv heads (" + std::to_string(G) + ") and the ulysses degree (" +
-                    std::to_string(P) +
-                    ") must divide one another (G % U == 0 splits kv heads, U % G == 0 "
-                    "replicates them)");
-}
 
 int64_t align_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
@@ -57,7 +41,7 @@ UlyssesRecords ulysses_records(int64_t Hu, int64_t Gu, int64_t D, int64_t e, int
 void UlyssesAttention::forward(const AttentionArgs& local, const TensorView& o, float* lse) {
   LocalDims d = check_local_args(local);
   const int P = comm_.size();
-  HeadSplit hs = split_heads(P, d.H, d.G);
+  const UlyssesHeads hs = ulysses_heads(P, d.H, d.G);
   const int64_t S = P * d.L, D = d.D, Hu = hs.Hu, Gu = hs.Gu, e = d.e;
   const UlyssesRecords rec = ulysses_records(Hu, Gu, D, e, dtype_size(o.dtype), 4);
 
@@ -115,7 +99,7 @@ void UlyssesAttention::backward_with_delta(const AttentionArgs& local, const Ten
                                            const TensorView& dv) {
   LocalDims d = check_local_args(local);
   const int P = comm_.size();
-  HeadSplit hs = split_heads(P, d.H, d.G);
+  const UlyssesHeads hs = ulysses_heads(P, d.H, d.G);
   const int64_t S = P * d.L, D = d.D, Hu = hs.Hu, Gu = hs.Gu, e = d.e;
   // lse, delta, q, k, v, dout of one token for one rank.
   const UlyssesRecords rec = ulysses_records(Hu, Gu, D, e, 4, dtype_size(dout.dtype));
@@ -189,6 +173,60 @@ void UlyssesAttention::backward_with_delta(const AttentionArgs& local, const Ten
           }
         }
       }
+}
+
+std::string ulysses_heads_rule(int64_t U, int64_t H, int64_t G) {
+  const std::string u = std::to_string(U);
+  if (U < 1 || H % U != 0)
+    return "the ulysses degree (" + u + ") must divide the query heads (" + std::to_string(H) + ")";
+  if (G % U != 0 && U % G != 0)
+    return "the kv heads (" + std::to_string(G) + ") and the ulysses degree (" + u +
+           ") must divide one another (G % U == 0 splits kv heads, U % G == 0 replicates them)";
+  return "";
+}
+
+UlyssesHeads ulysses_heads(int64_t U, int64_t H, int64_t G) {
+  const std::string rule = ulysses_heads_rule(U, H, G);
+  if (!rule.empty()) throw ConfigError("ulysses: " + rule);
+  if (G % U == 0) return {H / U, G / U, 1};
+  return {H / U, 1, U / G};
+}
+
+const CpStrategyInfo& ulysses_strategy() {
+  static const CpStrategyInfo info{
+      CpStrategy::ulysses, "all-to-all of Q,K,V from sequence shards to head shards over all cp ranks, and back",
+      /*takes_usp_factor=*/false, /*gathers_kv=*/false,
+      [](int64_t cp, int64_t) -> int64_t { return cp; },
+      [](int64_t cp) { return std::vector<int64_t>{cp}; },
+      [](const Mesh& mesh, const CpOptions&) -> std::unique_ptr<CpAttentionImpl> {
+        return std::make_unique<UlyssesAttention>(mesh.cp(), std::make_unique<LocalAttention>());
+      }};
+  return info;
+}
+
+// usp: the ulysses all-to-all over the inner axis (mesh.ulysses()) around a
+// ring over the outer one (mesh.ring()).
+const CpStrategyInfo& usp_strategy() {
+  static const CpStrategyInfo info{
+      CpStrategy::usp, "ulysses all-to-all over the usp factor inside a ring over the rest of cp",
+      /*takes_usp_factor=*/true, /*gathers_kv=*/false,
+      [](int64_t, int64_t usp_factor) -> int64_t { return usp_factor; },
+      [](int64_t cp) {
+        std::vector<int64_t> out;  // the proper splits: 1 and cp are ring and ulysses
+        for (int64_t u = 2; u < cp; ++u)
+          if (cp % u == 0) out.push_back(u);
+        return out;
+      },
+      [](const Mesh& mesh, const CpOptions& options) -> std::unique_ptr<CpAttentionImpl> {
+        std::unique_ptr<CpAttentionImpl> inner;
+        if (mesh.ring().size() == 1)
+          inner = std::make_unique<LocalAttention>();
+        else
+          inner = std::make_unique<RingAttention>(mesh.ring(), options.ring_chunk_tokens);
+        if (mesh.ulysses().size() == 1) return inner;
+        return std::make_unique<UlyssesAttention>(mesh.ulysses(), std::move(inner));
+      }};
+  return info;
 }
 
 }  // namespace longctx

@@ -52,7 +52,7 @@ struct ModelOptions {
   // Attention mask over global positions (causal, sliding window, chunked).
   // When a Batch carries segment ids, same_segment is AND-ed in.
   MaskSpec mask = MaskSpec::causal();
-  CpStrategy cp_strategy = CpStrategy::all_gather;
+  CpStrategy cp_strategy{};
   CpOptions cp_options;
   // Must outlive the model; nullptr: the model uses Mesh::single() (one rank).
   const Mesh* mesh = nullptr;

@@ -10,6 +10,7 @@
 #include <span>
 
 #include "cp/cp_attention.h"
+#include "cp/strategy.h"
 #include "kernels/attention.h"
 #include "model/llama.h"
 #include "model/offload.h"
@@ -90,11 +91,8 @@ std::string invalid_reason(const RunConfig& c, int64_t cp, int64_t U) {
   if (c.cp_load_balance && R > 1 && S % (2 * R) != 0)
     return "zigzag needs max_target_length=" + str(S) + " divisible by 2 x ring=" + str(2 * R);
   if (U > 1) {
-    if (Hl % U != 0)
-      return "ulysses degree " + str(U) + " does not divide the " + str(Hl) + " query heads per tp rank";
-    if (Gl % U != 0 && U % Gl != 0)
-      return "ulysses degree " + str(U) + " and the " + str(Gl) +
-             " KV heads per tp rank do not divide one another";
+    const std::string heads = ulysses_heads_rule(U, Hl, Gl);
+    if (!heads.empty()) return "heads per tp rank: " + heads;
   }
   return "";
 }
@@ -330,7 +328,7 @@ AttentionWork attention_work(const Shape& s, const HardwareProfile& hw) {
     w.work.emplace_back();
     for (const auto& [pairs, work] : per_rank) w.pairs.back().push_back(pairs), w.work.back().push_back(work);
   };
-  if (s.strategy == CpStrategy::all_gather || s.cp == 1) {
+  if (cp_strategy_info(s.strategy).gathers_kv || s.cp == 1) {
     // Local queries against the K,V gathered in rank order.
     std::vector<PositionRange> gathered;
     for (int64_t i = 0; i < s.cp; ++i)
@@ -389,7 +387,13 @@ struct Link {
 // A group of `size` devices whose members are `stride` apart in rank order.
 Link link_for(const HardwareProfile& hw, const std::string& op, int64_t size, int64_t stride) {
   bool inter = size * stride > hw.devices_per_node && hw.inter_node_bandwidth > 0;
-  if (inter) return {hw.inter_node_bandwidth, hw.inter_node_latency};
+  if (inter) {
+    const double measured = op == "all_reduce" ? hw.inter_node_all_reduce_bandwidth
+                            : op == "all_to_all" ? hw.inter_node_all_to_all_bandwidth
+                            : (op == "all_gather" || op == "reduce_scatter") ? hw.inter_node_collective_bandwidth
+                                                                             : 0.0;
+    return {measured > 0 ? measured : hw.inter_node_bandwidth, hw.inter_node_latency};
+  }
   double bw = op == "all_to_all" ? hw.all_to_all_bandwidth
               : (op == "send" || op == "recv") ? hw.p2p_bandwidth
                                                : hw.collective_bandwidth;
@@ -510,7 +514,7 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   const double fwd_seconds = fwd_pair / fwd_rate;
   const double bwd_seconds = std::max((fwd_pair + bwd_pair) / at_rate - fwd_seconds, bwd_pair / peak);
   const double per_pair = fwd_seconds * fwd_calls + bwd_seconds * s.L;
-  if (s.R > 1 && s.strategy != CpStrategy::all_gather && ring_comm_total > 0) {
+  if (s.R > 1 && !cp_strategy_info(s.strategy).gathers_kv && ring_comm_total > 0) {
     // Each piece travels while the previous one computes (the first during
     // the local shard), so transfers hide behind all but the last step.
     double last = 0;
@@ -616,11 +620,8 @@ int64_t devices_of(const RunConfig& c, const PlanOptions& o) {
 // The strategy/factorization candidates at cp: (strategy, ulysses degree).
 std::vector<std::pair<CpStrategy, int64_t>> candidates_at(int64_t cp) {
   std::vector<std::pair<CpStrategy, int64_t>> out;
-  out.push_back({CpStrategy::all_gather, 1});
-  out.push_back({CpStrategy::ulysses, cp});
-  out.push_back({CpStrategy::ring, 1});
-  for (int64_t u = 2; u < cp; ++u)
-    if (cp % u == 0) out.push_back({CpStrategy::usp, u});
+  for (const CpStrategyInfo* s : cp_strategies())
+    for (int64_t u : s->planner_ulysses_degrees(cp)) out.push_back({s->id, u});
   return out;
 }
 
@@ -628,7 +629,7 @@ RunConfig with_candidate(const RunConfig& c, int64_t cp, CpStrategy strategy, in
   RunConfig k = c;
   k.cp = cp;
   k.cp_strategy = strategy;
-  k.cp_ulysses = strategy == CpStrategy::usp ? U : 1;
+  k.cp_ulysses = cp_strategy_info(strategy).takes_usp_factor ? U : 1;
   k.remat_policy = remat;
   return k;
 }
@@ -689,7 +690,7 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
     for (const CommLine& l : f) bytes += l.bytes_sent * fwd_calls;
     for (const CommLine& l : b) bytes += l.bytes_sent * s.L;
     if (bytes > busiest) busiest = bytes, fwd_call = f, bwd_call = b;
-    if (s.strategy == CpStrategy::all_gather || s.strategy == CpStrategy::ulysses) break;  // every rank the same
+    if (s.R == 1 || cp_strategy_info(s.strategy).gathers_kv) break;  // no ring steps: every rank the same
   }
   add_attention_calls(s, hw, fwd_call, fwd_calls, "attention forward", p);
   add_attention_calls(s, hw, bwd_call, s.L, "attention backward", p);
@@ -787,31 +788,36 @@ std::vector<StrategyPlan> plans_at(const RunConfig& c, const HardwareProfile& hw
 std::string reason_for(const RunConfig& c, const StrategyPlan& best,
                        const std::vector<StrategyPlan>& plans) {
   const int64_t G = c.model.num_kv_heads / c.tp, H = c.model.num_heads / c.tp;
-  auto find = [&](CpStrategy s) -> const StrategyPlan* {
+  // By what the strategies do (strategy.h), not by name: the gathering one,
+  // the all-to-all over all of cp, a split of cp, and a ring.
+  auto find = [&](auto&& is) -> const StrategyPlan* {
     for (const StrategyPlan& p : plans)
-      if (p.strategy == s) return &p;
+      if (is(p)) return &p;
     return nullptr;
   };
-  const StrategyPlan* ag = find(CpStrategy::all_gather);
-  const StrategyPlan* ul = find(CpStrategy::ulysses);
+  auto gathers = [](const StrategyPlan& p) { return cp_strategy_info(p.strategy).gathers_kv; };
+  auto a2a_over_cp = [&](const StrategyPlan& p) { return !gathers(p) && p.ulysses == p.cp && p.cp > 1; };
+  const StrategyPlan* ag = find(gathers);
+  const StrategyPlan* ul = find(a2a_over_cp);
   std::string why;
   if (best.cp == 1) {
     why = "cp=1: the whole sequence fits on one device, no context parallelism needed";
-  } else if (best.strategy == CpStrategy::all_gather) {
-    why = "all_gather: the gathered K,V fit in memory (" + gib(double(best.memory_total)) + " of " +
+  } else if (gathers(best)) {
+    why = std::string(name_of(best.strategy)) + ": the gathered K,V fit in memory (" + gib(double(best.memory_total)) + " of " +
           gib(double(best.device_memory)) + ") and it is the fastest here";
-  } else if (best.strategy == CpStrategy::ulysses) {
-    why = "ulysses: " + str(G) + " KV heads allow an all-to-all over all cp=" + str(best.cp) +
+  } else if (a2a_over_cp(best)) {
+    why = std::string(name_of(best.strategy)) + ": " + str(G) + " KV heads allow an all-to-all over all cp=" + str(best.cp) +
           " ranks, moving less than ring" + (ag && !ag->fits ? " (gathered K,V do not fit)" : "");
-  } else if (best.strategy == CpStrategy::usp) {
-    why = "usp " + str(best.ulysses) + "x" + str(best.ring) + ": ulysses limited by KV heads (" +
+  } else if (best.ulysses > 1) {
+    why = cp_strategy_label(best.strategy, best.cp, best.ulysses) + ": ulysses limited by KV heads (" +
           str(G) + " per tp rank), so an all-to-all over " + str(best.ulysses) +
           " (>= 2 KV heads each way) and a ring over " + str(best.ring);
   } else {
-    bool heads_block = ul && !ul->valid;
-    why = heads_block ? "ring: heads (" + str(H) + " query, " + str(G) + " KV per tp rank) do not divide cp=" +
+    const bool heads_block = ul && !ul->valid;
+    const std::string name = name_of(best.strategy);
+    why = heads_block ? name + ": heads (" + str(H) + " query, " + str(G) + " KV per tp rank) do not divide cp=" +
                             str(best.cp) + ", and the ring hides its transfers behind compute"
-                      : "ring: fastest here, its K,V transfers hide behind compute";
+                      : name + ": fastest here, its K,V transfers hide behind compute";
     if (ag && !ag->fits && ag->valid) why += "; gathered K,V would not fit";
   }
   why += " (" + fmt_seconds(best.step_seconds) + "/step, MFU " +
@@ -1053,7 +1059,7 @@ PlanReport make_plan(const RunConfig& c, const HardwareProfile& hw, const PlanOp
     }
     if (!p.advice.empty()) continue;
     for (int64_t cp = p.cp * 2; cp * c.tp <= report.devices; cp *= 2) {
-      int64_t U = p.strategy == CpStrategy::usp ? p.ulysses : 1;
+      int64_t U = cp_strategy_info(p.strategy).takes_usp_factor ? p.ulysses : 1;
       StrategyPlan q = plan_strategy(with_candidate(c, cp, p.strategy, U, c.remat_policy), hw, opts);
       if (q.valid && q.fits) {
         p.advice = "fits with ici_context_parallelism=" + str(cp);

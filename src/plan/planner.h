@@ -47,7 +47,7 @@ struct CommLine {
 
 // The prediction for one strategy and factorization at one mesh.
 struct StrategyPlan {
-  CpStrategy strategy = CpStrategy::all_gather;
+  CpStrategy strategy{};
   int64_t dp = 1, fsdp = 1, cp = 1, ulysses = 1, ring = 1, tp = 1;
   RematPolicy remat_policy = RematPolicy::full;
   bool valid = true;
@@ -109,7 +109,7 @@ struct StrategyPlan {
 
 struct PlanRecommendation {
   bool found = false;
-  CpStrategy strategy = CpStrategy::all_gather;
+  CpStrategy strategy{};
   int64_t cp = 1, ulysses = 1;
   RematPolicy remat_policy = RematPolicy::full;
   bool shard_optimizer_over_data = false;  // ZeRO-1, tried when nothing fits without it

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "core/crc32.h"
+#include "cp/strategy.h"
 #include "core/memory.h"
 #include "core/timer.h"
 #include "kernels/gemm.h"
@@ -73,7 +74,8 @@ MeshShape mesh_shape_from_config(const RunConfig& c) {
   MeshShape s;
   s.dp = static_cast<int>(c.dp);
   s.cp = static_cast<int>(c.cp);
-  s.ulysses = static_cast<int>(c.cp_strategy == CpStrategy::usp ? c.cp_ulysses : 1);
+  // The mesh splits cp into ulysses x ring only for a strategy that takes the split.
+  s.ulysses = static_cast<int>(c.cp_strategy && cp_strategy_info(*c.cp_strategy).takes_usp_factor ? c.cp_ulysses : 1);
   s.tp = static_cast<int>(c.tp);
   s.fsdp = static_cast<int>(c.fsdp);
   s.fsdp_over_context = c.fsdp_over_context;

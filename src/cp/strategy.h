@@ -1,0 +1,71 @@
+#pragma once
+// The context-parallel strategies as one table. Everything outside src/cp
+// (config validation, the planner, the trainer, the apps) asks this table
+// what a strategy does; none of it matches on a CpStrategy value. A fifth
+// strategy is its class in its own file here, a descriptor next to it, and
+// one line in cp_strategies() (strategy.cpp).
+//
+//   const CpStrategyInfo& s = cp_strategy_info(config.strategy());
+//   s.ulysses_degree(cp, usp_factor)   -> the all-to-all (head split) degree
+//   s.make(mesh, options)              -> the CpAttention the model calls
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/vocabulary.h"
+
+namespace longctx {
+
+class Mesh;
+class CpAttentionImpl;
+struct CpOptions;
+
+struct CpStrategyInfo {
+  CpStrategy id;
+  const char* moves;  // what crosses the cp ranks, one line (for --help and the README)
+  // Reads ici_context_usp_ulysses_parallelism (the ulysses x ring split of
+  // cp); every other strategy requires it to be 1.
+  bool takes_usp_factor;
+  // Every rank attends over the whole sequence's K,V, gathered (no ring
+  // steps, no head split): memory grows with the full length.
+  bool gathers_kv;
+  // The all-to-all (head-split) degree at `cp` ranks with the configured usp
+  // factor: 1 = no all-to-all. The ring degree is cp / this.
+  int64_t (*ulysses_degree)(int64_t cp, int64_t usp_factor);
+  // The ulysses degrees the planner tries at `cp` (one plan each).
+  std::vector<int64_t> (*planner_ulysses_degrees)(int64_t cp);
+  // The attention of one cp group of `mesh` (cp > 1; cp == 1 is the kernel alone).
+  std::unique_ptr<CpAttentionImpl> (*make)(const Mesh& mesh, const CpOptions& options);
+};
+
+// Every strategy, in the order the planner lists them.
+const std::vector<const CpStrategyInfo*>& cp_strategies();
+const CpStrategyInfo& cp_strategy_info(CpStrategy id);
+
+// "ring", "usp 2x4" (ulysses x ring) where the split is the user's choice.
+std::string cp_strategy_label(CpStrategy id, int64_t cp, int64_t ulysses);
+
+// The key=value settings that select the strategy at this cp and split
+// ("context_parallel_strategy=usp ici_context_parallelism=8
+// ici_context_usp_ulysses_parallelism=2").
+std::string cp_strategy_settings(CpStrategy id, int64_t cp, int64_t ulysses);
+
+// The rule for the usp factor, "" when it holds.
+std::string usp_factor_rule(CpStrategy id, int64_t cp, int64_t usp_factor);
+
+// Heads per rank after a ulysses all-to-all over U ranks of H query and G kv
+// heads: query heads split (U must divide H); kv heads split when U divides
+// G, else replicated, one per rank, when G divides U. The one rule of
+// UlyssesAttention, config validation, the planner and the sizes.
+struct UlyssesHeads {
+  int64_t Hu, Gu;       // q and kv heads per rank
+  int64_t kv_per_rank;  // ranks sharing one kv head (1 when split)
+  int64_t kv_head(int64_t j) const { return kv_per_rank == 1 ? j * Gu : j / kv_per_rank; }
+};
+// The rule U breaks for these heads, "" when it holds.
+std::string ulysses_heads_rule(int64_t U, int64_t H, int64_t G);
+// ConfigError naming the rule when U does not fit the heads.
+UlyssesHeads ulysses_heads(int64_t U, int64_t H, int64_t G);
+
+}  // namespace longctx
