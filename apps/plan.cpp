@@ -20,6 +20,7 @@
 #include "apps/commands.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "cp/strategy.h"
 #include "core/timer.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
@@ -73,8 +74,11 @@ int run_measure(const std::string& output) {
                 h.p2p_bandwidth / 1e9, h.latency * 1e6, h.all_to_all_bandwidth / 1e9,
                 h.collective_bandwidth / 1e9);
     if (h.inter_node_bandwidth > 0)
-      std::printf("  between hosts (%lld rank(s) per host): %.3f GB/s each way, latency %.1f us\n",
-                  (long long)h.devices_per_node, h.inter_node_bandwidth / 1e9, h.inter_node_latency * 1e6);
+      std::printf("  between hosts (%lld rank(s) per host): %.3f GB/s each way, latency %.1f us; all-reduce %.3f, "
+                  "all-gather %.3f, all-to-all %.3f GB/s per rank\n",
+                  (long long)h.devices_per_node, h.inter_node_bandwidth / 1e9, h.inter_node_latency * 1e6,
+                  h.inter_node_all_reduce_bandwidth / 1e9, h.inter_node_collective_bandwidth / 1e9,
+                  h.inter_node_all_to_all_bandwidth / 1e9);
   }
   return 0;
 }
@@ -142,8 +146,7 @@ json to_json(const StrategyPlan& p) {
 }
 
 std::string plan_label(const StrategyPlan& p) {
-  return p.strategy == CpStrategy::usp ? "usp " + std::to_string(p.ulysses) + "x" + std::to_string(p.ring)
-                                       : name_of(p.strategy);
+  return cp_strategy_label(p.strategy, p.cp, p.ulysses);
 }
 
 // The memory lines of one plan: device memory by tensor, what is offloaded, host-resident state.
@@ -221,11 +224,7 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
   const PlanRecommendation& rec = r.recommendation;
   std::printf("\nrecommendation: ");
   if (rec.found)
-    std::printf("context_parallel_strategy=%s ici_context_parallelism=%lld%s remat_policy=%s%s\n  why: %s\n",
-                name_of(rec.strategy), (long long)rec.cp,
-                rec.strategy == CpStrategy::usp
-                    ? (" ici_context_usp_ulysses_parallelism=" + std::to_string(rec.ulysses)).c_str()
-                    : "",
+    std::printf("%s remat_policy=%s%s\n  why: %s\n", cp_strategy_settings(rec.strategy, rec.cp, rec.ulysses).c_str(),
                 name_of(rec.remat_policy), rec.levers.empty() ? "" : ("\n  memory levers: " + rec.levers).c_str(),
                 rec.reason.c_str());
   else
@@ -301,8 +300,11 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
   trainer.train_step();  // warm-up: workspace allocation, first touch
   std::vector<double> seconds;
   StepProfile sum;
+  double comm_wait = 0;  // seconds blocked in communication waits: the exposed communication, measured
   for (int64_t i = 0; i < steps; ++i) {
+    const double waited = mesh.total_counters().wait_seconds();
     seconds.push_back(trainer.train_step().seconds);
+    comm_wait += mesh.total_counters().wait_seconds() - waited;
     const StepProfile& p = trainer.model().last_step_profile();
     sum.matmul += p.matmul, sum.attention += p.attention, sum.loss += p.loss;
     sum.elementwise += p.elementwise, sum.tp_comm += p.tp_comm;
@@ -310,9 +312,8 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
   const double measured = median(seconds), n = double(steps);
   const double err = (plan.step_seconds - measured) / measured;
   if (rank != 0) return 0;
-  char name[64];
-  std::snprintf(name, sizeof name, "%s%s", name_of(plan.strategy),
-                plan.strategy == CpStrategy::usp ? (" " + std::to_string(plan.ulysses) + "x" + std::to_string(plan.ring)).c_str() : "");
+  const std::string label = cp_strategy_label(plan.strategy, plan.cp, plan.ulysses);
+  const char* name = label.c_str();
   std::printf("validate: %d rank(s), %s, %s cp=%lld, S=%lld B=%lld, remat %s, %s mask\n", world,
               name_of(config.dtype), name, (long long)plan.cp, (long long)config.max_target_length, (long long)config.per_device_batch_size,
               name_of(config.remat_policy), name_of(config.attention_type));
@@ -324,10 +325,13 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
   for (double t : seconds) mean += t / n;
   const double rest = mean - sum.total() / n;
   std::printf("  measured  %.3f s/step (median of %lld; rank 0 means: matmul %.3f, attention+its comm %.3f, "
-              "loss head %.3f, elementwise %.3f, tp %.3f, rest of the step %.3f)\n",
+              "loss head %.3f, elementwise %.3f, tp %.3f, rest of the step %.3f; blocked in comm waits %.3f)\n",
               measured, (long long)steps, sum.matmul / n, sum.attention / n, sum.loss / n, sum.elementwise / n,
-              sum.tp_comm / n, rest);
+              sum.tp_comm / n, rest, comm_wait / n);
   std::printf("  predicted / measured - 1 = %+.1f%%\n", err * 100);
+  if (config.packing)
+    std::printf("  note: packing=true: packed documents skip the attention across document boundaries, which the plan\n"
+                "  (every sequence one document) counts; the prediction is an upper bound. Compare with packing=false.\n");
   if (!markdown.empty()) {
     std::ofstream f(markdown, std::ios::app);
     if (!f) throw ConfigError("plan --validate: cannot append to " + markdown);

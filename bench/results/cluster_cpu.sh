@@ -32,18 +32,18 @@ local=(env OMP_NUM_THREADS=1 mpiexec --oversubscribe --allow-run-as-root --bind-
   echo "$measured" | grep -E 'between hosts|p2p'
   echo '```'
   echo
-  echo "Each row: \`plan CONFIG --validate --steps 3 --hardware <that profile>\` across the 2 hosts, and the same"
-  echo "2 ranks on one host (shared memory, the link out of the way). Measured exposed link time = step across"
-  echo "hosts - step on one host; predicted = the plan's exposed communication (all of it: on one host it is"
-  echo "near zero)."
+  echo "Each row: \`plan CONFIG --validate --steps 5 --hardware <that profile>\` across the 2 hosts, and the same"
+  echo "2 ranks on one host (shared memory, the link out of the way). Measured exposed link time = the seconds"
+  echo "rank 0 spent blocked in communication waits per step across the hosts, less the same on one host (waiting"
+  echo "for the other rank's compute, and shared-memory copies); predicted = the plan's exposed communication."
   echo
   echo "| config | predicted step | measured step | error | predicted exposed comm | measured exposed link time | error |"
   echo "|---|---|---|---|---|---|---|"
 } > "$OUT"
 row() {  # NAME ARGS...
   local name=$1; shift
-  local args=(plan configs/base.yml model_name=bench-512 dataset_type=synthetic remat_policy=none "$@"
-              --validate --steps 3 --hardware "$profile")
+  local args=(plan configs/base.yml model_name=bench-512 dataset_type=synthetic packing=false remat_policy=none "$@"
+              --validate --steps 5 --hardware "$profile")
   local across one
   across=$("$dir/mpiexec" -x OMP_NUM_THREADS=1 -n 2 build/longctx "${args[@]}")
   one=$("${local[@]}" -n 2 build/longctx "${args[@]}")
@@ -56,8 +56,9 @@ def grab(text, pattern):
 pred = grab(across, r"predicted ([0-9.]+) s/step")
 pred_exposed = grab(across, r"exposed comm ([0-9.]+)")
 meas = grab(across, r"measured  ([0-9.]+) s/step")
-meas_one = grab(one, r"measured  ([0-9.]+) s/step")
-exposed = meas - meas_one
+wait = grab(across, r"blocked in comm waits ([0-9.]+)")
+wait_one = grab(one, r"blocked in comm waits ([0-9.]+)")
+exposed = wait - wait_one
 err = lambda p, m: f"{(p / m - 1) * 100:+.0f}%" if m > 0 else "n/a"
 print(f"| {name} | {pred:.2f} s | {meas:.2f} s | {err(pred, meas)} | {pred_exposed:.2f} s | {exposed:.2f} s | {err(pred_exposed, exposed)} |")
 PY

@@ -106,6 +106,9 @@ const std::vector<Field>& fields() {
       {"latency", &H::latency, nullptr},
       {"inter_node_bandwidth", &H::inter_node_bandwidth, nullptr},
       {"inter_node_latency", &H::inter_node_latency, nullptr},
+      {"inter_node_all_reduce_bandwidth", &H::inter_node_all_reduce_bandwidth, nullptr},
+      {"inter_node_collective_bandwidth", &H::inter_node_collective_bandwidth, nullptr},
+      {"inter_node_all_to_all_bandwidth", &H::inter_node_all_to_all_bandwidth, nullptr},
       {"host_link_bandwidth", &H::host_link_bandwidth, nullptr},
       {"disk_bandwidth", &H::disk_bandwidth, nullptr},
   };

@@ -86,8 +86,14 @@ struct HardwareProfile : KernelTables {
   double collective_bandwidth = 0;  // bytes/s per device for all-gather / reduce-scatter / all-reduce
   double all_to_all_bandwidth = 0;  // bytes/s per device for all-to-all
   double latency = 0;               // seconds per message / collective step
-  double inter_node_bandwidth = 0;  // bytes/s per device across nodes (0: one node only)
+  double inter_node_bandwidth = 0;  // bytes/s per device across nodes (0: one node only), send + recv pairs
   double inter_node_latency = 0;
+  // Collectives across nodes, bytes/s per device in the counters'
+  // conventions, where measured (0: inter_node_bandwidth). Over TCP an
+  // all-reduce ran at half the rate of a two-way exchange of the same bytes.
+  double inter_node_all_reduce_bandwidth = 0;
+  double inter_node_collective_bandwidth = 0;  // all-gather, reduce-scatter
+  double inter_node_all_to_all_bandwidth = 0;
 
   // Offload tiers of saved activations (src/model/offload.h), bytes/s one
   // way per device: device <-> host memory, and to/from the disk the spill

@@ -346,6 +346,7 @@ std::map<std::string, double> measure_elementwise(DType dtype, bool quick) {
 
 struct LinkNumbers {
   double p2p_bandwidth, latency, all_to_all_bandwidth, collective_bandwidth;
+  double all_reduce_bandwidth = 0;
 };
 
 // Ping-pong between ranks 0 and 1, then all-to-all and all-gather over the world.
@@ -425,6 +426,10 @@ LinkNumbers measure_links(const Communicator& comm, bool quick) {
   r.all_to_all_bandwidth = double(block) * (P - 1) / a2a;
   double ag = timed([&] { spin(comm, comm.iall_gather(send.data(), recv.data(), size_t(block))); });
   r.collective_bandwidth = double(block) * (P - 1) / ag;
+  // The gradients' all-reduce, as the counters count it: 2 n (P-1)/P per rank.
+  std::vector<float> grads(size_t(block * P) / sizeof(float), 1.0f);
+  double ar = timed([&] { comm.all_reduce_sum(grads.data(), grads.size()); });
+  r.all_reduce_bandwidth = 2.0 * double(block * P) * (P - 1) / P / ar;
   return r;
 }
 
@@ -497,6 +502,14 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
   if (local.size() > 1) links = measure_links(local, quick);
   std::pair<double, double> inter{0, 0};
   if (other_host < P) inter = latency_and_bandwidth(world, 0, other_host, quick);
+  // The collectives across hosts: the ranks of one local index, one per
+  // host, every such group at once (as a step's dp or ring groups run).
+  LinkNumbers across{};
+  if (n_hosts > 1) {
+    const Communicator cross = world.split(local.rank(), world.rank(), "across hosts");
+    if (cross.size() > 1) across = measure_links(cross, quick);
+    world.broadcast(&across, sizeof across, 0);
+  }
 
   const OffloadRates offload = quick ? OffloadRates{} : measure_offload();
 
@@ -520,6 +533,9 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
   h.devices_per_node = per_host;
   h.inter_node_latency = inter.first;
   h.inter_node_bandwidth = inter.second;
+  h.inter_node_all_reduce_bandwidth = across.all_reduce_bandwidth;
+  h.inter_node_collective_bandwidth = across.collective_bandwidth;
+  h.inter_node_all_to_all_bandwidth = across.all_to_all_bandwidth;
   if (n_hosts > 1)
     h.topology = std::to_string(n_hosts) + " hosts of " + std::to_string(per_host) +
                  " rank(s) (host name and network namespace), the network between them";
@@ -572,6 +588,9 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
       {"latency", per_host > 1 ? "measured: 8-byte MPI ping-pong, one way, within a host" : "placeholder (one rank per host)"},
       {"inter_node_bandwidth", n_hosts > 1 ? "measured: rank 0 and rank " + std::to_string(other_host) + " (another host) sending each other 32 MiB at once, bytes one way per second" : "one host"},
       {"inter_node_latency", n_hosts > 1 ? "measured: 8-byte MPI ping-pong, one way, between hosts" : "one host"},
+      {"inter_node_all_reduce_bandwidth", n_hosts > 1 ? "measured: MPI all-reduce over one rank per host (every such group at once), bytes per second per rank as counted (2 n (P-1)/P)" : "one host"},
+      {"inter_node_collective_bandwidth", n_hosts > 1 ? "measured: MPI all-gather over one rank per host (every such group at once), bytes sent to others per second per rank" : "one host"},
+      {"inter_node_all_to_all_bandwidth", n_hosts > 1 ? "measured: MPI all-to-all over one rank per host (every such group at once), bytes sent to others per second per rank" : "one host"},
       {"all_to_all_bandwidth", per_host > 1 ? "measured: MPI all-to-all within a host, bytes sent to others per second per rank"
                                             : "placeholder (one rank per host)"},
       {"collective_bandwidth", per_host > 1 ? "measured: MPI all-gather within a host, bytes sent to others per second per rank"
