@@ -37,13 +37,13 @@ namespace {
 
 using nlohmann::json;
 
-int run_measure(const std::string& output) {
+int run_measure(const std::string& output, bool quick) {
   const Communicator world = Communicator::world("measure");
   const int rank = world.rank(), P = world.size();
   if (P < 2 && rank == 0)
     std::fprintf(stderr, "warning: plan --measure on one rank: no links to time (placeholders); the compute "
                          "numbers describe one-rank runs. Measure under `mpiexec -n N` for N-rank runs.\n");
-  HardwareProfile h = measure_cpu_local_profile(world, false);
+  HardwareProfile h = measure_cpu_local_profile(world, quick);
   if (rank == 0) {
     std::string path = output.empty() ? default_hardware_dir() + "/cpu-local.yml" : output;
     save_hardware_profile(h, path);
@@ -357,13 +357,14 @@ const char* const kPlanUsage =
     "usage: longctx plan CONFIG.yml [key=value ...] [--hardware NAME] [--devices N]\n"
     "         [--device-memory BYTES] [--json] [--longest [--granule N]]\n"
     "       mpiexec -n N longctx plan CONFIG.yml [key=value ...] --validate [--steps N] [--markdown FILE]\n"
-    "       mpiexec -n N longctx plan --measure [--output FILE]\n"
+    "       mpiexec -n N longctx plan --measure [--output FILE] [--quick]\n"
     "  --hardware NAME   configs/hardware/NAME.yml (default cpu-local; tpu-v5p, tpu-v7, h100, h200)\n"
     "  --devices N       devices to plan for (default: the config's mesh)\n"
     "  --longest         the longest max_target_length (a multiple of --granule, default 1024) at which\n"
     "                    exactly this config fits device memory (and host_memory_budget), and the memory there\n"
     "  --validate        run real training steps and compare them with the prediction\n"
-    "  --measure         measure this machine's profile (GEMM, bandwidths, MPI links)\n";
+    "  --measure         measure this machine's profile (GEMM, bandwidths, MPI links)\n"
+    "  --quick           with --measure: smaller sizes and fewer repeats (what train's auto does; seconds)\n";
 
 int run_plan(const Args& args) {
   std::string config_path, hardware = "cpu-local", output;
@@ -372,6 +373,7 @@ int run_plan(const Args& args) {
   bool as_json = false, measure = false, validate = false, longest = false;
   int64_t granule = 1024;
   int64_t steps = 3;
+  bool quick = false;
   std::string markdown;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -383,6 +385,7 @@ int run_plan(const Args& args) {
     else if (a == "--longest") longest = true;
     else if (a == "--granule") granule = parse_int_flag("plan", a, value());
     else if (a == "--measure") measure = true;
+    else if (a == "--quick") quick = true;
     else if (a == "--output") output = value();
     else if (a == "--validate") validate = true;
     else if (a == "--steps") steps = parse_int_flag("plan", a, value());
@@ -396,7 +399,8 @@ int run_plan(const Args& args) {
     else if (config_path.empty()) config_path = a;
     else throw ConfigError("plan: unexpected argument '" + a + "'");
   }
-  if (measure) return run_measure(output);
+  if (quick && !measure) throw ConfigError("plan: --quick applies to --measure only");
+  if (measure) return run_measure(output, quick);
   if (config_path.empty())
     throw ConfigError(std::string("plan needs a config file\n") + kPlanUsage);
   if (validate)

@@ -10,7 +10,6 @@
 #include <sstream>
 
 #include "core/checked.h"
-#include "cp/strategy.h"
 
 namespace longctx {
 
@@ -524,7 +523,9 @@ CpStrategy RunConfig::strategy() const {
 }
 
 int64_t RunConfig::ulysses_degree() const {
-  return cp_strategy ? cp_strategy_info(*cp_strategy).ulysses_degree(cp, cp_ulysses) : 1;
+  if (cp_strategy == CpStrategy::ulysses) return cp;
+  if (cp_strategy == CpStrategy::usp) return cp_ulysses;
+  return 1;
 }
 
 LayoutKind RunConfig::layout() const {
@@ -653,8 +654,15 @@ void validate_config(RunConfig& c, int64_t world) {
 
   // ---- strategy
   require(c.cp_strategy.has_value(), "context_parallel_strategy=auto must be resolved by the planner before validation");
-  const std::string usp_rule = usp_factor_rule(*c.cp_strategy, c.cp, c.cp_ulysses);
-  require(usp_rule.empty(), usp_rule);
+  const CpStrategy s = *c.cp_strategy;
+  if (s == CpStrategy::usp) {
+    require(c.cp_ulysses >= 1 && c.cp % c.cp_ulysses == 0,
+            "ici_context_usp_ulysses_parallelism (" + str(c.cp_ulysses) +
+                ") must divide ici_context_parallelism (" + str(c.cp) + ")");
+  } else {
+    require(c.cp_ulysses == 1, "ici_context_usp_ulysses_parallelism is only used by "
+                               "context_parallel_strategy=usp (got " + str(c.cp_ulysses) + " with " + name_of(s) + ")");
+  }
   // Ranks that exchange heads by all-to-all: all of cp for ulysses, the
   // ulysses factor for usp.
   const int64_t a2a = c.ulysses_degree();
@@ -679,8 +687,12 @@ void validate_config(RunConfig& c, int64_t world) {
   require(m.mlp_dim % c.tp == 0, "base_mlp_dim (" + str(m.mlp_dim) +
                                      ") must be divisible by ici_tensor_parallelism (" + str(c.tp) + ")");
   if (a2a > 1) {
-    const std::string heads_rule = ulysses_heads_rule(a2a, m.num_heads / c.tp, m.num_kv_heads / c.tp);
-    require(heads_rule.empty(), "ulysses all-to-all, heads per tp rank: " + heads_rule);
+    int64_t h = m.num_heads / c.tp, g = m.num_kv_heads / c.tp, u = a2a;
+    require(h % u == 0, "ulysses all-to-all needs the query heads per tp rank (" + str(h) +
+                            ") divisible by the ulysses degree (" + str(u) + ")");
+    require(g % u == 0 || u % g == 0, "ulysses all-to-all needs the KV heads per tp rank (" + str(g) +
+                                          ") divisible by the ulysses degree (" + str(u) +
+                                          ") or dividing it (KV heads replicated)");
   }
   require(c.weight_dtype == DType::f32,
           "weight_dtype must be float32: master weights, gradients and AdamW moments stay fp32 (dtype: bfloat16 "

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -51,9 +52,9 @@ struct Cluster {
   std::string name = "lct" + std::to_string(::getpid() % 100000);
   fs::path dir;
   CommandResult up;
-  Cluster(const fs::path& where, int hosts, int slots) : dir(where / "cluster") {
+  Cluster(const fs::path& where, int hosts, int slots, const std::string& rate = "") : dir(where / "cluster") {
     up = run_command(shell_quote(kScript) + " up " + std::to_string(hosts) + " --slots " + std::to_string(slots) +
-                     " --dir " + shell_quote(dir.string()) + " --name " + name);
+                     (rate.empty() ? "" : " --rate " + rate) + " --dir " + shell_quote(dir.string()) + " --name " + name);
   }
   ~Cluster() { run_command(shell_quote(kScript) + " down --name " + name); }
   bool ok() const { return up.status == 0; }
@@ -142,6 +143,37 @@ TEST(Cluster, RanksFillAHostBeforeTheNextSoTheInnerAxesShareOne) {
   ASSERT_EQ(r.status, 0) << r.output;
   for (const char* line : {"rank 0 host 10.77.0.1/", "rank 1 host 10.77.0.1/", "rank 2 host 10.77.0.2/", "rank 3 host 10.77.0.2/"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+}
+
+// `plan --measure` across 2 hosts joined by a 200 Mbit/s token bucket (25 MB/s
+// each way) learns the link: the hosts (1 rank each), a latency, and every
+// rate between them at or under the bucket's (shared memory or loopback
+// would be 100x over it) and not far below (2 vCPUs, TCP: at least 1/5;
+// Open MPI's all-reduce ran at half the exchange rate here).
+TEST(Cluster, PlanMeasureLearnsTheRateLimitedLink) {
+  TempDir t;
+  Cluster c(t.path, 2, 1, "200mbit");
+  CLUSTER_OR_SKIP(c);
+  const fs::path profile = t.path / "profile.yml";
+  const CommandResult r = run_command("timeout 300 " + c.mpiexec("-n 2 " + shell_quote(LONGCTX_BINARY) +
+                                                                 " plan --measure --quick --output " +
+                                                                 shell_quote(profile.string())));
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::map<std::string, double> got;
+  std::istringstream in(read(profile));
+  for (std::string line; std::getline(in, line);) {
+    const size_t colon = line.find(": ");
+    if (colon != std::string::npos && line[0] != ' ' && line[0] != '#') got[line.substr(0, colon)] = std::atof(line.c_str() + colon + 2);
+  }
+  constexpr double kRate = 200e6 / 8;
+  EXPECT_EQ(got["devices_per_node"], 1) << r.output;
+  EXPECT_GT(got["inter_node_latency"], 0);
+  EXPECT_LT(got["inter_node_latency"], 0.01);
+  for (const char* key : {"inter_node_bandwidth", "inter_node_all_reduce_bandwidth", "inter_node_collective_bandwidth",
+                          "inter_node_all_to_all_bandwidth"}) {
+    EXPECT_LE(got[key], 1.1 * kRate) << key << "\n" << r.output;
+    EXPECT_GE(got[key], 0.2 * kRate) << key << "\n" << r.output;
+  }
 }
 
 // A fault mid-run on host 2 of 2 (one rank each, ring cp=2): every process
