@@ -259,7 +259,7 @@ int run_bench_cp(const Args& args) {
               "load imbalance %.3f, best of %d\n",
               name.c_str(), world, f.layout.c_str(), (long long)B, (long long)S, (long long)f.heads,
               (long long)f.kv_heads, (long long)f.head_dim, f.mask.c_str(), f.threads, imbalance, f.repeat);
-  if (!info.gathers_kv && info.ulysses_degree(world, ulysses) < world)  // ring steps
+  if (info.ring_steps(world, ulysses))
     std::printf("ring chunks: %lld per shard of %lld tokens, %lld tokens each\n", (long long)ring_chunks,
                 (long long)ring_local, (long long)chunk_tokens);
   std::printf("%5s %10s %10s %10s %12s %14s %14s %16s %12s\n", "rank", "fwd_s", "bwd_s", "cpu_s",

@@ -213,9 +213,7 @@ CpCheckResult check_cp_strategy(const Mesh& mesh, const CpCheckCase& c) {
     const double u = kBf16Roundoff;
     const double u_p = attention_path_rounds_p_and_ds(attention_tile_path(DType::bf16)) ? u : 0.0;
     // Ring steps merge bf16 partial results: one more rounding on the wire.
-    const CpStrategyInfo& info = cp_strategy_info(c.strategy);
-    const int64_t cp = mesh.cp().size();
-    const bool ring = cp > 1 && !info.gathers_kv && info.ulysses_degree(cp, mesh.ulysses().size()) < cp;
+    const bool ring = cp_strategy_info(c.strategy).ring_steps(mesh.cp().size(), mesh.ulysses().size());
     const double wire = ring ? u : 0.0;
     const double f_o = kFp32Error * max_abs(o_ref), f_lse = kFp32Error * max_abs(lse_ref);
     const double f_dq = kFp32Error * max_abs(dq_ref), f_dk = kFp32Error * max_abs(dk_ref);

@@ -75,8 +75,6 @@ CpWorkspace cp_attention_workspace(const CpCallShape& s) {
     w.what = "gathered K,V [B, S, G, D] and their fp32 gradients";
     return w;
   }
-  // Heads after the all-to-all: q heads split, KV heads split when the
-  // degree divides them, else one replicated KV head.
   const int64_t U = s.ulysses, R = s.cp / U;
   const UlyssesHeads heads = ulysses_heads(U, s.H, s.G);
   const int64_t Hu = heads.Hu, Gu = heads.Gu;
@@ -106,17 +104,6 @@ CpWorkspace cp_attention_workspace(const CpCallShape& s) {
                  : "all-to-all buffers [B, S, H/U, D] (Q,K,V,dO in; O or dQ,dK,dV out)";
   return w;
 }
-
-namespace {
-
-// Heads after the all-to-all: q heads split, KV heads split when the degree
-// divides them, else one replicated KV head.
-std::pair<int64_t, int64_t> heads_after_all_to_all(const CpCallShape& s) {
-  if (s.ulysses == 1) return {s.H, s.G};
-  return {s.H / s.ulysses, s.G % s.ulysses == 0 ? s.G / s.ulysses : 1};
-}
-
-}  // namespace
 
 // The ring of R ranks, each holding the tokens of one ring position (for usp,
 // its U ulysses ranks' tokens, gathered in order), cut by the ring's own
@@ -163,8 +150,8 @@ std::vector<CpTransfer> CpCallTraffic::transfers(bool backward, int64_t cp_rank)
       add("reduce_scatter", "cp", "dK,dV (fp32)", 1, (P - 1) * B * L * 8 * G * D, (P - 1) * B * L * 8 * G * D);
     return out;
   }
-  const auto [Hu, Gu] = heads_after_all_to_all(s);
-  const int64_t U = s.ulysses, R = s.cp / U;
+  const UlyssesHeads heads = ulysses_heads(s.ulysses, s.H, s.G);
+  const int64_t Hu = heads.Hu, Gu = heads.Gu, U = s.ulysses, R = s.cp / U;
   if (U > 1) {
     const int64_t P = U;
     const UlyssesRecords rec = ulysses_records(Hu, Gu, D, e, e, e);

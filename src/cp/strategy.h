@@ -37,6 +37,12 @@ struct CpStrategyInfo {
   std::vector<int64_t> (*planner_ulysses_degrees)(int64_t cp);
   // The attention of one cp group of `mesh` (cp > 1; cp == 1 is the kernel alone).
   std::unique_ptr<CpAttentionImpl> (*make)(const Mesh& mesh, const CpOptions& options);
+
+  // K,V move in ring steps (a ring degree above 1): transfers overlap
+  // compute, and bf16 partial results are merged once more.
+  bool ring_steps(int64_t cp, int64_t usp_factor) const {
+    return !gathers_kv && ulysses_degree(cp, usp_factor) < cp;
+  }
 };
 
 // Every strategy, in the order the planner lists them.
