@@ -464,13 +464,19 @@ class DqTurns {
 };
 
 // Adds the `rows` rows of panels x [panels][D][panel] (transposed) to rows
-// i0.. of head h of the fp32 view out (dQ).
+// i0.. of head h of the fp32 view out (dQ). Eight rows at a time, so that
+// each read of x is eight neighbours (one row at a time read x 128 bytes
+// apart, every element: 2.9% of the bf16 backward at D = 64 in perf).
 void add_panel_rows(const TensorView& out, int64_t b, int64_t i0, int64_t h, int64_t rows, int64_t D, int64_t panel,
                     const float* x) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* dst = out.at<float>({b, i0 + r, h});
-    const float* src = x + (r / panel) * D * panel + r % panel;
-    for (int64_t y = 0; y < D; ++y) dst[y] += src[y * panel];
+  constexpr int64_t kGroup = 8;
+  for (int64_t r0 = 0; r0 < rows; r0 += kGroup) {
+    const int64_t n = std::min({kGroup, rows - r0, panel - r0 % panel});
+    float* dst[kGroup];
+    for (int64_t k = 0; k < n; ++k) dst[k] = out.at<float>({b, i0 + r0 + k, h});
+    const float* src = x + (r0 / panel) * D * panel + r0 % panel;
+    for (int64_t y = 0; y < D; ++y)
+      for (int64_t k = 0; k < n; ++k) dst[k][y] += src[y * panel + k];
   }
 }
 

@@ -22,11 +22,13 @@ namespace {
 
 constexpr int64_t up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-// The fp32 softmax of the fused kernels (fused_impl::softmax and
-// softmax_grad: the same arithmetic in the same order, V their vector type
-// of 16 lanes) with P and dS written straight as bf16 operands of the next
-// products: the fp32 P and dS are never stored, and no pass reads them back
-// to round them (that pass and the stores were 6% of the kernels' time).
+// The softmax of the fused kernels (fused_impl::softmax and softmax_grad:
+// the same arithmetic in the same order, V their vector type of 16 lanes,
+// but exp2 to degree 4, V::exp2_bf16: P and dS are rounded to bf16 next, and
+// the polynomial's error is u/1400 of that rounding) with P and dS written
+// straight as bf16 operands of the next products: the fp32 P and dS are
+// never stored, and no pass reads them back to round them (that pass and the
+// stores were 6% of the kernels' time; the short exp2 another 4-8%).
 // C converts: plain32 (32 floats to 32 bf16, to nearest even) and pairs16
 // (16 lanes of two kv rows into 16 pairs). Outputs are zero past cols up to
 // up(cols, kv_align).
@@ -55,22 +57,22 @@ void softmax_to_pairs(const float* s, int64_t panels, int64_t cols, int64_t s_pa
       const R shift = V::zero_where_neg_inf(m_new);  // rows with nothing allowed yet: 0, alpha 0
       R sum0 = V::zero(), sum1 = V::zero();
       for (c = 0; c + 2 <= cols; c += 2) {
-        const R e0 = V::exp2(V::sub(V::load(col + c * P), shift));
-        const R e1 = V::exp2(V::sub(V::load(col + (c + 1) * P), shift));
+        const R e0 = V::exp2_bf16(V::sub(V::load(col + c * P), shift));
+        const R e1 = V::exp2_bf16(V::sub(V::load(col + (c + 1) * P), shift));
         sum0 = V::add(sum0, e0);
         sum1 = V::add(sum1, e1);
         V::store(e[0], e0), V::store(e[1], e1);
         C::pairs16(e[0], e[1], pairs + (c / 2) * P + h);
       }
       if (c < cols) {
-        const R e0 = V::exp2(V::sub(V::load(col + c * P), shift));
+        const R e0 = V::exp2_bf16(V::sub(V::load(col + c * P), shift));
         sum0 = V::add(sum0, e0);
         V::store(e[0], e0), V::store(e[1], V::zero());
         C::pairs16(e[0], e[1], pairs + (c / 2) * P + h);
         c += 2;
       }
       for (; c < padded; c += 2) std::fill(pairs + (c / 2) * P + h, pairs + (c / 2) * P + h + W, 0u);
-      const R a = V::exp2(V::sub(m_old, shift));
+      const R a = V::exp2_bf16(V::sub(m_old, shift));
       V::store(alpha + row, a);
       V::store(l + row, V::fmadd(V::load(l + row), a, V::add(sum0, sum1)));
       V::store(m + row, m_new);
@@ -104,7 +106,7 @@ void softmax_grad_to_bf16(const float* s, const float* dp, int64_t panels, int64
             continue;
           }
           const int64_t at = p * s_panel + (c + x) * P + half * W;
-          const R e = V::exp2(V::sub(V::load(s + at), l[half]));
+          const R e = V::exp2_bf16(V::sub(V::load(s + at), l[half]));
           V::store(pr[x] + half * W, e);
           V::store(ds[x] + half * W, V::mul(V::mul(e, V::sub(V::load(dp + at), dl[half])), sc));
         }

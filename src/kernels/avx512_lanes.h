@@ -2,7 +2,8 @@
 // The fused kernels' vector type on AVX-512 (attention_fused_impl.h): 16
 // fp32 lanes. Shared by the fused kernels (attention_fused_avx512.cpp) and
 // the bf16 dot kernels' softmax (attention_dot_avx512bf16.cpp,
-// attention_dot_amx.cpp), so both compute the same P bit for bit. Include
+// attention_dot_amx.cpp), so both run the same softmax (the dot kernels with
+// exp2_bf16 in place of exp2). Include
 // only from files compiled with -mavx512f; internal linkage, as
 // attention_dot_impl.h says why.
 #if defined(__AVX512F__)
@@ -38,6 +39,15 @@ struct Avx512 {
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e)),
                                 x);
+  }
+  // 2^x for the bf16 dot kernels' softmax (exp2_poly_bf16): 8 instructions
+  // where exp2 takes 17. n = round(x); x - n is NaN only for infinite x, and
+  // max (NaN: its second operand) makes it -0.5 there, so scalef gives
+  // 2^-inf = 0, 2^inf = inf and NaN for NaN without compares or blends.
+  static R exp2_bf16(R x) {
+    const R n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const R f = _mm512_max_ps(sub(x, n), set1(-0.5f));
+    return _mm512_scalef_ps(exp2_poly_bf16(f, fmadd, set1), n);
   }
   static R zero_where_neg_inf(R x) {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, set1(-__builtin_inff()), _CMP_EQ_OQ), x, zero());

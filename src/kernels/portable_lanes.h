@@ -52,6 +52,18 @@ struct PortableLanes {
       return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
     });
   }
+  static R exp2_bf16(R x) {  // Avx512::exp2_bf16, lane by lane (scalef as ldexp)
+    return each([&](int i) {
+      const float n = std::nearbyint(x.v[i]);  // to nearest, ties to even; NaN and inf as they are
+      float f = x.v[i] - n;
+      if (std::isnan(f)) f = -0.5f;  // x infinite or NaN
+      const float p = exp2_poly_bf16(
+          f, [](float a, float b, float d) { return std::fma(a, b, d); }, [](float k) { return k; });
+      if (std::isnan(n)) return n;
+      if (std::isinf(n)) return n > 0 ? n : 0.0f;
+      return std::ldexp(p, static_cast<int>(std::clamp(n, -400.0f, 400.0f)));
+    });
+  }
   static R zero_where_neg_inf(R x) {
     return each([&](int i) { return x.v[i] == -std::numeric_limits<float>::infinity() ? 0.0f : x.v[i]; });
   }
