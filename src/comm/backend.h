@@ -4,8 +4,9 @@
 // watchdog, the byte counters and wait seconds, the names in messages. A
 // backend only posts operations and says whether they have completed.
 //
-// Backends: src/comm/mpi_backend.cpp (the only file that includes MPI's header)
-// and src/comm/single_backend.cpp (one process, no MPI).
+// Backends: src/comm/mpi_backend.cpp (the only file that includes MPI's header),
+// src/comm/single_backend.cpp (one process, no MPI) and
+// src/comm/counting_backend.cpp (one rank of a group that is not there).
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -32,6 +33,8 @@ class CommBackend {
   virtual int size() const = 0;
   // Collective: the ranks with equal color form a group, ordered by key.
   virtual std::unique_ptr<CommBackend> split(int color, int key) const = 0;
+  // Collective: the same ranks in the same order.
+  virtual std::unique_ptr<CommBackend> duplicate() const { return split(0, rank()); }
   // Which host rank `rank` of this group runs on (host name and address),
   // for messages; "" where unknown (one process).
   virtual std::string host_of(int rank) const { return ""; }
@@ -51,5 +54,13 @@ class CommBackend {
 std::unique_ptr<CommBackend> make_mpi_world_backend();
 // This process alone: rank 0 of 1 (src/comm/single_backend.cpp).
 std::unique_ptr<CommBackend> make_single_backend();
+// Rank `rank` of a group of `size` that exists only in name: every operation
+// completes as it is posted and moves no bytes (receive buffers are left as
+// they are), so the Communicator above counts each call and its bytes as
+// that rank of a real group would (its byte conventions, communicator.h).
+// For counting what the engine sends without running its peers (Mesh::counting).
+// split is refused (a group cannot know its absent members' colors; build
+// groups from MeshShape); duplicate is the same group.
+std::unique_ptr<CommBackend> make_counting_backend(int rank, int size);
 
 }  // namespace longctx

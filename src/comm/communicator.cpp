@@ -113,7 +113,7 @@ Communicator Communicator::split(int color, int key, const std::string& name) co
 }
 
 Communicator Communicator::duplicate(const std::string& name) const {
-  Communicator d(backend_->split(0, rank_), name);
+  Communicator d(backend_->duplicate(), name);
   d.tally_ = tally_;
   return d;
 }
