@@ -50,7 +50,7 @@ int run_eval(const Args& args) {
   if (!config.cp_strategy) throw ConfigError("eval needs a context_parallel_strategy (not auto)");
   apply_hf_model_config(config);
   validate_config(config, comm_world_size());
-  Mesh mesh(mesh_shape_from_config(config));
+  Mesh mesh(config.mesh_shape());
   const fs::path json_path = eval_output_path(config);
   // Before the evaluation, not after it: a directory is no place for the result.
   if (fs::is_directory(json_path))

@@ -295,7 +295,7 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
   options.devices = world;
   const StrategyPlan plan = plan_strategy(config, hw, options);
   if (!plan.valid) throw ConfigError("plan --validate: " + plan.invalid_reason);
-  Mesh mesh(mesh_shape_from_config(config));
+  Mesh mesh(config.mesh_shape());
   Trainer trainer(config, mesh);
   trainer.train_step();  // warm-up: workspace allocation, first touch
   std::vector<double> seconds;

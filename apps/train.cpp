@@ -84,7 +84,7 @@ int run_train(const Args& args) {
   if (!config.cp_strategy) resolve_auto_strategy(config, Communicator::world("auto"));
   validate_config(config, comm_world_size());
   require_memory_fits(config, Communicator::world("memory check"));
-  Mesh mesh(mesh_shape_from_config(config));
+  Mesh mesh(config.mesh_shape());
   if (config.dtype == DType::bf16 && comm_world_rank() == 0 && !gemm_bf16_is_native())
     std::fprintf(stderr, "note: dtype=bfloat16 here multiplies in fp32 (gemm_bf16: %s): bf16 halves activation "
                          "memory and bytes sent, but its GEMMs run at the float32 rate (plus widening their "

@@ -517,6 +517,13 @@ std::map<std::string, ConfigValue> RunConfig::values() const {
   return v;
 }
 
+MeshShape RunConfig::mesh_shape() const {
+  MeshShape s;
+  s.dp = static_cast<int>(dp), s.cp = static_cast<int>(cp), s.ulysses = static_cast<int>(cp_ulysses);
+  s.tp = static_cast<int>(tp), s.fsdp = static_cast<int>(fsdp), s.fsdp_over_context = fsdp_over_context;
+  return s;
+}
+
 CpStrategy RunConfig::strategy() const {
   if (!cp_strategy) throw ConfigError("context_parallel_strategy=auto must be resolved by the planner first");
   return *cp_strategy;
@@ -715,9 +722,9 @@ void validate_config(RunConfig& c, int64_t world) {
                                                ") must be divisible by ici_context_parallelism (" + str(c.cp) + ")");
   if (c.cp_load_balance && c.cp > 1) {
     // zigzag (src/cp/layout.h): 2 * ring chunks; ring rank i holds chunks i and 2R-1-i.
-    require(c.max_target_length % checked_mul(2, c.ring(), "2 * ring") == 0,
+    require(c.max_target_length % checked_mul(2, c.mesh_shape().ring(), "2 * ring") == 0,
             "context_parallel_load_balance (zigzag) needs max_target_length (" + str(c.max_target_length) +
-                ") divisible by 2 * ring (ring = ici_context_parallelism / ulysses = " + str(c.ring()) + ")");
+                ") divisible by 2 * ring (ring = ici_context_parallelism / ulysses = " + str(c.mesh_shape().ring()) + ")");
   }
   require(c.per_device_batch_size >= 1, "per_device_batch_size must be >= 1");
   if (c.tp_sequence_parallel) {
@@ -758,14 +765,14 @@ void validate_config(RunConfig& c, int64_t world) {
   require(c.eval_first_bucket >= 1, "eval_first_bucket must be >= 1 (got " + str(c.eval_first_bucket) + ")");
   if (c.shard_optimizer_over_data) {
     // Each replica of the parameter shard owns a contiguous piece of at least one element.
-    const int64_t group = c.shard_group(), replicas = c.dp * (c.fsdp_over_context ? 1 : c.cp);
+    const int64_t group = c.mesh_shape().shard_group(), replicas = c.mesh_shape().replicas();
     const int64_t shard = parameter_shard_elements(m, c.tp, group);
     require(shard >= replicas,  // <= the world size: no overflow
             "shard_optimizer_over_data needs at least one parameter per replica (replicas = " + str(replicas) +
                 ", parameters per shard = " + str(shard) + ")");
   }
 
-  require(!c.parameter_memory_host_offload || c.shard_group() > 1,
+  require(!c.parameter_memory_host_offload || c.mesh_shape().shard_group() > 1,
           "parameter_memory_host_offload needs FSDP (ici_fsdp_parallelism > 1, or fsdp_over_context with "
           "ici_context_parallelism > 1): unsharded, the model computes from its parameters in place, so there is "
           "nothing to bring to the device per layer");

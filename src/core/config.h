@@ -32,6 +32,7 @@
 
 #include "core/error.h"
 #include "core/mask.h"
+#include "core/mesh_shape.h"
 #include "core/model_shape.h"
 #include "core/vocabulary.h"
 
@@ -155,13 +156,11 @@ struct RunConfig {
   int64_t num_threads = 0;            // num_threads (0 = OpenMP default)
   bool deterministic_across_thread_counts = false;  // thread-count-independent GEMM pieces
 
-  // The ring factor of cp (the mesh's ring axis, src/comm/mesh.h): cp for
-  // all_gather/ring/ulysses (their group is all of cp), cp / ulysses for usp.
-  int64_t ring() const { return cp / cp_ulysses; }
-  // Ranks that read different sequences of a global batch.
-  int64_t data_parallelism() const { return dp * fsdp; }
-  // Ranks among which each parameter is sharded (1: replicated).
-  int64_t shard_group() const { return fsdp * (fsdp_over_context ? cp : 1); }
+  // The mesh's axes (src/core/mesh_shape.h: its groups, ring factor, shard
+  // group, replicas). cp splits into ulysses x ring only for usp: validation
+  // holds ici_context_usp_ulysses_parallelism at 1 for the other strategies.
+  // dp must be resolved (not -1).
+  MeshShape mesh_shape() const;
   // The resolved strategy (ConfigError while it is still "auto").
   CpStrategy strategy() const;
   // The ulysses (all-to-all) degree of the strategy: cp for ulysses, the

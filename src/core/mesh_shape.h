@@ -59,6 +59,7 @@ struct MeshShape {
   int world() const { return dp * fsdp * cp * tp; }
   int shard_group() const { return fsdp * (fsdp_over_context ? cp : 1); }
   int replicas() const { return dp * (fsdp_over_context ? 1 : cp); }
+  int batch_slices() const { return dp * fsdp; }  // ranks that read different sequences of a batch
   int data_ranks() const { return dp * fsdp * cp; }
 
   MeshCoords coords(int world_rank) const;

@@ -143,7 +143,10 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.optimizer_tier = c.optimizer_tier();
   s.parameter_tier = c.parameter_tier();
   s.state_target = c.state_offload_target;
-  s.shards = s.fsdp * (s.fsdp_over_context ? s.cp : 1);
+  // The mesh of the resolved axes (src/core/mesh_shape.h owns its groups).
+  MeshShape mesh = c.mesh_shape();
+  mesh.dp = static_cast<int>(s.dp), mesh.fsdp = static_cast<int>(s.fsdp);
+  s.shards = mesh.shard_group();
   s.shard = parameter_shard_elements(m, c.tp, s.shards);
   LlamaConfig one_layer = m;
   one_layer.num_layers = 1;
@@ -152,8 +155,8 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   const int64_t tied = m.tie_embeddings ? 1 : 0;
   s.rounded_weights = s.shards == 1 ? s.shard
                                     : 2 * s.L * units[1].elements + (1 + tied) * units[0].elements + units[2].elements;
-  s.replicas = s.dp * (s.fsdp_over_context ? 1 : s.cp);
-  s.data_ranks = s.dp * s.fsdp * s.cp;
+  s.replicas = mesh.replicas();
+  s.data_ranks = mesh.data_ranks();
   s.segments = c.packing;
   s.zero1 = c.shard_optimizer_over_data && s.replicas > 1;
   s.piece = s.zero1 ? flat_piece(s.shard, static_cast<int>(s.replicas), static_cast<int>(s.replicas - 1))
@@ -983,7 +986,7 @@ std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw) {
             target,
         "layer inputs moved off the device too", offload(true));
     const RunConfig& now = ladder.back().config;
-    if (i == 0 && host_link && !c.parameter_memory_host_offload && (now.fsdp == -1 || now.shard_group() > 1))
+    if (i == 0 && host_link && !c.parameter_memory_host_offload && (now.fsdp == -1 || now.mesh_shape().shard_group() > 1))
       add("parameter_memory_host_offload=true", "FSDP parameter shards in host memory",
           [](RunConfig& k) { k.parameter_memory_host_offload = true; });
   }

@@ -33,7 +33,7 @@ EvalResult evaluate(const RunConfig& c, const Mesh& mesh) {
   RunConfig data_config = c;
   if (!c.eval_dataset_path.empty()) data_config.dataset_path = c.eval_dataset_path;
   const Dataset data(load_corpus(data_config), c.max_target_length, c.packing);
-  const int64_t global_batch = c.per_device_batch_size * c.data_parallelism();
+  const int64_t global_batch = c.per_device_batch_size * c.mesh_shape().batch_slices();
   const int64_t sequences = checked_mul(c.eval_steps, global_batch, "eval_steps x global batch");
   // Never wrap around: past its end the data repeats (and, without
   // eval_dataset_path, runs into the training sequences before the tail).
@@ -64,7 +64,7 @@ EvalResult evaluate(const RunConfig& c, const Mesh& mesh) {
   std::vector<double> token_losses;
   for (int64_t step = 0; step < c.eval_steps; ++step) {
     const LocalBatch batch = make_local_batch(data, r.first_sequence + step * global_batch, c.per_device_batch_size,
-                                              c.data_parallelism(), mesh.data_rank(), layout, mesh.cp_rank(), mask);
+                                              c.mesh_shape().batch_slices(), mesh.data_rank(), layout, mesh.cp_rank(), mask);
     token_losses.assign(batch.tokens.size(), 0.0);
     model.forward(batch.view(), token_losses.data());
     for (size_t i = 0; i < token_losses.size(); ++i) {

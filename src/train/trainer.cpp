@@ -70,18 +70,6 @@ void install_stop_signal_handlers() {
 
 int stop_signal_received() { return g_stop_signal; }
 
-MeshShape mesh_shape_from_config(const RunConfig& c) {
-  MeshShape s;
-  s.dp = static_cast<int>(c.dp);
-  s.cp = static_cast<int>(c.cp);
-  // The mesh splits cp into ulysses x ring only for a strategy that takes the split.
-  s.ulysses = static_cast<int>(c.cp_strategy && cp_strategy_info(*c.cp_strategy).takes_usp_factor ? c.cp_ulysses : 1);
-  s.tp = static_cast<int>(c.tp);
-  s.fsdp = static_cast<int>(c.fsdp);
-  s.fsdp_over_context = c.fsdp_over_context;
-  return s;
-}
-
 ModelOptions model_options_from_config(const RunConfig& c, const Mesh& mesh) {
   ModelOptions o;
   o.remat = c.remat_policy;
@@ -217,7 +205,7 @@ void check_checkpoint_dir(const std::string& dir, const Communicator& world) {
 Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), mesh_(mesh) {
   const RunConfig& c = config_;
   apply_system_settings(c);
-  const MeshShape want = mesh_shape_from_config(c), got = mesh_.shape();
+  const MeshShape want = c.mesh_shape(), got = mesh_.shape();
   if (want.dp != got.dp || want.fsdp != got.fsdp || want.cp != got.cp || want.ulysses != got.ulysses ||
       want.tp != got.tp || want.fsdp_over_context != got.fsdp_over_context)
     throw ConfigError("the mesh (" + got.to_string() + ") differs from the config's (" + want.to_string() + ")");
@@ -314,7 +302,7 @@ StepMetrics Trainer::train_step() {
   const RunConfig& c = config_;
   Timer timer;
   publish_step_position(StepPass::batch);
-  const int64_t dp = c.data_parallelism();
+  const int64_t dp = c.mesh_shape().batch_slices();
   LocalBatch batch = make_local_batch(*data_, state_.data_cursor, c.per_device_batch_size, dp, mesh_.data_rank(), *layout_,
                                       mesh_.cp_rank(), mask_);
   if (batch.global_target_tokens == 0) throw DataError("a global batch has no target tokens (all padding)");

@@ -33,9 +33,6 @@
 
 namespace longctx {
 
-// The mesh shape the config asks for (ulysses > 1 only for usp: the other
-// strategies use all of cp as one group).
-MeshShape mesh_shape_from_config(const RunConfig& config);
 ModelOptions model_options_from_config(const RunConfig& config, const Mesh& mesh);
 // The config's system settings for this process: num_threads, the
 // thread-count-independent GEMMs, device_memory_budget and

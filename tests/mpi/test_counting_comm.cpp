@@ -128,7 +128,7 @@ TEST(CountingMesh, CountsWhatTheRealMeshCountsForEveryRank) {
     RunConfig c = config_for(k);
     const std::string what = describe(k) + " rank " + std::to_string(comm_world_rank());
     ASSERT_NO_THROW(validate_config(c, world)) << what << ": a case that breaks a rule is a bug in this test";
-    Mesh mesh(mesh_shape_from_config(c));
+    Mesh mesh(c.mesh_shape());
     run(c, mesh);  // a warm-up: the process's one-time choices (bf16 attention path, GEMM) allocate scratch
     const Counted real = run(c, mesh);
     const Mesh counting = Mesh::counting(mesh.shape(), mesh.world_rank());

@@ -101,7 +101,7 @@ void expect_every_sharded_mesh_matches_one_rank(bool tied, const std::string& dt
     } catch (const ConfigError&) {  // e.g. a ulysses degree above the heads per tp rank
       continue;
     }
-    Mesh mesh(mesh_shape_from_config(c));
+    Mesh mesh(c.mesh_shape());
     const test::RunResult got = test::train(c, mesh, kSteps);
     const std::string what = m.text() + (tied ? " tied" : "") + " " + dtype;
     EXPECT_LT(rel(got.loss0, ref.loss0), tolerance) << what << ": " << got.loss0 << " vs " << ref.loss0;
@@ -141,7 +141,7 @@ TEST(Fsdp, WithZero1OverTheReplicasMatchesOneRank) {
   v["shard_optimizer_over_data"] = true;
   RunConfig c = config_from_values(v);
   validate_config(c, world);
-  Mesh mesh(mesh_shape_from_config(c));
+  Mesh mesh(c.mesh_shape());
   const test::RunResult got = test::train(c, mesh, kSteps);
   EXPECT_LT(rel(got.loss0, ref.loss0), 1e-5);
   EXPECT_LT(rel(got.grad_norm0, ref.grad_norm0), 1e-5);
@@ -179,7 +179,7 @@ TEST(Fsdp, ParameterGradientAndOptimizerPeaksAreTheShardPlusTheGatheredUnits) {
   const size_t p0 = t.current(MemCategory::parameters), g0 = t.current(MemCategory::gradients),
                o0 = t.current(MemCategory::optimizer);
   t.reset_peaks();
-  Mesh mesh(mesh_shape_from_config(c));
+  Mesh mesh(c.mesh_shape());
   Trainer trainer(c, mesh);
   trainer.train_step();
   trainer.train_step();
@@ -216,18 +216,18 @@ TEST(Fsdp, ShardedCheckpointResumesOnTheSameMeshAndUnshardedOnOneRank) {
   validate_config(a_disk, world);
   std::vector<double> straight;
   {
-    Mesh mesh(mesh_shape_from_config(a));
+    Mesh mesh(a.mesh_shape());
     Trainer t(a, mesh);
     for (int i = 0; i < 2 * kHalf; ++i) straight.push_back(t.train_step().loss);
   }
   {
-    Mesh mesh(mesh_shape_from_config(a_disk));
+    Mesh mesh(a_disk.mesh_shape());
     Trainer t(a_disk, mesh);
     for (int i = 0; i < kHalf; ++i) t.train_step();
     t.save();
   }
   {  // same mesh: bit for bit
-    Mesh mesh(mesh_shape_from_config(a_disk));
+    Mesh mesh(a_disk.mesh_shape());
     Trainer t(a_disk, mesh);
     ASSERT_NE(t.resume(), "");
     for (int i = kHalf; i < 2 * kHalf; ++i) EXPECT_EQ(t.train_step().loss, straight[i]) << "same mesh, step " << i;
@@ -262,7 +262,7 @@ TEST(Fsdp, OptimizerAndParameterOffloadToHostOrDiskFitABudgetThePlainRunBreaks) 
   MemoryTracker& t = MemoryTracker::global();
   int64_t optimizer_peak = 0;
   auto losses = [&](const RunConfig& c, int64_t* device_peak, int64_t* params_peak, int64_t* optimizer_now) {
-    Mesh mesh(mesh_shape_from_config(c));
+    Mesh mesh(c.mesh_shape());
     const size_t before = t.current_total(), p0 = t.current(MemCategory::parameters),
                  o0 = t.current(MemCategory::optimizer);
     t.reset_peaks();

@@ -205,7 +205,7 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
     const StrategyPlan plan = plan_strategy(c, any_profile(), PlanOptions{});
     ASSERT_TRUE(plan.valid) << what << ": " << plan.invalid_reason;
 
-    Mesh mesh(mesh_shape_from_config(c));
+    Mesh mesh(c.mesh_shape());
     const size_t before = MemoryTracker::global().current_total();
     MemoryTracker::global().reset_peaks();
     const size_t activations_before = MemoryTracker::global().current(MemCategory::activations);
@@ -397,7 +397,7 @@ TEST(PlanMemory, FsdpPeaksAndBytesMatchRealStepsExactly) {
     validate_config(c, world);
     const StrategyPlan plan = plan_strategy(c, any_profile(), PlanOptions{});
     ASSERT_TRUE(plan.valid) << what << ": " << plan.invalid_reason;
-    Mesh mesh(mesh_shape_from_config(c));
+    Mesh mesh(c.mesh_shape());
     MemoryTracker& t = MemoryTracker::global();
     const size_t p0 = t.current(MemCategory::parameters), g0 = t.current(MemCategory::gradients),
                  o0 = t.current(MemCategory::optimizer), a0 = t.current(MemCategory::activations);

@@ -206,7 +206,7 @@ void expect_every_mesh_matches(const std::string& dtype, double tolerance) {
         RunConfig sp = config_from_values(values(dp, cp, tp, strategy, true, dtype));
         validate_config(plain, world);
         validate_config(sp, world);
-        Mesh mesh(mesh_shape_from_config(sp));
+        Mesh mesh(sp.mesh_shape());
         const RunResult got = train(sp, mesh), without = train(plain, mesh);
         expect_close(got, ref, tolerance, what + " vs one rank");
         expect_close(got, without, tolerance, what + " vs tp without sequence parallelism");

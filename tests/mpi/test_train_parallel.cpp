@@ -89,7 +89,7 @@ void expect_every_mesh_matches_one_rank(const ValuesFor& values, const std::stri
           } catch (const ConfigError& e) {  // e.g. ulysses degree 4 > 2 heads per tp rank
             continue;
           }
-          Mesh mesh(mesh_shape_from_config(c));
+          Mesh mesh(c.mesh_shape());
           const RunResult got = train(c, mesh);
           EXPECT_LT(rel(got.loss0, ref.loss0), tolerance) << what << ": " << got.loss0 << " vs " << ref.loss0;
           EXPECT_LT(rel(got.grad_norm0, ref.grad_norm0), tolerance)
@@ -156,7 +156,7 @@ TEST(TrainParallel, CheckpointFromAShardedMeshResumesOnOneRank) {
   RunConfig sharded = config_from_values(values);
   validate_config(sharded, world);
   {
-    Mesh mesh(mesh_shape_from_config(sharded));
+    Mesh mesh(sharded.mesh_shape());
     Trainer t(sharded, mesh);
     for (int i = 0; i < kSteps / 2; ++i) t.train_step();
     t.save();
@@ -194,7 +194,7 @@ TEST(TrainParallel, ShardedOptimizerMemoryIsOneReplicaShare) {
   for (bool shard : {false, true}) {
     RunConfig c = config_from_values(sharded_values(1, cp, tp, "ring", 1, shard));
     validate_config(c, world);
-    Mesh mesh(mesh_shape_from_config(c));
+    Mesh mesh(c.mesh_shape());
     const size_t before = MemoryTracker::global().current(MemCategory::optimizer);
     Trainer t(c, mesh);
     t.train_step();
@@ -238,21 +238,21 @@ TEST(TrainParallel, ShardedCheckpointResumesOnTheSameMeshAnotherMeshAndUnsharded
   std::vector<double> straight;
   std::vector<float> final_straight;
   {
-    Mesh mesh(mesh_shape_from_config(a));
+    Mesh mesh(a.mesh_shape());
     Trainer t(a, mesh);
     for (int i = 0; i < 2 * kHalf; ++i) straight.push_back(t.train_step().loss);
     auto p = t.model().flat_parameters();
     final_straight.assign(p.begin(), p.end());
   }
   {
-    Mesh mesh(mesh_shape_from_config(a));
+    Mesh mesh(a.mesh_shape());
     Trainer t(a, mesh);
     for (int i = 0; i < kHalf; ++i) EXPECT_EQ(t.train_step().loss, straight[i]) << "step " << i;
     t.save();
   }
   // Same mesh and sharding: bit for bit.
   {
-    Mesh mesh(mesh_shape_from_config(a));
+    Mesh mesh(a.mesh_shape());
     Trainer t(a, mesh);
     ASSERT_NE(t.resume(), "");
     EXPECT_EQ(t.step(), kHalf);
@@ -265,7 +265,7 @@ TEST(TrainParallel, ShardedCheckpointResumesOnTheSameMeshAnotherMeshAndUnsharded
     const int64_t tp = world % 2 == 0 ? 2 : 1, dp = world / tp >= 2 ? 2 : 1, cp = world / (tp * dp);
     RunConfig b = config_from_values(with_dir(sharded_values(dp, cp, tp, "all_gather", 1)));
     validate_config(b, world);
-    Mesh mesh(mesh_shape_from_config(b));
+    Mesh mesh(b.mesh_shape());
     Trainer t(b, mesh);
     ASSERT_NE(t.resume(), "");
     EXPECT_EQ(t.step(), kHalf);
