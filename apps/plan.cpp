@@ -111,10 +111,10 @@ json to_json(const StrategyPlan& p) {
   }
   json mem = json::array();
   for (const MemoryLine& m : p.memory)
-    mem.push_back({{"category", m.category}, {"name", m.name}, {"bytes", m.bytes}});
+    mem.push_back({{"category", mem_category_name(m.category)}, {"name", m.name}, {"bytes", m.bytes}});
   json comm = json::array();
   for (const CommLine& c : p.comm)
-    comm.push_back({{"op", c.op}, {"axis", c.axis}, {"what", c.what}, {"calls", c.calls},
+    comm.push_back({{"op", comm_op_name(c.op)}, {"axis", mesh_axis_name(c.axis)}, {"what", c.what}, {"calls", c.calls},
                     {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received},
                     {"seconds", c.seconds}, {"hidden_seconds", c.hidden_seconds}});
   j.update({{"memory", mem}, {"memory_total_bytes", p.memory_total},
@@ -129,14 +129,14 @@ json to_json(const StrategyPlan& p) {
             {"mfu", p.mfu}});
   if (p.offload_bytes > 0) {
     json off = json::array();
-    for (const MemoryLine& m : p.offload_memory) off.push_back({{"tier", m.category}, {"name", m.name}, {"bytes", m.bytes}});
+    for (const OffloadLine& m : p.offload_memory) off.push_back({{"tier", name_of(p.offload_target)}, {"name", m.name}, {"bytes", m.bytes}});
     j["offload"] = {{"target", name_of(p.offload_target)}, {"memory", off}, {"bytes", p.offload_bytes},
                     {"moved_bytes_per_step", p.offload_moved_bytes}, {"bandwidth", p.offload_bandwidth},
                     {"seconds", p.offload_seconds}, {"hidden_seconds", p.offload_hidden_seconds}};
   }
   if (p.state_offload_bytes > 0) {
     json st = json::array();
-    for (const MemoryLine& m : p.state_offload) st.push_back({{"name", m.name}, {"bytes", m.bytes}});
+    for (const OffloadLine& m : p.state_offload) st.push_back({{"name", m.name}, {"bytes", m.bytes}});
     j["state_offload"] = {{"target", name_of(p.state_offload_target)}, {"memory", st}, {"bytes", p.state_offload_bytes},
                           {"moved_bytes_per_step", p.state_offload_moved_bytes}, {"seconds", p.state_offload_seconds},
                           {"hidden_seconds", p.state_offload_hidden_seconds}};
@@ -152,7 +152,7 @@ std::string plan_label(const StrategyPlan& p) {
 // The memory lines of one plan: device memory by tensor, what is offloaded, host-resident state.
 void print_memory(const StrategyPlan& p) {
   for (const MemoryLine& m : p.memory)
-    std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(),
+    std::printf("   %-14s %-58s %12s\n", mem_category_name(m.category), m.name.c_str(),
                 human_bytes(double(m.bytes)).c_str());
   if (p.offload_bytes > 0) {
     std::printf("   offloaded to %s (not device memory): %s; moved per step %s (written after forward, read "
@@ -165,8 +165,8 @@ void print_memory(const StrategyPlan& p) {
     else
       std::printf(": the profile has no %s bandwidth, time not counted\n",
                   p.offload_target == OffloadTarget::host ? "host_link" : "disk");
-    for (const MemoryLine& m : p.offload_memory)
-      std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(), human_bytes(double(m.bytes)).c_str());
+    for (const OffloadLine& m : p.offload_memory)
+      std::printf("   %-14s %-58s %12s\n", name_of(p.offload_target), m.name.c_str(), human_bytes(double(m.bytes)).c_str());
   }
   if (p.state_offload_bytes > 0) {
     const bool disk = p.state_offload_target == OffloadTarget::disk;
@@ -174,8 +174,8 @@ void print_memory(const StrategyPlan& p) {
                 disk ? "disk spill files" : "host memory", human_bytes(double(p.state_offload_bytes)).c_str(),
                 disk ? "to and from disk" : "over the host link", human_bytes(double(p.state_offload_moved_bytes)).c_str(),
                 seconds(p.state_offload_seconds).c_str(), seconds(p.state_offload_hidden_seconds).c_str());
-    for (const MemoryLine& m : p.state_offload)
-      std::printf("   %-14s %-58s %12s\n", m.category.c_str(), m.name.c_str(), human_bytes(double(m.bytes)).c_str());
+    for (const OffloadLine& m : p.state_offload)
+      std::printf("   %-14s %-58s %12s\n", name_of(p.state_offload_target), m.name.c_str(), human_bytes(double(m.bytes)).c_str());
   }
 }
 
@@ -214,8 +214,8 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
     print_memory(p);
     std::printf("   communication per device per step:\n");
     for (const CommLine& l : p.comm)
-      std::printf("   %-14s %-8s %-38s %6lld calls  sent %10s  recv %10s  %9s%s\n", l.op.c_str(),
-                  l.axis.c_str(), l.what.c_str(), (long long)l.calls,
+      std::printf("   %-14s %-8s %-38s %6lld calls  sent %10s  recv %10s  %9s%s\n", comm_op_name(l.op),
+                  mesh_axis_name(l.axis), l.what.c_str(), (long long)l.calls,
                   human_bytes(double(l.bytes_sent)).c_str(), human_bytes(double(l.bytes_received)).c_str(),
                   seconds(l.seconds).c_str(), l.hidden_seconds > 0 ? " (overlapped)" : "");
     std::printf("   FLOPs per device: %.3g model, %.3g with remat; %lld attention pairs, imbalance %.3f\n",

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
+#include "core/mesh_shape.h"
 #include "core/vocabulary.h"
 #include "kernels/attention.h"
 
@@ -161,8 +163,8 @@ CpWorkspace cp_attention_workspace(const CpCallShape& shape);
 // src/comm counters count it (the byte formulas above), with the ring's
 // skipped pieces decided by its own chunk plan (RingChunks::needs).
 struct CpTransfer {
-  const char* op;    // a comm_op_name: send, recv, all_gather, all_to_all, reduce_scatter
-  const char* axis;  // mesh axis: cp, ulysses or ring
+  CommOp op;     // send, recv, all_gather, all_to_all, reduce_scatter
+  MeshAxis axis;  // cp, ulysses or ring
   std::string what;  // e.g. "K,V"
   int64_t calls = 0, bytes_sent = 0, bytes_received = 0;
   // The ring's sends: each peer's bytes times its ring distance,

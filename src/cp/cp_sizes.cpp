@@ -134,7 +134,7 @@ CpCallTraffic::CpCallTraffic(const CpCallShape& s) : s_(s) {
 std::vector<CpTransfer> CpCallTraffic::transfers(bool backward, int64_t cp_rank) const {
   const CpCallShape& s = s_;
   std::vector<CpTransfer> out;
-  auto add = [&](const char* op, const char* axis, const std::string& what, int64_t calls, int64_t sent,
+  auto add = [&](CommOp op, MeshAxis axis, const std::string& what, int64_t calls, int64_t sent,
                  int64_t received, int64_t hop_bytes = 0) {
     if (calls > 0) out.push_back({op, axis, what, calls, sent, received, hop_bytes});
   };
@@ -143,11 +143,11 @@ std::vector<CpTransfer> CpCallTraffic::transfers(bool backward, int64_t cp_rank)
   activation_dtype(s);  // checks e
   if (cp_strategy_info(s.strategy).gathers_kv) {
     const int64_t P = s.cp, G = s.G;
-    add("all_gather", "cp", "K,V", 1, (P - 1) * B * L * 2 * G * D * e, (P - 1) * B * L * 2 * G * D * e);
-    add("all_gather", "cp", "positions", 1, (P - 1) * B * L * 8, (P - 1) * B * L * 8);
-    if (seg) add("all_gather", "cp", "segments", 1, (P - 1) * B * L * seg, (P - 1) * B * L * seg);
+    add(CommOp::all_gather, MeshAxis::cp, "K,V", 1, (P - 1) * B * L * 2 * G * D * e, (P - 1) * B * L * 2 * G * D * e);
+    add(CommOp::all_gather, MeshAxis::cp, "positions", 1, (P - 1) * B * L * 8, (P - 1) * B * L * 8);
+    if (seg) add(CommOp::all_gather, MeshAxis::cp, "segments", 1, (P - 1) * B * L * seg, (P - 1) * B * L * seg);
     if (backward)
-      add("reduce_scatter", "cp", "dK,dV (fp32)", 1, (P - 1) * B * L * 8 * G * D, (P - 1) * B * L * 8 * G * D);
+      add(CommOp::reduce_scatter, MeshAxis::cp, "dK,dV (fp32)", 1, (P - 1) * B * L * 8 * G * D, (P - 1) * B * L * 8 * G * D);
     return out;
   }
   const UlyssesHeads heads = ulysses_heads(s.ulysses, s.H, s.G);
@@ -157,21 +157,21 @@ std::vector<CpTransfer> CpCallTraffic::transfers(bool backward, int64_t cp_rank)
     const UlyssesRecords rec = ulysses_records(Hu, Gu, D, e, e, e);
     if (!backward) {
       int64_t qkv = (P - 1) * B * L * rec.qkv, o = (P - 1) * B * L * rec.o;
-      add("all_to_all", "ulysses", "Q,K,V", 1, qkv, qkv);
-      add("all_to_all", "ulysses", "O,LSE back", 1, o, o);
+      add(CommOp::all_to_all, MeshAxis::ulysses, "Q,K,V", 1, qkv, qkv);
+      add(CommOp::all_to_all, MeshAxis::ulysses, "O,LSE back", 1, o, o);
     } else {
       int64_t in = (P - 1) * B * L * rec.bwd;
       int64_t back = (P - 1) * B * L * rec.grads;
-      add("all_to_all", "ulysses", "Q,K,V,dO,LSE,delta", 1, in, in);
-      add("all_to_all", "ulysses", "dQ,dK,dV back (fp32)", 1, back, back);
+      add(CommOp::all_to_all, MeshAxis::ulysses, "Q,K,V,dO,LSE,delta", 1, in, in);
+      add(CommOp::all_to_all, MeshAxis::ulysses, "dQ,dK,dV back (fp32)", 1, back, back);
     }
-    add("all_gather", "ulysses", "positions", 1, (P - 1) * B * L * 8, (P - 1) * B * L * 8);
-    if (seg) add("all_gather", "ulysses", "segments", 1, (P - 1) * B * L * seg, (P - 1) * B * L * seg);
+    add(CommOp::all_gather, MeshAxis::ulysses, "positions", 1, (P - 1) * B * L * 8, (P - 1) * B * L * 8);
+    if (seg) add(CommOp::all_gather, MeshAxis::ulysses, "segments", 1, (P - 1) * B * L * seg, (P - 1) * B * L * seg);
   }
   if (R > 1) {
     const int64_t P = R, r = cp_rank / U;  // cp_rank = ring_rank * U + ulysses_rank
     const int64_t summary = (P - 1) * B * ring_chunks_ * int64_t(sizeof(RingChunkBounds));
-    add("all_gather", "ring", "chunk position ranges", 1, summary, summary);
+    add(CommOp::all_gather, MeshAxis::ring, "chunk position ranges", 1, summary, summary);
     int64_t sends = 0, recvs = 0, sent_tokens = 0, recv_tokens = 0, sent_hops = 0, back_hops = 0;
     for (int64_t other = 0; other < P; ++other) {  // send own chunks to other, receive its
       const int64_t hops = std::min((other - r + P) % P, (r - other + P) % P);
@@ -180,12 +180,12 @@ std::vector<CpTransfer> CpCallTraffic::transfers(bool backward, int64_t cp_rank)
       sent_hops += tokens_needed_[other * P + r] * hops, back_hops += tokens_needed_[r * P + other] * hops;
     }
     const int64_t kv_row = 2 * Gu * D * e + 8 + seg, grad_row = 2 * Gu * D * e;
-    add("send", "ring", "K,V chunks", sends, B * sent_tokens * kv_row, 0, B * sent_hops * kv_row);
-    add("recv", "ring", "K,V chunks", recvs, 0, B * recv_tokens * kv_row);
+    add(CommOp::send, MeshAxis::ring, "K,V chunks", sends, B * sent_tokens * kv_row, 0, B * sent_hops * kv_row);
+    add(CommOp::recv, MeshAxis::ring, "K,V chunks", recvs, 0, B * recv_tokens * kv_row);
     if (backward) {
       // Partial dK,dV of every received chunk go back to its owner.
-      add("send", "ring", "dK,dV back to owners", recvs, B * recv_tokens * grad_row, 0, B * back_hops * grad_row);
-      add("recv", "ring", "dK,dV back to owners", sends, 0, B * sent_tokens * grad_row);
+      add(CommOp::send, MeshAxis::ring, "dK,dV back to owners", recvs, B * recv_tokens * grad_row, 0, B * back_hops * grad_row);
+      add(CommOp::recv, MeshAxis::ring, "dK,dV back to owners", sends, 0, B * sent_tokens * grad_row);
     }
   }
   return out;

@@ -195,7 +195,7 @@ CpCallShape call_shape(const Shape& s) {
 
 // ---- memory: what the engine allocates, from its own tables ----------------------------
 
-void add_memory(StrategyPlan& p, const char* category, const std::string& name, int64_t bytes) {
+void add_memory(StrategyPlan& p, MemCategory category, const std::string& name, int64_t bytes) {
   if (bytes > 0) p.memory.push_back({category, name, bytes});
 }
 
@@ -210,35 +210,35 @@ void plan_memory(const Shape& s, StrategyPlan& p) {
   const std::string shard = sharded ? ", FSDP shard 1/" + str(s.shards) : "";
   // State the config keeps in the host pool or on disk instead.
   p.state_offload_target = s.state_target;
-  auto add_state = [&](StateTier tier, const char* category, const std::string& name, int64_t bytes) {
+  auto add_state = [&](StateTier tier, MemCategory category, const std::string& name, int64_t bytes) {
     if (tier == StateTier::device) return add_memory(p, category, name, bytes);
-    p.state_offload.push_back({name_of(s.state_target), name, bytes});
+    p.state_offload.push_back({name, bytes});
     p.state_offload_bytes += bytes;
   };
-  add_state(s.parameter_tier, "parameters", "model parameters (fp32" + shard + ")", s.shard * 4);
+  add_state(s.parameter_tier, MemCategory::parameters, "model parameters (fp32" + shard + ")", s.shard * 4);
   if (!sharded)
-    add_memory(p, "parameters", "bf16 compute copy of the parameters", compute_weight_copy_bytes(s.shard, s.dtype));
-  add_memory(p, "gradients", "model gradients (fp32" + shard + ")", s.shard * 4);
+    add_memory(p, MemCategory::parameters, "bf16 compute copy of the parameters", compute_weight_copy_bytes(s.shard, s.dtype));
+  add_memory(p, MemCategory::gradients, "model gradients (fp32" + shard + ")", s.shard * 4);
   // The gathered units in use at the peak (the schedule of sharded_parameters.h).
   const auto gathered = gathered_peak_bytes(s.model, s.tp, s.shards, s.dtype, true);
-  add_memory(p, "parameters",
+  add_memory(p, MemCategory::parameters,
              std::string("FSDP gathered units in flight (fp32") + (s.dtype == DType::bf16 ? " + bf16 copy)" : ")"),
              gathered[0]);
-  add_memory(p, "gradients", "FSDP unit gradients before their reduce-scatter (fp32)", gathered[1]);
-  add_state(s.optimizer_tier, "optimizer",
+  add_memory(p, MemCategory::gradients, "FSDP unit gradients before their reduce-scatter (fp32)", gathered[1]);
+  add_state(s.optimizer_tier, MemCategory::optimizer,
             s.zero1 ? "AdamW moments (fp32), ZeRO-1 piece 1/" + str(s.replicas) + shard
                     : "AdamW first and second moments (fp32" + shard + ")",
             kAdamWMoments * int64_t(s.piece.size) * 4);
   // A disk pass (the optimizer step) streams each store on disk through 2 chunks.
   const int64_t staged = (s.optimizer_tier == StateTier::disk ? kAdamWMoments * s.moment_chunk : 0) +
                          (s.parameter_tier == StateTier::disk ? s.param_chunk : 0);
-  add_memory(p, "optimizer", "state streamed from disk by the update (2 chunks per store, fp32)", 2 * staged * 4);
+  add_memory(p, MemCategory::optimizer, "state streamed from disk by the update (2 chunks per store, fp32)", 2 * staged * 4);
 
   // The model's own activation table: per layer when the policy saves a
   // tensor, else one buffer every layer reuses; each in its own dtype.
   for (const ActivationBuffer& a : activation_table(s.model, s.tp, s.save, s.N, true, 0, s.dtype, s.sp, s.chunk))
     if (a.elements > 0)
-      add_memory(p, "activations",
+      add_memory(p, MemCategory::activations,
                  std::string(a.name) + (a.copies > 1 ? " x" + str(a.copies) : "") +
                      (a.per_chunk ? " (one chunk of " + str(s.chunk) + " tokens)" : ""),
                  a.copies * a.bytes());
@@ -248,9 +248,9 @@ void plan_memory(const Shape& s, StrategyPlan& p) {
   const CpWorkspace ws = cp_attention_workspace(call_shape(s));
   const int64_t zero1_staging = s.zero1 ? int64_t(s.piece.block) * 4 : 0;
   if (zero1_staging > ws.bytes)
-    add_memory(p, "communication", "ZeRO-1 gradient/parameter piece (fp32, after backward)", zero1_staging);
+    add_memory(p, MemCategory::communication, "ZeRO-1 gradient/parameter piece (fp32, after backward)", zero1_staging);
   else
-    add_memory(p, "communication", "attention workspace (peak of one call): " + ws.what, ws.bytes);
+    add_memory(p, MemCategory::communication, "attention workspace (peak of one call): " + ws.what, ws.bytes);
 
   for (const MemoryLine& m : p.memory) p.memory_total += m.bytes;
 
@@ -259,7 +259,7 @@ void plan_memory(const Shape& s, StrategyPlan& p) {
   for (int i = 0; i < kNumActivations; ++i) {
     const int64_t items = offloaded_items(s, static_cast<Activation>(i));
     if (items == 0) continue;
-    p.offload_memory.push_back({name_of(s.offload_target), std::string(table[i].name) + " x" + str(items),
+    p.offload_memory.push_back({std::string(table[i].name) + " x" + str(items),
                                 items * table[i].bytes()});
     p.offload_bytes += items * table[i].bytes();
   }
@@ -388,28 +388,27 @@ struct Link {
 };
 
 // A group of `size` devices whose members are `stride` apart in rank order.
-Link link_for(const HardwareProfile& hw, const std::string& op, int64_t size, int64_t stride) {
+Link link_for(const HardwareProfile& hw, CommOp op, int64_t size, int64_t stride) {
   bool inter = size * stride > hw.devices_per_node && hw.inter_node_bandwidth > 0;
   if (inter) {
-    const double measured = op == "all_reduce" ? hw.inter_node_all_reduce_bandwidth
-                            : op == "all_to_all" ? hw.inter_node_all_to_all_bandwidth
-                            : (op == "all_gather" || op == "reduce_scatter") ? hw.inter_node_collective_bandwidth
+    const double measured = op == CommOp::all_reduce ? hw.inter_node_all_reduce_bandwidth
+                            : op == CommOp::all_to_all ? hw.inter_node_all_to_all_bandwidth
+                            : (op == CommOp::all_gather || op == CommOp::reduce_scatter) ? hw.inter_node_collective_bandwidth
                                                                              : 0.0;
     return {measured > 0 ? measured : hw.inter_node_bandwidth, hw.inter_node_latency};
   }
-  double bw = op == "all_to_all" ? hw.all_to_all_bandwidth
-              : (op == "send" || op == "recv") ? hw.p2p_bandwidth
+  double bw = op == CommOp::all_to_all ? hw.all_to_all_bandwidth
+              : (op == CommOp::send || op == CommOp::recv) ? hw.p2p_bandwidth
                                                : hw.collective_bandwidth;
   return {bw, hw.latency};
 }
 
 // One collective over a group of P ranks, `block` bytes per rank, per the
 // counters' conventions; appended `calls` times.
-void add_collective(StrategyPlan& p, const HardwareProfile& hw, const std::string& op,
-                    const std::string& axis, int64_t P, int64_t stride, const std::string& what,
+void add_collective(StrategyPlan& p, const HardwareProfile& hw, CommOp op, MeshAxis axis, int64_t P, int64_t stride, const std::string& what,
                     int64_t block, int64_t calls) {
   if (P <= 1 || calls == 0 || block == 0) return;
-  int64_t bytes = op == "all_reduce" ? 2 * block * (P - 1) / P : block * (P - 1);
+  int64_t bytes = op == CommOp::all_reduce ? 2 * block * (P - 1) / P : block * (P - 1);
   Link link = link_for(hw, op, P, stride);
   CommLine c{op, axis, what, calls, bytes * calls, bytes * calls, 0, 0, 0};
   c.seconds = calls * (link.latency * double(P - 1) + double(bytes) / link.bandwidth);
@@ -421,8 +420,8 @@ void add_attention_calls(const Shape& s, const HardwareProfile& hw, const std::v
                          int64_t calls, const std::string& pass, StrategyPlan& p) {
   for (const CommLine& c : call) {
     // Group sizes and rank strides per axis (src/comm/mesh.h rank order).
-    int64_t P = c.axis == "ulysses" ? s.U : c.axis == "ring" ? s.R : s.cp;
-    int64_t stride = c.axis == "ring" ? s.tp * s.U : s.tp;
+    int64_t P = c.axis == MeshAxis::ulysses ? s.U : c.axis == MeshAxis::ring ? s.R : s.cp;
+    int64_t stride = c.axis == MeshAxis::ring ? s.tp * s.U : s.tp;
     Link link = link_for(hw, c.op, P, stride);
     CommLine line = c;
     line.what = pass + ": " + c.what;
@@ -433,9 +432,9 @@ void add_attention_calls(const Shape& s, const HardwareProfile& hw, const std::v
     // On a torus a ring send crosses one link per position it skips, sharing
     // each with that step's other messages: its time follows bytes x hops.
     int64_t bytes = hw.torus && c.hop_bytes > 0 ? c.hop_bytes : std::max(c.bytes_sent, c.bytes_received);
-    int64_t messages = c.op == "send" || c.op == "recv" ? c.calls : c.calls * (P - 1);
+    int64_t messages = c.op == CommOp::send || c.op == CommOp::recv ? c.calls : c.calls * (P - 1);
     // A send and its matching recv are one transfer: time it on the send line.
-    line.seconds = c.op == "recv" ? 0.0
+    line.seconds = c.op == CommOp::recv ? 0.0
                                   : calls * (link.latency * double(messages) + double(bytes) / link.bandwidth);
     p.comm.push_back(line);
   }
@@ -510,7 +509,7 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   double hidden = 0;
   double ring_comm_total = 0;
   for (const CommLine& c : p.comm)
-    if (c.axis == "ring") ring_comm_total += c.seconds;
+    if (c.axis == MeshAxis::ring) ring_comm_total += c.seconds;
   // Forward at its own rate (remat repeats it); backward is the rest of the
   // measured forward + backward time per pair the kernel computes.
   const double fwd_rate = peak * hw.attention_forward_efficiency_at(s.D);
@@ -541,12 +540,12 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   // compute, all but the first (the embedding's); reduce-scatters block.
   double gathers = 0;
   for (const CommLine& c : p.comm)
-    if (c.axis == "fsdp" && c.op == "all_gather") gathers += c.seconds;
+    if (c.axis == MeshAxis::shards && c.op == CommOp::all_gather) gathers += c.seconds;
   const double uses = double(2 * s.L + 2);
   const double fsdp_hidden = std::min(gathers * (uses - 1) / uses, p.compute_seconds);
   for (CommLine& c : p.comm) {
-    if (c.axis == "ring" && ring_comm_total > 0) c.hidden_seconds = c.seconds * hidden / ring_comm_total;
-    if (c.axis == "fsdp" && c.op == "all_gather" && gathers > 0) c.hidden_seconds = c.seconds * fsdp_hidden / gathers;
+    if (c.axis == MeshAxis::ring && ring_comm_total > 0) c.hidden_seconds = c.seconds * hidden / ring_comm_total;
+    if (c.axis == MeshAxis::shards && c.op == CommOp::all_gather && gathers > 0) c.hidden_seconds = c.seconds * fsdp_hidden / gathers;
   }
   hidden += fsdp_hidden;
   p.hidden_comm_seconds = hidden;
@@ -706,12 +705,12 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
   // row-parallel backward GEMM (2 per layer).
   const int64_t tp_calls = s.L * (4 + (s.save.out_proj ? 0 : 1));
   if (s.sp) {
-    add_collective(p, hw, "reduce_scatter", "tp", s.tp, 1, "layer outputs and input gradients (fp32)",
+    add_collective(p, hw, CommOp::reduce_scatter, MeshAxis::tp, s.tp, 1, "layer outputs and input gradients (fp32)",
                    s.Nr * s.d * 4, tp_calls);
-    add_collective(p, hw, "all_gather", "tp", s.tp, 1, "normed layer inputs", s.Nr * s.d * s.act,
+    add_collective(p, hw, CommOp::all_gather, MeshAxis::tp, s.tp, 1, "normed layer inputs", s.Nr * s.d * s.act,
                    s.L * (4 + (s.save.qkv ? 0 : 1)));
-    add_collective(p, hw, "all_gather", "tp", s.tp, 1, "residual gradients (fp32)", s.Nr * s.d * 4, 2 * s.L);
-    add_collective(p, hw, "all_reduce", "tp", s.tp, 1, "loss sum (fp64)", 8, 1);
+    add_collective(p, hw, CommOp::all_gather, MeshAxis::tp, s.tp, 1, "residual gradients (fp32)", s.Nr * s.d * 4, 2 * s.L);
+    add_collective(p, hw, CommOp::all_reduce, MeshAxis::tp, s.tp, 1, "loss sum (fp64)", 8, 1);
     // Gradients of the tp-replicated parameters (norms, embedding, LM head),
     // one call each; a line per tensor size.
     std::map<int64_t, int64_t> calls_by_elements;
@@ -720,11 +719,11 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
     // FSDP reduces them per use: the tied embedding twice (loss head, embedding backward).
     if (s.shards > 1 && s.model.tie_embeddings) ++calls_by_elements[s.model.vocab_size * s.d];
     for (const auto& [elements, calls] : calls_by_elements)
-      add_collective(p, hw, "all_reduce", "tp", s.tp, 1,
+      add_collective(p, hw, CommOp::all_reduce, MeshAxis::tp, s.tp, 1,
                      "gradients of tp-replicated parameters of " + str(elements) + " elements (fp32)", elements * 4,
                      calls);
   } else {
-    add_collective(p, hw, "all_reduce", "tp", s.tp, 1, "layer outputs and input gradients", s.N * s.d * 4,
+    add_collective(p, hw, CommOp::all_reduce, MeshAxis::tp, s.tp, 1, "layer outputs and input gradients", s.N * s.d * 4,
                    tp_calls);
   }
   // FSDP (src/model/sharded_parameters.h): every unit's blocks all-gathered
@@ -736,34 +735,34 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
     const int64_t embed = s.embed_block * 4, layer = s.layer_block * 4, head = s.head_block * 4;
     const int64_t tied = s.model.tie_embeddings ? 1 : 0;
     const int64_t span = s.fsdp_over_context ? s.tp : s.tp * s.cp;  // rank stride of the group
-    add_collective(p, hw, "all_gather", "fsdp", s.shards, span, "layer weights (fp32)", layer, 2 * s.L);
-    add_collective(p, hw, "all_gather", "fsdp", s.shards, span, "embedding weights (fp32)", embed, 1 + tied);
-    add_collective(p, hw, "all_gather", "fsdp", s.shards, span, "head weights (fp32)", head, 1);
-    add_collective(p, hw, "reduce_scatter", "fsdp", s.shards, span, "layer gradients (fp32)", layer, s.L);
-    add_collective(p, hw, "reduce_scatter", "fsdp", s.shards, span, "embedding gradients (fp32)", embed, 1 + tied);
-    add_collective(p, hw, "reduce_scatter", "fsdp", s.shards, span, "head gradients (fp32)", head, 1);
-    add_collective(p, hw, "all_reduce", "fsdp", s.shards, span, "gradient norm pieces (fp64)", 8, 1);
+    add_collective(p, hw, CommOp::all_gather, MeshAxis::shards, s.shards, span, "layer weights (fp32)", layer, 2 * s.L);
+    add_collective(p, hw, CommOp::all_gather, MeshAxis::shards, s.shards, span, "embedding weights (fp32)", embed, 1 + tied);
+    add_collective(p, hw, CommOp::all_gather, MeshAxis::shards, s.shards, span, "head weights (fp32)", head, 1);
+    add_collective(p, hw, CommOp::reduce_scatter, MeshAxis::shards, s.shards, span, "layer gradients (fp32)", layer, s.L);
+    add_collective(p, hw, CommOp::reduce_scatter, MeshAxis::shards, s.shards, span, "embedding gradients (fp32)", embed, 1 + tied);
+    add_collective(p, hw, CommOp::reduce_scatter, MeshAxis::shards, s.shards, span, "head gradients (fp32)", head, 1);
+    add_collective(p, hw, CommOp::all_reduce, MeshAxis::shards, s.shards, span, "gradient norm pieces (fp64)", 8, 1);
   }
   // Gradients are summed over every rank holding the same shard (the
   // replicas): all-reduced, or (ZeRO-1) reduce-scattered in equal blocks, the
   // remainder all-reduced, and the updated parameter pieces all-gathered the same way.
   const int64_t rstride = s.devices / std::max<int64_t>(s.replicas, 1);
   if (s.zero1) {
-    add_collective(p, hw, "reduce_scatter", "dp", s.replicas, rstride, "gradient pieces (fp32)", int64_t(s.piece.block) * 4, 1);
-    add_collective(p, hw, "all_reduce", "dp", s.replicas, rstride, "gradient tail (fp32)", int64_t(s.piece.tail) * 4, 1);
-    add_collective(p, hw, "all_gather", "dp", s.replicas, rstride, "updated parameter pieces (fp32)",
+    add_collective(p, hw, CommOp::reduce_scatter, MeshAxis::replicas, s.replicas, rstride, "gradient pieces (fp32)", int64_t(s.piece.block) * 4, 1);
+    add_collective(p, hw, CommOp::all_reduce, MeshAxis::replicas, s.replicas, rstride, "gradient tail (fp32)", int64_t(s.piece.tail) * 4, 1);
+    add_collective(p, hw, CommOp::all_gather, MeshAxis::replicas, s.replicas, rstride, "updated parameter pieces (fp32)",
                    int64_t(s.piece.block) * 4, 1);
-    add_collective(p, hw, "all_gather", "dp", s.replicas, rstride, "updated parameter tail (fp32)",
+    add_collective(p, hw, CommOp::all_gather, MeshAxis::replicas, s.replicas, rstride, "updated parameter tail (fp32)",
                    int64_t(s.piece.tail) * 4, 1);
   } else {
-    add_collective(p, hw, "all_reduce", "dp", s.replicas, rstride, "gradients (fp32)", s.shard * 4, 1);
+    add_collective(p, hw, CommOp::all_reduce, MeshAxis::replicas, s.replicas, rstride, "gradients (fp32)", s.shard * 4, 1);
   }
   // The trainer's small reductions (src/train/trainer.cpp, optimizer.cpp):
   // loss and weight sums over every data rank, the squared gradient norm over
   // tp (and first over the replicas' pieces with ZeRO-1).
-  add_collective(p, hw, "all_reduce", "dp", s.data_ranks, s.tp, "loss sums (2 x fp64)", 16, 1);
-  if (s.zero1) add_collective(p, hw, "all_reduce", "dp", s.replicas, rstride, "gradient norm pieces (fp64)", 8, 1);
-  add_collective(p, hw, "all_reduce", "tp", s.tp, 1, "gradient norm (fp64)", 8, 1);
+  add_collective(p, hw, CommOp::all_reduce, MeshAxis::data, s.data_ranks, s.tp, "loss sums (2 x fp64)", 16, 1);
+  if (s.zero1) add_collective(p, hw, CommOp::all_reduce, MeshAxis::replicas, s.replicas, rstride, "gradient norm pieces (fp64)", 8, 1);
+  add_collective(p, hw, CommOp::all_reduce, MeshAxis::tp, s.tp, 1, "gradient norm (fp64)", 8, 1);
   for (const CommLine& line : p.comm) p.comm_bytes_sent += line.bytes_sent;
   plan_time(s, hw, w, c.dtype, fwd_calls, p);
   return p;

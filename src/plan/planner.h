@@ -15,25 +15,34 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/config.h"
+#include "core/memory.h"
+#include "core/mesh_shape.h"
 #include "plan/hardware.h"
 
 namespace longctx {
 
-// One memory line per device: category is a MemCategory name
-// (parameters, gradients, optimizer, activations, communication, scratch).
+// One memory line per device: the MemoryTracker category it is counted in.
 struct MemoryLine {
-  std::string category;
+  MemCategory category = MemCategory::activations;
   std::string name;  // tensor name, e.g. "qkv_proj (32 layers)"
   int64_t bytes = 0;
 };
 
-// One communication line per device per step. op is a CommOp name (send,
-// recv, all_gather, all_to_all, reduce_scatter, all_reduce); bytes follow
-// the counters' conventions in src/comm/communicator.h.
+// What a tier outside device memory (host or disk) holds.
+struct OffloadLine {
+  std::string name;
+  int64_t bytes = 0;
+};
+
+// One communication line per device per step, on the communicator of
+// `axis` (src/core/mesh_shape.h: shards is the FSDP group, replicas the
+// gradient reduction's, data the loss sums'); bytes follow the counters'
+// conventions in src/comm/communicator.h.
 struct CommLine {
-  std::string op;
-  std::string axis;  // mesh axis: cp, ulysses, ring, tp, fsdp (the shard group), dp (replicas, data ranks)
+  CommOp op = CommOp::send;
+  MeshAxis axis = MeshAxis::cp;
   std::string what;  // e.g. "K,V forward"
   int64_t calls = 0;
   int64_t bytes_sent = 0;
@@ -68,7 +77,7 @@ struct StrategyPlan {
   // at the tier's bandwidth (0 when the profile has none) and how much of it
   // hides behind the compute of the layer it overlaps.
   OffloadTarget offload_target = OffloadTarget::host;
-  std::vector<MemoryLine> offload_memory;  // category "host" or "disk"
+  std::vector<OffloadLine> offload_memory;  // in offload_target
   int64_t offload_bytes = 0;
   int64_t offload_moved_bytes = 0;
   double offload_bandwidth = 0;  // bytes/s of the tier (hw host_link_bandwidth or disk_bandwidth)
@@ -83,7 +92,7 @@ struct StrategyPlan {
   // behind compute like the FSDP all-gathers; the moments', and on disk the
   // parameters' reads, exposed).
   OffloadTarget state_offload_target = OffloadTarget::host;
-  std::vector<MemoryLine> state_offload;  // category "host" or "disk"
+  std::vector<OffloadLine> state_offload;  // in state_offload_target
   int64_t state_offload_bytes = 0;
   int64_t state_offload_moved_bytes = 0;
   double state_offload_seconds = 0, state_offload_hidden_seconds = 0;

@@ -230,7 +230,7 @@ TEST(CpBytes, CallTrafficPredictsTheCounters) {
           for (const CpTransfer& t : traffic.transfers(backward, mesh.cp_rank()))
             for (CommOp op : {CommOp::send, CommOp::recv, CommOp::all_gather, CommOp::all_to_all,
                               CommOp::reduce_scatter})
-              if (comm_op_name(op) == std::string(t.op)) {
+              if (op == t.op) {
                 predicted[op].bytes_sent += t.bytes_sent;
                 predicted[op].bytes_received += t.bytes_received;
               }

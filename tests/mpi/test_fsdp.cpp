@@ -306,8 +306,8 @@ TEST(Fsdp, OptimizerAndParameterOffloadToHostOrDiskFitABudgetThePlainRunBreaks) 
     const StrategyPlan plan = plan_strategy(offloaded, hw, PlanOptions{});
     int64_t predicted_params = 0, predicted_optimizer = 0;
     for (const MemoryLine& l : plan.memory) {
-      if (l.category == "parameters") predicted_params += l.bytes;
-      if (l.category == "optimizer") predicted_optimizer += l.bytes;
+      if (l.category == MemCategory::parameters) predicted_params += l.bytes;
+      if (l.category == MemCategory::optimizer) predicted_optimizer += l.bytes;
     }
     EXPECT_EQ(params_peak, predicted_params) << target;
     EXPECT_EQ(optimizer_peak, predicted_optimizer) << target;

@@ -116,8 +116,8 @@ void run_case(const Case& k) {
   RunConfig c = config_for(k, P);
   for (bool backward : {false, true})
     for (const CommLine& l : attention_call_comm(c, backward, mesh.cp_rank())) {
-      predicted[l.op].first += l.bytes_sent;
-      predicted[l.op].second += l.bytes_received;
+      predicted[comm_op_name(l.op)].first += l.bytes_sent;
+      predicted[comm_op_name(l.op)].second += l.bytes_received;
     }
   std::string what = k.strategy + (k.strategy == "usp" ? std::to_string(k.ulysses) : "") + " " +
                      k.attention_type + (k.zigzag ? " zigzag" : " contiguous") + " B=" +

@@ -168,16 +168,16 @@ std::vector<Case> cases(int world) {
   return out;
 }
 
-int64_t predicted_bytes(const StrategyPlan& p, const std::string& op, const std::string& axis) {
+int64_t predicted_bytes(const StrategyPlan& p, CommOp op, MeshAxis axis) {
   int64_t bytes = 0;
   for (const CommLine& l : p.comm)
     if (l.op == op && l.axis == axis) bytes += l.bytes_sent;
   return bytes;
 }
 
-int64_t predicted_all_reduce(const StrategyPlan& p, const std::string& axis) { return predicted_bytes(p, "all_reduce", axis); }
+int64_t predicted_all_reduce(const StrategyPlan& p, MeshAxis axis) { return predicted_bytes(p, CommOp::all_reduce, axis); }
 
-int64_t predicted_memory(const StrategyPlan& p, const std::string& category) {
+int64_t predicted_memory(const StrategyPlan& p, MemCategory category) {
   int64_t bytes = 0;
   for (const MemoryLine& m : p.memory)
     if (m.category == category) bytes += m.bytes;
@@ -209,7 +209,7 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
     const size_t before = MemoryTracker::global().current_total();
     MemoryTracker::global().reset_peaks();
     const size_t activations_before = MemoryTracker::global().current(MemCategory::activations);
-    int64_t replicas = 0, tp = 0, rs = 0, ag = 0, tp_rs = 0, tp_ag = 0;
+    int64_t replicas = 0, data_ranks = 0, tp = 0, rs = 0, ag = 0, tp_rs = 0, tp_ag = 0;
     int64_t optimizer_bytes = 0, parameter_bytes = 0;
     bool last_replica = false;
     {
@@ -219,9 +219,9 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
       last_replica = mesh.replicas().rank() + 1 == mesh.replicas().size();
       mesh.reset_counters();
       for (int s = 0; s < kSteps; ++s) trainer.train_step();
-      // The planner's dp axis: gradients over the replicas, loss sums over every data rank.
-      replicas = mesh.replicas().counters()[CommOp::all_reduce].bytes_sent +
-                 mesh.data().counters()[CommOp::all_reduce].bytes_sent;
+      // Gradients over the replicas, loss sums over every data rank.
+      replicas = mesh.replicas().counters()[CommOp::all_reduce].bytes_sent;
+      data_ranks = mesh.data().counters()[CommOp::all_reduce].bytes_sent;
       rs = mesh.replicas().counters()[CommOp::reduce_scatter].bytes_sent;
       ag = mesh.replicas().counters()[CommOp::all_gather].bytes_sent;
       tp = mesh.tp().counters()[CommOp::all_reduce].bytes_sent;
@@ -237,17 +237,18 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
                   predicted, 100 * err);
     EXPECT_LE(std::fabs(err), 0.10) << what << " rank " << rank << ": measured peak " << measured
                                     << " bytes, predicted " << predicted;
-    EXPECT_EQ(replicas, kSteps * predicted_all_reduce(plan, "dp")) << what << " rank " << rank;
-    EXPECT_EQ(tp, kSteps * predicted_all_reduce(plan, "tp")) << what << " rank " << rank;
-    EXPECT_EQ(rs, kSteps * predicted_bytes(plan, "reduce_scatter", "dp")) << what << " rank " << rank;
-    EXPECT_EQ(ag, kSteps * predicted_bytes(plan, "all_gather", "dp")) << what << " rank " << rank;
-    EXPECT_EQ(tp_rs, kSteps * predicted_bytes(plan, "reduce_scatter", "tp")) << what << " rank " << rank;
-    EXPECT_EQ(tp_ag, kSteps * predicted_bytes(plan, "all_gather", "tp")) << what << " rank " << rank;
-    EXPECT_EQ(activations, predicted_memory(plan, "activations")) << what << " rank " << rank;
+    EXPECT_EQ(replicas, kSteps * predicted_all_reduce(plan, MeshAxis::replicas)) << what << " rank " << rank;
+    EXPECT_EQ(data_ranks, kSteps * predicted_all_reduce(plan, MeshAxis::data)) << what << " rank " << rank;
+    EXPECT_EQ(tp, kSteps * predicted_all_reduce(plan, MeshAxis::tp)) << what << " rank " << rank;
+    EXPECT_EQ(rs, kSteps * predicted_bytes(plan, CommOp::reduce_scatter, MeshAxis::replicas)) << what << " rank " << rank;
+    EXPECT_EQ(ag, kSteps * predicted_bytes(plan, CommOp::all_gather, MeshAxis::replicas)) << what << " rank " << rank;
+    EXPECT_EQ(tp_rs, kSteps * predicted_bytes(plan, CommOp::reduce_scatter, MeshAxis::tp)) << what << " rank " << rank;
+    EXPECT_EQ(tp_ag, kSteps * predicted_bytes(plan, CommOp::all_gather, MeshAxis::tp)) << what << " rank " << rank;
+    EXPECT_EQ(activations, predicted_memory(plan, MemCategory::activations)) << what << " rank " << rank;
     if (k.chunk > 0) {  // the chunk's transients replace the whole sequence's
       RunConfig whole = c;
       whole.layer_token_chunk = 0;
-      EXPECT_LT(activations, predicted_memory(plan_strategy(whole, any_profile(), PlanOptions{}), "activations"))
+      EXPECT_LT(activations, predicted_memory(plan_strategy(whole, any_profile(), PlanOptions{}), MemCategory::activations))
           << what;
     }
     if (k.sequence_parallel) {
@@ -263,12 +264,12 @@ TEST(PlanMemory, PredictedPeakAndTrainerReductionsMatchRealSteps) {
     if (k.shard && k.dp * k.cp > 1) {
       EXPECT_GT(rs, 0) << what;
     }
-    EXPECT_EQ(parameter_bytes, predicted_memory(plan, "parameters")) << what << " rank " << rank;
+    EXPECT_EQ(parameter_bytes, predicted_memory(plan, MemCategory::parameters)) << what << " rank " << rank;
     // Moments: exact on the busiest replica (the tail's owner), less by the tail elsewhere.
     if (last_replica || !k.shard)
-      EXPECT_EQ(optimizer_bytes, predicted_memory(plan, "optimizer")) << what << " rank " << rank;
+      EXPECT_EQ(optimizer_bytes, predicted_memory(plan, MemCategory::optimizer)) << what << " rank " << rank;
     else
-      EXPECT_LE(optimizer_bytes, predicted_memory(plan, "optimizer")) << what << " rank " << rank;
+      EXPECT_LE(optimizer_bytes, predicted_memory(plan, MemCategory::optimizer)) << what << " rank " << rank;
     ++ran;
   }
   EXPECT_GT(ran, 0);
@@ -284,13 +285,13 @@ TEST(PlanMemory, ZeroOneShrinksTheMomentsAndIsRecommendedOnlyWhenNeeded) {
   const StrategyPlan plain = plan_strategy(c, hw, o);
   c.shard_optimizer_over_data = true;
   const StrategyPlan zero = plan_strategy(c, hw, o);
-  const int64_t n = predicted_memory(plain, "parameters") / 4;
+  const int64_t n = predicted_memory(plain, MemCategory::parameters) / 4;
   ASSERT_EQ(n % 8, 3);  // a tail on the last replica
-  EXPECT_EQ(predicted_memory(plain, "optimizer"), 8 * n);
-  EXPECT_EQ(predicted_memory(zero, "optimizer"), 8 * (n / 8 + n % 8));
-  EXPECT_EQ(predicted_bytes(zero, "reduce_scatter", "dp"), 4 * (n / 8) * 7);
-  EXPECT_EQ(predicted_bytes(zero, "all_gather", "dp"), 4 * (n / 8) * 7 + 4 * (n % 8) * 7);
-  EXPECT_EQ(predicted_bytes(plain, "reduce_scatter", "dp"), 0);
+  EXPECT_EQ(predicted_memory(plain, MemCategory::optimizer), 8 * n);
+  EXPECT_EQ(predicted_memory(zero, MemCategory::optimizer), 8 * (n / 8 + n % 8));
+  EXPECT_EQ(predicted_bytes(zero, CommOp::reduce_scatter, MeshAxis::replicas), 4 * (n / 8) * 7);
+  EXPECT_EQ(predicted_bytes(zero, CommOp::all_gather, MeshAxis::replicas), 4 * (n / 8) * 7 + 4 * (n % 8) * 7);
+  EXPECT_EQ(predicted_bytes(plain, CommOp::reduce_scatter, MeshAxis::replicas), 0);
   EXPECT_LT(zero.memory_total, plain.memory_total);
 
   // A device between the two: only ZeRO-1 fits, and the planner says so.
@@ -421,17 +422,19 @@ TEST(PlanMemory, FsdpPeaksAndBytesMatchRealStepsExactly) {
     if (rank == 0)
       std::printf("  %-70s parameters %lld gradients %lld optimizer %lld bytes\n", what.c_str(), (long long)params,
                   (long long)grads, (long long)optimizer);
-    EXPECT_EQ(params, predicted_memory(plan, "parameters")) << what << " rank " << rank;
-    EXPECT_EQ(grads, predicted_memory(plan, "gradients")) << what << " rank " << rank;
-    if (last_replica) EXPECT_EQ(optimizer, predicted_memory(plan, "optimizer")) << what << " rank " << rank;
-    EXPECT_EQ(activations, predicted_memory(plan, "activations")) << what << " rank " << rank;
+    EXPECT_EQ(params, predicted_memory(plan, MemCategory::parameters)) << what << " rank " << rank;
+    EXPECT_EQ(grads, predicted_memory(plan, MemCategory::gradients)) << what << " rank " << rank;
+    if (last_replica) EXPECT_EQ(optimizer, predicted_memory(plan, MemCategory::optimizer)) << what << " rank " << rank;
+    EXPECT_EQ(activations, predicted_memory(plan, MemCategory::activations)) << what << " rank " << rank;
     for (CommOp op : {CommOp::all_gather, CommOp::reduce_scatter, CommOp::all_reduce})
-      EXPECT_EQ(shards[op].bytes_sent, kSteps * predicted_bytes(plan, comm_op_name(op), "fsdp"))
+      EXPECT_EQ(shards[op].bytes_sent, kSteps * predicted_bytes(plan, op, MeshAxis::shards))
           << what << " rank " << rank << " " << comm_op_name(op);
     EXPECT_GT(shards[CommOp::all_gather].bytes_sent, 0) << what;
-    EXPECT_EQ(replicas[CommOp::all_reduce].bytes_sent + data[CommOp::all_reduce].bytes_sent,
-              kSteps * predicted_all_reduce(plan, "dp")) << what << " rank " << rank;
-    EXPECT_EQ(replicas[CommOp::reduce_scatter].bytes_sent, kSteps * predicted_bytes(plan, "reduce_scatter", "dp"))
+    EXPECT_EQ(replicas[CommOp::all_reduce].bytes_sent, kSteps * predicted_all_reduce(plan, MeshAxis::replicas))
+        << what << " rank " << rank;
+    EXPECT_EQ(data[CommOp::all_reduce].bytes_sent, kSteps * predicted_all_reduce(plan, MeshAxis::data))
+        << what << " rank " << rank;
+    EXPECT_EQ(replicas[CommOp::reduce_scatter].bytes_sent, kSteps * predicted_bytes(plan, CommOp::reduce_scatter, MeshAxis::replicas))
         << what << " rank " << rank;
   }
 }

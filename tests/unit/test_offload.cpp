@@ -150,18 +150,32 @@ RunResult train(const RunConfig& c) {
   return r;
 }
 
-int64_t planned(const RunConfig& c, const std::string& category) {
-  int64_t sum = 0;
+StrategyPlan plan_of(const RunConfig& c) {
   HardwareProfile hw;
   hw.name = "test";
   hw.peak_flops_fp32 = hw.peak_flops_bf16 = 1e10;
   hw.memory_bytes = int64_t{1} << 34;
   hw.memory_bandwidth = hw.p2p_bandwidth = hw.collective_bandwidth = hw.all_to_all_bandwidth = 1e9;
   hw.devices_per_node = 64;
-  const StrategyPlan plan = plan_strategy(c, hw, PlanOptions{});
-  for (const std::vector<MemoryLine>* lines : {&plan.memory, &plan.offload_memory, &plan.state_offload})
-    for (const MemoryLine& m : *lines)
-      if (m.category == category) sum += m.bytes;
+  return plan_strategy(c, hw, PlanOptions{});
+}
+
+// Device memory the planner predicts in `category`.
+int64_t planned(const RunConfig& c, MemCategory category) {
+  int64_t sum = 0;
+  for (const MemoryLine& m : plan_of(c).memory)
+    if (m.category == category) sum += m.bytes;
+  return sum;
+}
+
+// What the planner puts in the host or disk tier: offloaded activations and state.
+int64_t planned(const RunConfig& c, OffloadTarget tier) {
+  const StrategyPlan plan = plan_of(c);
+  int64_t sum = 0;
+  if (plan.offload_target == tier)
+    for (const OffloadLine& m : plan.offload_memory) sum += m.bytes;
+  if (plan.state_offload_target == tier)
+    for (const OffloadLine& m : plan.state_offload) sum += m.bytes;
   return sum;
 }
 
@@ -176,9 +190,9 @@ TEST(Offload, ABudgetThatFailsOnDevicePassesOffloadedWithIdenticalLosses) {
   EXPECT_GT(host.host_peak, 0u);
   EXPECT_EQ(device.host_peak, 0u);
   // The planner counts the same activation buffers, exactly.
-  EXPECT_EQ(int64_t(device.activations_peak), planned(run_config(t.path, "device", "host", 0), "activations"));
-  EXPECT_EQ(int64_t(host.activations_peak), planned(run_config(t.path, "offload", "host", 0), "activations"));
-  EXPECT_EQ(int64_t(host.host_peak), planned(run_config(t.path, "offload", "host", 0), "host"));
+  EXPECT_EQ(int64_t(device.activations_peak), planned(run_config(t.path, "device", "host", 0), MemCategory::activations));
+  EXPECT_EQ(int64_t(host.activations_peak), planned(run_config(t.path, "offload", "host", 0), MemCategory::activations));
+  EXPECT_EQ(int64_t(host.host_peak), planned(run_config(t.path, "offload", "host", 0), OffloadTarget::host));
 
   const int64_t budget = int64_t(host.device_peak + device.device_peak) / 2;
   EXPECT_THROW(train(run_config(t.path, "device", "host", budget)), OutOfMemoryError);
@@ -190,7 +204,7 @@ TEST(Offload, ABudgetThatFailsOnDevicePassesOffloadedWithIdenticalLosses) {
     EXPECT_LE(r.device_peak, size_t(budget)) << target;
     if (std::string(target) == "disk") {
       EXPECT_EQ(r.host_peak, 0u);
-      EXPECT_GT(planned(c, "disk"), 0);
+      EXPECT_GT(planned(c, OffloadTarget::disk), 0);
       EXPECT_EQ(spill_files(c.offload_dir), 0u);  // removed at exit
     }
   }
@@ -235,7 +249,7 @@ TEST(Offload, OptimizerStateOnHostOrDiskFitsABudgetThePlainRunBreaks) {
   TempDir t;
   const RunConfig plain = run_config(t.path, "device", "host", 0);
   const RunResult device = train(plain);
-  EXPECT_EQ(int64_t(device.optimizer_peak), planned(plain, "optimizer"));
+  EXPECT_EQ(int64_t(device.optimizer_peak), planned(plain, MemCategory::optimizer));
   auto offloaded = [&](const char* target, int64_t budget) {
     return run_config(t.path, "device", "host", budget,
                       {{"optimizer_memory_host_offload", true}, {"state_offload_target", std::string(target)}});
@@ -244,12 +258,12 @@ TEST(Offload, OptimizerStateOnHostOrDiskFitsABudgetThePlainRunBreaks) {
     const RunResult free_run = train(offloaded(target, 0));
     EXPECT_EQ(free_run.losses, device.losses) << target;
     ASSERT_LT(free_run.device_peak, device.device_peak) << target;
-    EXPECT_EQ(int64_t(free_run.optimizer_peak), planned(offloaded(target, 0), "optimizer")) << target;
-    EXPECT_EQ(int64_t(free_run.host_peak), planned(offloaded(target, 0), "host")) << target;
+    EXPECT_EQ(int64_t(free_run.optimizer_peak), planned(offloaded(target, 0), MemCategory::optimizer)) << target;
+    EXPECT_EQ(int64_t(free_run.host_peak), planned(offloaded(target, 0), OffloadTarget::host)) << target;
     if (std::string(target) == "disk") {
       EXPECT_GT(free_run.optimizer_peak, 0u);  // the staged chunks
       EXPECT_LT(free_run.optimizer_peak, device.optimizer_peak);
-      EXPECT_EQ(planned(offloaded(target, 0), "disk"), int64_t(device.optimizer_peak));  // the moments, on disk
+      EXPECT_EQ(planned(offloaded(target, 0), OffloadTarget::disk), int64_t(device.optimizer_peak));  // the moments, on disk
     }
     const int64_t budget = int64_t(free_run.device_peak + device.device_peak) / 2;
     EXPECT_THROW(train(run_config(t.path, "device", "host", budget)), OutOfMemoryError) << target;

@@ -299,7 +299,7 @@ TEST(PlanTime, TorusRingSendsCostBytesTimesHops) {
   for (size_t i = 0; i < flat.comm.size(); ++i) {
     const CommLine &a = flat.comm[i], &b = torus.comm[i];
     EXPECT_EQ(a.bytes_sent, b.bytes_sent) << a.what;
-    if (a.axis == "ring" && a.op == "send") {
+    if (a.axis == MeshAxis::ring && a.op == CommOp::send) {
       ++sends;
       EXPECT_EQ(b.hop_bytes * 3, a.bytes_sent * 4) << a.what;
       EXPECT_NEAR(b.seconds, a.seconds * 4 / 3, 1e-12 * a.seconds) << a.what;
