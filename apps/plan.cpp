@@ -14,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include "train/trainer.h"
 #include "plan/hardware.h"
 #include "plan/measure.h"
+#include "plan/emit.h"
 #include "plan/planner.h"
 
 namespace longctx {
@@ -355,13 +357,15 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
 
 const char* const kPlanUsage =
     "usage: longctx plan CONFIG.yml [key=value ...] [--hardware NAME] [--devices N]\n"
-    "         [--device-memory BYTES] [--json] [--longest [--granule N]]\n"
+    "         [--device-memory BYTES] [--json] [--longest [--granule N]] [--emit maxtext|megatron]\n"
     "       mpiexec -n N longctx plan CONFIG.yml [key=value ...] --validate [--steps N] [--markdown FILE]\n"
     "       mpiexec -n N longctx plan --measure [--output FILE] [--quick]\n"
     "  --hardware NAME   configs/hardware/NAME.yml (default cpu-local; tpu-v5p, tpu-v7, h100, h200)\n"
     "  --devices N       devices to plan for (default: the config's mesh)\n"
     "  --longest         the longest max_target_length (a multiple of --granule, default 1024) at which\n"
     "                    exactly this config fits device memory (and host_memory_budget), and the memory there\n"
+    "  --emit FORMAT     also print the recommended plan as MaxText's YAML keys or Megatron-Core's flags\n"
+    "                    (what the framework cannot express: a '# not expressible' line)\n"
     "  --validate        run real training steps and compare them with the prediction\n"
     "  --measure         measure this machine's profile (GEMM, bandwidths, MPI links)\n"
     "  --quick           with --measure: smaller sizes and fewer repeats (what train's auto does; seconds)\n";
@@ -375,6 +379,7 @@ int run_plan(const Args& args) {
   int64_t steps = 3;
   bool quick = false;
   std::string markdown;
+  std::optional<EmitFormat> emit;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> const std::string& {
@@ -390,6 +395,7 @@ int run_plan(const Args& args) {
     else if (a == "--validate") validate = true;
     else if (a == "--steps") steps = parse_int_flag("plan", a, value());
     else if (a == "--markdown") markdown = value();
+    else if (a == "--emit") emit = parse_emit_format(value());
     else if (a == "--hardware") hardware = value();
     else if (a == "--devices") options.devices = parse_int_flag("plan", a, value());
     else if (a == "--device-memory") options.device_memory = parse_bytes(value());
@@ -400,6 +406,7 @@ int run_plan(const Args& args) {
     else throw ConfigError("plan: unexpected argument '" + a + "'");
   }
   if (quick && !measure) throw ConfigError("plan: --quick applies to --measure only");
+  if (emit && (measure || validate || longest)) throw ConfigError("plan: --emit prints a recommendation; not with --measure, --validate or --longest");
   if (measure) return run_measure(output, quick);
   if (config_path.empty())
     throw ConfigError(std::string("plan needs a config file\n") + kPlanUsage);
@@ -414,6 +421,10 @@ int run_plan(const Args& args) {
   if (longest) return print_longest(config, longest_length(config, hw, options, granule), as_json);
   PlanReport report = make_plan(config, hw, options);
   double elapsed = t.seconds();
+  const PlanRecommendation& recommended = report.recommendation;
+  if (emit && !recommended.found)
+    throw ConfigError("plan --emit: no plan fits (" + recommended.reason + "), so there is nothing to emit");
+  const std::string settings = emit ? emit_settings(recommended.config, report.devices, *emit) : "";
   if (as_json) {
     json j;
     j["hardware"] = report.hardware;
@@ -431,9 +442,11 @@ int run_plan(const Args& args) {
                                   {"levers", rec.levers},
                                   {"plan", to_json(rec.plan)}});
     j["plan_seconds"] = elapsed;
+    if (emit) j["emit"] = settings;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     print_text(config, report, elapsed);
+    if (emit) std::printf("\n%s", settings.c_str());
   }
   return 0;
 }

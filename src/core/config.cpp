@@ -482,7 +482,6 @@ namespace {
 RunConfig config_from(const std::map<std::string, ConfigValue>& given,
                       const std::map<std::string, std::string>& source_of) {
   RunConfig c;
-  for (const ConfigKey& k : config_keys()) k.set(c, k.default_value);
   for (const auto& [key, value] : given) {
     const ConfigKey* k = find_key(key);
     const std::string where = source_of.count(key) ? source_of.at(key) : "config";
@@ -515,6 +514,10 @@ std::map<std::string, ConfigValue> RunConfig::values() const {
   std::map<std::string, ConfigValue> v;
   for (const ConfigKey& k : config_keys()) v[k.name] = k.get(*this);
   return v;
+}
+
+RunConfig::RunConfig() {
+  for (const ConfigKey& k : config_keys()) k.set(*this, k.default_value);
 }
 
 MeshShape RunConfig::mesh_shape() const {

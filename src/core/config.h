@@ -55,106 +55,108 @@ struct ConfigKey {
 };
 const std::vector<ConfigKey>& config_keys();
 
-// The parsed configuration.
+// The parsed configuration. Every key's default lives in config_keys()
+// alone: the constructor applies them (fields here have no initialisers).
 struct RunConfig {
+  RunConfig();
   // ---- run / output
   std::string run_name;               // run_name
   std::string base_output_directory;  // base_output_directory
   std::string checkpoint_dir;         // checkpoint_dir ("" = <base_output_directory>/<run_name>/checkpoints)
   std::string metrics_file;           // metrics_file ("" = <base_output_directory>/<run_name>/metrics.jsonl)
-  bool enable_checkpointing = true;   // enable_checkpointing
-  int64_t checkpoint_period = 0;      // checkpoint_period (0 = only at the end)
-  int64_t max_num_checkpoints_to_keep = 0;  // max_num_checkpoints_to_keep (0 = keep all)
-  bool resume = true;                 // resume: continue from the latest complete checkpoint
-  int64_t log_period = 1;             // log_period
-  double progress_interval_seconds = 10;  // progress_interval_seconds (0 = off)
+  bool enable_checkpointing;   // enable_checkpointing
+  int64_t checkpoint_period;      // checkpoint_period (0 = only at the end)
+  int64_t max_num_checkpoints_to_keep;  // max_num_checkpoints_to_keep (0 = keep all)
+  bool resume;                 // resume: continue from the latest complete checkpoint
+  int64_t log_period;             // log_period
+  double progress_interval_seconds;  // progress_interval_seconds (0 = off)
 
   // ---- model
   std::string model_name;             // model_name (configs/model/<name>.yml; "" = keys below)
   LlamaConfig model;                  // base_emb_dim, base_num_query_heads, ...
-  DType dtype = DType::f32;            // dtype: activations and matmul inputs
-  DType weight_dtype = DType::f32;     // weight_dtype: master weights (float32 only)
-  RematPolicy remat_policy = RematPolicy::full;  // remat_policy
+  DType dtype;            // dtype: activations and matmul inputs
+  DType weight_dtype;     // weight_dtype: master weights (float32 only)
+  RematPolicy remat_policy;  // remat_policy
   // custom remat: true = save ("device"), false = recompute ("remat"), in
   // SavePoint order: decoder_layer_input, qkv_proj, context, out_proj, mlpwi, mlpwo.
-  CustomSave remat_custom_save = kDefaultCustomSave;
+  CustomSave remat_custom_save;
   // custom remat: true where the key says `offload` (saved, outside device memory).
-  CustomOffload remat_custom_offload{};
-  OffloadTarget offload_target = OffloadTarget::host;  // offload_target
+  CustomOffload remat_custom_offload;
+  OffloadTarget offload_target;  // offload_target
   std::string offload_dir;  // offload_dir ("" = <base_output_directory>/<run_name>/offload)
   // layer_token_chunk: tokens whose norms, projections and SwiGLU a layer
   // computes at once (0 = all local tokens; model/llama.h).
-  int64_t layer_token_chunk = 0;
+  int64_t layer_token_chunk;
 
   // ---- attention
-  MaskKind attention_type = MaskKind::causal;  // attention_type
-  int64_t sliding_window_size = 0;    // sliding_window_size (local)
-  int64_t chunk_attn_window_size = 0; // chunk_attn_window_size (chunked)
-  KernelImpl attention_kernel = KernelImpl::fast;  // attention_kernel
+  MaskKind attention_type;  // attention_type
+  int64_t sliding_window_size;    // sliding_window_size (local)
+  int64_t chunk_attn_window_size; // chunk_attn_window_size (chunked)
+  KernelImpl attention_kernel;  // attention_kernel
 
   // ---- parallelism (dp x fsdp x cp x tp == world size; cp = ulysses x ring)
-  int64_t dp = 1;                     // ici_data_parallelism (-1 in the file = fill the rest)
+  int64_t dp;                     // ici_data_parallelism (-1 in the file = fill the rest)
   // ici_fsdp_parallelism (-1 = fill; only one of dp and fsdp): more data
   // ranks (the batch is split over dp x fsdp) that shard the parameters,
   // gradients and AdamW moments among themselves (src/model/sharded_parameters.h).
-  int64_t fsdp = 1;
+  int64_t fsdp;
   // fsdp_over_context: the cp ranks shard them too (shard group fsdp x cp).
-  bool fsdp_over_context = false;
-  int64_t cp = 1;                     // ici_context_parallelism
-  int64_t cp_ulysses = 1;             // ici_context_usp_ulysses_parallelism (usp only; 1 otherwise)
-  int64_t tp = 1;                     // ici_tensor_parallelism
+  bool fsdp_over_context;
+  int64_t cp;                     // ici_context_parallelism
+  int64_t cp_ulysses;             // ici_context_usp_ulysses_parallelism (usp only; 1 otherwise)
+  int64_t tp;                     // ici_tensor_parallelism
   // tensor_sequence_parallelism (Megatron's sequence_parallel): the residual
   // stream and norms sharded over tp along the tokens; needs tp > 1 and the
   // local tokens (per_device_batch_size * max_target_length / cp) divisible by tp.
-  bool tp_sequence_parallel = false;
+  bool tp_sequence_parallel;
   // context_parallel_strategy; nullopt = "auto" (the planner picks; apps/train.cpp).
-  std::optional<CpStrategy> cp_strategy = CpStrategy{};
-  bool cp_load_balance = true;        // context_parallel_load_balance: zigzag (true) or contiguous
+  std::optional<CpStrategy> cp_strategy;
+  bool cp_load_balance;        // context_parallel_load_balance: zigzag (true) or contiguous
 
   // ---- data
-  DatasetType dataset_type = DatasetType::text;  // dataset_type
+  DatasetType dataset_type;  // dataset_type
   std::string dataset_path;           // dataset_path: comma-separated files, directories or globs
   std::string document_separator;     // document_separator ("" = one document per file)
-  bool packing = true;                // packing
-  int64_t max_target_length = 0;      // max_target_length (tokens per sequence)
-  int64_t per_device_batch_size = 1;  // per_device_batch_size (sequences per data rank, dp x fsdp, per step)
+  bool packing;                // packing
+  int64_t max_target_length;      // max_target_length (tokens per sequence)
+  int64_t per_device_batch_size;  // per_device_batch_size (sequences per data rank, dp x fsdp, per step)
 
   // ---- optimisation
-  int64_t steps = 0;                  // steps
-  double learning_rate = 0;           // learning_rate (peak)
-  double warmup_steps_fraction = 0;   // warmup_steps_fraction
-  double cosine_learning_rate_final_fraction = 0;  // cosine_learning_rate_final_fraction
-  double adam_b1 = 0, adam_b2 = 0, adam_eps = 0, adam_weight_decay = 0;
-  double gradient_clipping_threshold = 0;  // gradient_clipping_threshold (0 = off)
+  int64_t steps;                  // steps
+  double learning_rate;           // learning_rate (peak)
+  double warmup_steps_fraction;   // warmup_steps_fraction
+  double cosine_learning_rate_final_fraction;  // cosine_learning_rate_final_fraction
+  double adam_b1, adam_b2, adam_eps, adam_weight_decay;
+  double gradient_clipping_threshold;  // gradient_clipping_threshold (0 = off)
   // shard_optimizer_over_data (ZeRO-1): each of the dp x cp replicas keeps the
   // AdamW moments of one contiguous piece of the parameters; gradients are
   // reduce-scattered and the updated pieces all-gathered (src/train/trainer.h).
-  bool shard_optimizer_over_data = false;
+  bool shard_optimizer_over_data;
   // optimizer_memory_host_offload / parameter_memory_host_offload (MaxText's
   // keys): the AdamW moments, and with FSDP the parameter shards, live in
   // the host pool (host_memory_budget), not in device memory.
   // state_offload_target: where they go, host or disk (spill files in offload_dir).
-  bool optimizer_memory_host_offload = false;
-  bool parameter_memory_host_offload = false;
-  OffloadTarget state_offload_target = OffloadTarget::host;
+  bool optimizer_memory_host_offload;
+  bool parameter_memory_host_offload;
+  OffloadTarget state_offload_target;
   StateTier optimizer_tier() const { return state_tier(optimizer_memory_host_offload, state_offload_target); }
   StateTier parameter_tier() const { return state_tier(parameter_memory_host_offload, state_offload_target); }
-  int64_t init_weights_seed = 0;      // init_weights_seed (also seeds synthetic data)
+  int64_t init_weights_seed;      // init_weights_seed (also seeds synthetic data)
   std::string load_parameters_path;   // load_parameters_path: pretrained weights (train/checkpoint.h)
 
   // ---- evaluation (longctx eval, train/eval.h)
-  int64_t eval_steps = 4;             // eval_steps
+  int64_t eval_steps;             // eval_steps
   std::string eval_dataset_path;      // eval_dataset_path ("" = the tail of dataset_path)
   std::string eval_output;            // eval_output ("" = <base_output_directory>/<run_name>/eval.json)
-  int64_t eval_first_bucket = 1024;   // eval_first_bucket
+  int64_t eval_first_bucket;   // eval_first_bucket
 
   // ---- system
-  int64_t device_memory_budget = 0;   // device_memory_budget (bytes; 0 = unlimited)
-  int64_t host_memory_budget = 0;     // host_memory_budget: the host offload pool (bytes; 0 = unlimited)
-  double peak_tflops_per_device = 0;  // peak_tflops_per_device (0 = measure a GEMM at start-up)
-  int64_t collective_timeout_seconds = 0;  // collective_timeout_seconds
-  int64_t num_threads = 0;            // num_threads (0 = OpenMP default)
-  bool deterministic_across_thread_counts = false;  // thread-count-independent GEMM pieces
+  int64_t device_memory_budget;   // device_memory_budget (bytes; 0 = unlimited)
+  int64_t host_memory_budget;     // host_memory_budget: the host offload pool (bytes; 0 = unlimited)
+  double peak_tflops_per_device;  // peak_tflops_per_device (0 = measure a GEMM at start-up)
+  int64_t collective_timeout_seconds;  // collective_timeout_seconds
+  int64_t num_threads;            // num_threads (0 = OpenMP default)
+  bool deterministic_across_thread_counts;  // thread-count-independent GEMM pieces
 
   // The mesh's axes (src/core/mesh_shape.h: its groups, ring factor, shard
   // group, replicas). cp splits into ulysses x ring only for usp: validation

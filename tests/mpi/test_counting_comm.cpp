@@ -136,7 +136,9 @@ TEST(CountingMesh, CountsWhatTheRealMeshCountsForEveryRank) {
     const Counted counted = run(c, counting);
     EXPECT_EQ(counted.construction, real.construction) << what << ": at construction";
     EXPECT_EQ(counted.step, real.step) << what << ": in the step";
-    if (world > 1) EXPECT_FALSE(real.step.empty()) << what;
+    if (world > 1) {
+      EXPECT_FALSE(real.step.empty()) << what;
+    }
     for (int x = 0; x < kNumMemCategories; ++x)
       EXPECT_EQ(counted.peaks[x], real.peaks[x]) << what << ": peak " << mem_category_name(static_cast<MemCategory>(x));
     ++ran;
