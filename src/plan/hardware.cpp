@@ -32,7 +32,10 @@ HardwareProfile HardwareProfile::for_dtype(DType dtype) const {
 }
 
 std::string HardwareProfile::dtype_tables_warning(DType dtype) const {
-  if (dtype != DType::bf16 || bf16 || matmul_efficiency_per_width.empty()) return "";
+  // Only tables `plan --measure` took (it times the elementwise kernels too)
+  // are per dtype; a datasheet profile's GEMM table was measured in bf16.
+  if (dtype != DType::bf16 || bf16 || matmul_efficiency_per_width.empty() || elementwise_bandwidth_per_kernel.empty())
+    return "";
   return "hardware profile '" + name + "' has no bf16 tables (measured before `plan --measure` took them): "
          "this bf16 plan uses its fp32 kernel rates; rerun `mpiexec -n N longctx plan --measure`";
 }

@@ -42,7 +42,8 @@ struct KernelTables {
 // The tables above at the top level are those of fp32 runs (and of every
 // dtype when there is no `bf16` section); cpu-local profiles carry bf16 runs'
 // own tables in `bf16` (YAML: a nested `bf16:` section with the same keys).
-// Datasheet profiles have none: their efficiencies apply to bf16 already.
+// Datasheet profiles have none: their efficiencies (h100 and h200: GEMM
+// and attention tables measured on an H200) apply to bf16 already.
 struct HardwareProfile : KernelTables {
   std::string name;
   std::string description;

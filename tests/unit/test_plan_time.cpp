@@ -105,10 +105,12 @@ TEST(PlanTime, ProfileBf16SectionRoundTrip) {
   EXPECT_FALSE(g.for_dtype(DType::bf16).bf16.has_value());
   // Without a section every dtype reads the top level.
   EXPECT_DOUBLE_EQ(round_profile().for_dtype(DType::bf16).matmul_efficiency_at(64), 1.0);
-  // A measured profile without the section (older plan --measure) warns bf16 plans only; a
-  // datasheet profile (no tables) never does.
+  // A measured profile without the section (older plan --measure: GEMM and
+  // elementwise tables at the top level) warns bf16 plans only; a datasheet
+  // profile (no tables, or h200's GEMM table measured in bf16) never does.
   HardwareProfile old_measure = g;
   old_measure.bf16.reset();
+  old_measure.elementwise_bandwidth_per_kernel = {{"convert", 5e9}};
   EXPECT_NE(old_measure.dtype_tables_warning(DType::bf16).find("no bf16 tables"), std::string::npos);
   EXPECT_EQ(old_measure.dtype_tables_warning(DType::f32), "");
   EXPECT_EQ(g.dtype_tables_warning(DType::bf16), "");
@@ -176,24 +178,38 @@ TEST(PlanTime, Bf16PlansUseTheBf16Tables) {
   }
 }
 
-TEST(PlanTime, DatasheetProfilesUseTheirScalars) {
+// The TPU profiles are calibrated scalars; h100 and h200 carry GEMM widths
+// and attention rates measured on an H200 (bench/results/h200_kernels.md).
+TEST(PlanTime, DatasheetProfilesUseTheirCalibration) {
   for (const char* name : {"tpu-v5p", "tpu-v7", "h100", "h200"}) {
     const HardwareProfile h = load_hardware_profile(name, LONGCTX_SOURCE_DIR "/configs/hardware");
+    const bool gpu = name[0] == 'h';
     EXPECT_FALSE(h.bf16.has_value()) << name << ": its efficiencies apply to bf16 already";
-    EXPECT_DOUBLE_EQ(h.matmul_efficiency_at(512), h.matmul_efficiency) << name;
+    EXPECT_EQ(h.dtype_tables_warning(DType::bf16), "") << name;
     // The calibrated numbers each say where they come from.
     for (const char* key : {"matmul_efficiency", "attention_efficiency", "attention_block",
                             "attention_partial_tile_cost", "attention_half_rate_tokens"})
       EXPECT_TRUE(h.sources.count(key)) << name << " has no source for " << key;
+    if (gpu)
+      for (const char* key : {"matmul_efficiency_per_width", "attention_forward_efficiency_per_head_dim"})
+        EXPECT_TRUE(h.sources.count(key)) << name << " has no source for " << key;
     EXPECT_GT(h.attention_half_rate_tokens, 0) << name;
     EXPECT_GT(h.elementwise_bandwidth_of("rope"), 0) << name;
-    // Matmul time is the FLOPs at the datasheet rate, whatever the widths.
+    // Matmul time: the FLOPs at the datasheet rate (TPU), or between the
+    // rates of the narrowest and widest measured GEMMs (GPU, the small test
+    // model's widths: all below 1024, so the narrow end).
     RunConfig c = small_config("causal", 1024, "full");
     c.dtype = DType::bf16;
     const StrategyPlan p = plan(c, h);
     const double mm_flops = p.hardware_flops - (4.0 * 2 + 10.0) * 16 * double(p.attention_pairs);
-    EXPECT_NEAR(p.matmul_seconds, mm_flops / (h.peak_flops_bf16 * h.matmul_efficiency), 1e-9 * p.matmul_seconds)
-        << name;
+    const double eff = gpu ? h.matmul_efficiency_at(1024) : h.matmul_efficiency;
+    EXPECT_NEAR(p.matmul_seconds, mm_flops / (h.peak_flops_bf16 * eff), 1e-9 * p.matmul_seconds) << name;
+    if (gpu) {
+      EXPECT_NEAR(h.matmul_efficiency_at(8192), 0.75, 1e-12);  // 8B's q/o, up, down: the measured 0.71-0.79
+      EXPECT_LT(h.matmul_efficiency_at(2048), h.matmul_efficiency_at(4096));
+    } else {
+      EXPECT_DOUBLE_EQ(h.matmul_efficiency_at(512), h.matmul_efficiency) << name;
+    }
   }
 }
 
