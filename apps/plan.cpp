@@ -231,6 +231,8 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
                 rec.reason.c_str());
   else
     std::printf("none: %s\n", rec.reason.c_str());
+  for (size_t i = 0; i < rec.runners_up.size(); ++i)
+    std::printf("  %zu. %s\n", i + 2, rec.runners_up[i].c_str());
   std::printf("(planned in %.3f s)\n", plan_seconds);
 }
 
@@ -439,7 +441,7 @@ int run_plan(const Args& args) {
       j["recommendation"].update({{"strategy", name_of(rec.strategy)}, {"cp", rec.cp}, {"ulysses", rec.ulysses},
                                   {"remat_policy", name_of(rec.remat_policy)},
                                   {"shard_optimizer_over_data", rec.shard_optimizer_over_data},
-                                  {"levers", rec.levers},
+                                  {"levers", rec.levers}, {"runners_up", rec.runners_up},
                                   {"plan", to_json(rec.plan)}});
     j["plan_seconds"] = elapsed;
     if (emit) j["emit"] = settings;

@@ -1,6 +1,7 @@
 #include "plan/planner.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -675,6 +676,7 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
   // What train enforces: both budgets (the host pool only when one is set).
   p.fits = p.memory_total <= p.device_memory &&
            (c.host_memory_budget == 0 || host_pool_bytes(p) <= c.host_memory_budget);
+  if (o.memory_only) return p;
 
   AttentionWork w = attention_work(s, hw);
   // Attention forward runs once per layer, again in backward when the policy
@@ -908,6 +910,7 @@ struct Rung {
   std::string what;  // "key=value ...", as a user would set it
   std::string why;   // what it saves
   RunConfig config;
+  int heavier = 0;   // remat policies past the asked one (0: the asked policy)
 };
 
 // The levers in the reference's order for tight memory (MaxText): shard
@@ -917,12 +920,13 @@ struct Rung {
 // state, then the layer inputs, then the parameters), and recompute last: at each
 // heavier remat policy, every lever above with the tensors it still saves
 // offloaded. Each rung keeps the rungs before it.
-std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw) {
+std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw, bool heavier_remat) {
   std::vector<Rung> ladder{{"", "", c}};
+  int heavier = 0;
   auto add = [&](const std::string& what, const std::string& why, const std::function<void(RunConfig&)>& f) {
     RunConfig k = ladder.back().config;
     f(k);
-    ladder.push_back({what, why, k});
+    ladder.push_back({what, why, k, heavier});
   };
   if (!c.shard_optimizer_over_data)
     add("shard_optimizer_over_data=true", "AdamW moments sharded over the replicas (ZeRO-1)",
@@ -952,10 +956,11 @@ std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw) {
   std::vector<RematPolicy> remats{c.remat_policy};
   bool past = false;
   for (RematPolicy r : kRematLadder) {
-    if (past) remats.push_back(r);
+    if (past && heavier_remat) remats.push_back(r);
     past = past || c.remat_policy == r;
   }
   for (size_t i = 0; i < remats.size(); ++i) {
+    heavier = static_cast<int>(i);
     if (i > 0)
       add(std::string("remat_policy=") + name_of(remats[i]), "recomputes more in backward", [&](RunConfig& k) {
         k.remat_policy = remats[i];
@@ -994,42 +999,129 @@ std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw) {
 
 }  // namespace
 
+namespace {
+
+// Whether the user chose `key` (a config file of theirs or the command
+// line), rather than leaving it at the defaults (the key table, configs/base.yml).
+bool user_set(const RunConfig& c, const std::string& key) {
+  const auto it = c.sources.find(key);
+  if (it == c.sources.end() || it->second == "default") return false;
+  return std::filesystem::path(it->second).filename() != "base.yml";
+}
+
+// Rungs the search tries past the first at which a plan fits.
+constexpr int kMoreRungs = 2;
+
+// One plan the search found to fit: the config to run, its prediction, the
+// memory levers it needed (with why), and its place in MaxText's order
+// (remat policy first, then the rung), which breaks ties.
+struct Found {
+  RunConfig config;
+  StrategyPlan plan;
+  std::string levers;
+  int order = 0;
+  bool heavier_remat = false;  // a remat policy heavier than the user's
+};
+
+// The winner: among the plans within 1% (the model's resolution) of the
+// fastest (tokens per second per device: a step's tokens grow with dp as cp
+// shrinks), the one with the fewest levers in MaxText's order, then the
+// smallest cp. Moved to the front; the rest follow by speed.
+void rank_found(std::vector<Found>& found) {
+  std::sort(found.begin(), found.end(),
+            [](const Found& a, const Found& b) { return a.plan.tokens_per_second > b.plan.tokens_per_second; });
+  const double fastest = found.front().plan.tokens_per_second;
+  size_t best = 0;
+  for (size_t i = 1; i < found.size() && found[i].plan.tokens_per_second * 1.01 >= fastest; ++i)
+    if (std::pair(found[i].order, found[i].plan.cp) < std::pair(found[best].order, found[best].plan.cp)) best = i;
+  std::rotate(found.begin(), found.begin() + best, found.begin() + best + 1);
+}
+
+std::string alternative_line(const Found& f) {
+  return cp_strategy_label(f.plan.strategy, f.plan.cp, f.plan.ulysses) + " cp=" + str(f.plan.cp) + ", remat " +
+         name_of(f.plan.remat_policy) +
+         (f.levers.empty() ? "" : ", " + std::to_string(std::count(f.levers.begin(), f.levers.end(), ';') + 1) +
+                                      " lever(s)") +
+         ": " + std::to_string(std::lround(f.plan.tokens_per_second)) + " tokens/s/device, MFU " +
+         std::to_string(static_cast<int>(std::lround(f.plan.mfu * 100))) + "%, " + gib(double(f.plan.memory_total));
+}
+
+}  // namespace
+
+// The search: every remat policy the user left open (lightest first), and
+// for each its memory ladder without heavier remat; at every candidate cp,
+// each strategy with the first rung at which it fits (memory only: cheap),
+// then its full prediction. The fastest wins.
 PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
   const int64_t devices = devices_of(c, o);
-  PlanOptions opts = o;
-  opts.devices = devices;
-  std::string added;  // the levers applied so far, with why
-  for (const Rung& rung : memory_ladder(c, hw)) {
-    if (!rung.what.empty()) added += "; " + rung.what + " (" + rung.why + ")";
-    const RunConfig& k = rung.config;
-    for (int64_t cp : cp_sizes(k, devices)) {
-      std::vector<StrategyPlan> plans = plans_at(k, hw, opts, cp, k.remat_policy);
-      const StrategyPlan* best = fastest_fitting(plans);
-      if (!best) continue;
-      PlanRecommendation r;
-      r.found = true;
-      r.strategy = best->strategy;
-      r.cp = best->cp;
-      r.ulysses = best->ulysses;
-      r.remat_policy = k.remat_policy;
-      r.shard_optimizer_over_data = k.shard_optimizer_over_data;
-      r.config = with_candidate(k, cp, best->strategy, best->ulysses, k.remat_policy);
-      r.levers = added.empty() ? "" : added.substr(2);
-      r.plan = *best;
-      r.reason = reason_for(k, *best, plans);
-      if (cp != cp_sizes(c, devices).front())
-        r.reason = "cp=" + str(cp) + " is the smallest that fits; " + r.reason;
-      if (!added.empty()) r.reason += "; nothing fits with fewer memory levers (added in MaxText's order, listed apart)";
-      return r;
+  PlanOptions opts = o, memory = o;
+  opts.devices = memory.devices = devices;
+  memory.memory_only = true;
+  std::vector<RematPolicy> policies{c.remat_policy};
+  const bool remat_open = !user_set(c, "remat_policy") && c.remat_policy != RematPolicy::custom;
+  if (remat_open) policies.assign(std::begin(kRematLadder), std::end(kRematLadder));
+  std::vector<Found> found;
+  for (size_t pi = 0; pi < policies.size(); ++pi) {
+    RunConfig base = c;
+    base.remat_policy = policies[pi];
+    const std::vector<Rung> ladder = memory_ladder(base, hw, !remat_open);
+    for (int64_t cp : cp_sizes(base, devices)) {
+      std::vector<std::pair<CpStrategy, int64_t>> variants = candidates_at(cp);
+      if (cp == 1) variants.resize(1);  // no context parallelism: every strategy is the same run
+      // Rungs each variant may still try: the first that fits and the next
+      // kMoreRungs (a lever can pay for itself: FSDP's reduce-scatter moves
+      // less than the all-reduce of full gradients).
+      std::vector<int> left(variants.size(), kMoreRungs + 1);
+      std::string added;
+      for (size_t r = 0; r < ladder.size(); ++r) {
+        if (!ladder[r].what.empty()) added += "; " + ladder[r].what + " (" + ladder[r].why + ")";
+        const RunConfig& k = ladder[r].config;
+        for (size_t v = 0; v < variants.size(); ++v) {
+          // A heavier remat than the user's only where nothing lighter fits.
+          if (left[v] == 0 || (left[v] <= kMoreRungs && ladder[r].heavier > 0)) continue;
+          const RunConfig run = with_candidate(k, cp, variants[v].first, variants[v].second, k.remat_policy);
+          const StrategyPlan m = plan_strategy(run, hw, memory);
+          if (!m.valid) left[v] = 0;
+          if (!m.valid || !m.fits) continue;
+          --left[v];
+          found.push_back({run, plan_strategy(run, hw, opts), added.empty() ? "" : added.substr(2),
+                           static_cast<int>(pi * 100 + r), ladder[r].heavier > 0});
+        }
+        if (std::all_of(left.begin(), left.end(), [](int n) { return n == 0; })) break;
+      }
     }
   }
-  PlanRecommendation none;
-  none.reason = "nothing fits on " + str(devices) + " devices with tp=" + str(c.tp) +
-                " at any cp, with every memory lever (ZeRO-1, FSDP over dp and cp, sequence parallelism, "
-                "offload of activations, optimizer state, layer inputs and parameters, every remat policy): raise "
-                "ici_tensor_parallelism, add "
-                "devices or shorten max_target_length";
-  return none;
+  if (found.empty()) {
+    PlanRecommendation none;
+    none.reason = "nothing fits on " + str(devices) + " devices with tp=" + str(c.tp) +
+                  " at any cp, with every memory lever (ZeRO-1, FSDP over dp and cp, sequence parallelism, "
+                  "offload of activations, optimizer state, layer inputs and parameters, " +
+                  (remat_open ? std::string("every remat policy") : "heavier remat policies") +
+                  "): raise ici_tensor_parallelism, add devices or shorten max_target_length";
+    return none;
+  }
+  // The user's remat policy wherever it fits at all: heavier ones only when it does not.
+  if (std::any_of(found.begin(), found.end(), [](const Found& f) { return !f.heavier_remat; }))
+    std::erase_if(found, [](const Found& f) { return f.heavier_remat; });
+  rank_found(found);
+  const Found& best = found.front();
+  PlanRecommendation r;
+  r.found = true;
+  r.strategy = best.plan.strategy;
+  r.cp = best.plan.cp;
+  r.ulysses = best.plan.ulysses;
+  r.remat_policy = best.config.remat_policy;
+  r.shard_optimizer_over_data = best.config.shard_optimizer_over_data;
+  r.config = best.config;
+  r.levers = best.levers;
+  r.plan = best.plan;
+  r.reason = reason_for(best.config, best.plan, plans_at(best.config, hw, opts, best.plan.cp, best.config.remat_policy));
+  r.reason = "the fastest of " + str(int64_t(found.size())) + " plans that fit" +
+             (remat_open ? " (every remat policy, cp, strategy and the memory levers each needs)" : "") + "; " +
+             r.reason;
+  if (!best.levers.empty()) r.reason += "; it needs the memory levers listed apart (MaxText's order)";
+  for (size_t i = 1; i < found.size() && r.runners_up.size() < 2; ++i) r.runners_up.push_back(alternative_line(found[i]));
+  return r;
 }
 
 PlanReport make_plan(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {

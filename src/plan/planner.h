@@ -127,11 +127,13 @@ struct PlanRecommendation {
   std::string levers;  // the levers added to the config, with why ("" = none)
   std::string reason;  // one line, in the users' terms
   StrategyPlan plan;
+  std::vector<std::string> runners_up;  // the next fastest plans that fit, one line each
 };
 
 struct PlanOptions {
   int64_t devices = 0;        // total devices; 0 = dp * cp * tp from the config
   int64_t device_memory = 0;  // bytes; 0 = the profile's (or device_memory_budget if set)
+  bool memory_only = false;   // plan_strategy stops after memory and fits (the search's cheap check)
 };
 
 struct PlanReport {
@@ -198,12 +200,17 @@ LongestLength longest_length(const RunConfig& config, const HardwareProfile& hw,
 // host) and host-resident optimizer state and parameters.
 int64_t host_pool_bytes(const StrategyPlan& plan);
 
-// The recommended configuration: the smallest cp that fits (searched only
-// when ici_data_parallelism is -1, i.e. the mesh is not pinned), the fastest
-// strategy there, with the fewest memory levers that make it fit, added in
-// MaxText's order (planner.cpp memory_ladder): ZeRO-1, FSDP over the dp and
-// cp ranks, sequence parallelism, offload of the saved activations, then of
-// the layer inputs, and heavier remat policies last.
+// The recommended configuration: the fastest predicted plan that fits.
+// The search keeps what the user set (model, batch, length, devices, a
+// remat_policy of theirs, a pinned mesh) and tries every remat policy left
+// open (lightest first), every cp (when ici_data_parallelism or
+// ici_fsdp_parallelism is -1), every strategy and usp split, each with the
+// fewest memory levers that make it fit, added in MaxText's order
+// (planner.cpp memory_ladder): ZeRO-1, FSDP over the dp and cp ranks,
+// sequence parallelism, token chunks, offload of the saved activations, the
+// optimizer state, the layer inputs, the parameters (and, when the user set
+// the remat policy, heavier ones last). Plans within 1% of each other are
+// equally fast: the one with fewer levers wins, then the smaller cp.
 PlanRecommendation recommend(const RunConfig& config, const HardwareProfile& hw,
                              const PlanOptions& options = {});
 
