@@ -226,8 +226,8 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
   const PlanRecommendation& rec = r.recommendation;
   std::printf("\nrecommendation: ");
   if (rec.found)
-    std::printf("%s remat_policy=%s%s\n  why: %s\n", cp_strategy_settings(rec.strategy, rec.cp, rec.ulysses).c_str(),
-                name_of(rec.remat_policy), rec.levers.empty() ? "" : ("\n  memory levers: " + rec.levers).c_str(),
+    std::printf("%s%s remat_policy=%s%s\n  why: %s\n", cp_strategy_settings(rec.strategy, rec.cp, rec.ulysses).c_str(),
+                rec.tp == c.tp ? "" : (" ici_tensor_parallelism=" + std::to_string(rec.tp)).c_str(), name_of(rec.remat_policy), rec.levers.empty() ? "" : ("\n  memory levers: " + rec.levers).c_str(),
                 rec.reason.c_str());
   else
     std::printf("none: %s\n", rec.reason.c_str());
@@ -438,7 +438,7 @@ int run_plan(const Args& args) {
     const PlanRecommendation& rec = report.recommendation;
     j["recommendation"] = {{"found", rec.found}, {"reason", rec.reason}};
     if (rec.found)
-      j["recommendation"].update({{"strategy", name_of(rec.strategy)}, {"cp", rec.cp}, {"ulysses", rec.ulysses},
+      j["recommendation"].update({{"strategy", name_of(rec.strategy)}, {"cp", rec.cp}, {"ulysses", rec.ulysses}, {"tp", rec.tp},
                                   {"remat_policy", name_of(rec.remat_policy)},
                                   {"shard_optimizer_over_data", rec.shard_optimizer_over_data},
                                   {"levers", rec.levers}, {"runners_up", rec.runners_up},

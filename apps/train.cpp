@@ -61,11 +61,13 @@ void resolve_auto_strategy(RunConfig& config, const Communicator& world) {
   options.devices = world.size();
   PlanRecommendation r = recommend(config, hw, options);
   if (!r.found) throw ConfigError("context_parallel_strategy=auto: the planner found no configuration that fits: " + r.reason);
+  const int64_t asked_tp = config.tp;
   config = r.config;
   if (rank == 0) {
-    std::printf("auto: %s remat_policy=%s%s (%s)\n"
+    std::printf("auto: %s%s remat_policy=%s%s (%s)\n"
                 "  why: %s\n",
                 cp_strategy_settings(r.strategy, r.cp, r.ulysses).c_str(),
+                r.tp == asked_tp ? "" : (" ici_tensor_parallelism=" + std::to_string(r.tp)).c_str(),
                 name_of(r.remat_policy), r.levers.empty() ? "" : (", levers: " + r.levers).c_str(),
                 source.c_str(), r.reason.c_str());
     std::fflush(stdout);

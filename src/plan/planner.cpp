@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <tuple>
 
 #include "cp/cp_attention.h"
 #include "cp/strategy.h"
@@ -574,7 +575,7 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   plan_offload_time(s, hw, p);
   p.step_seconds = p.compute_seconds + p.comm_seconds - hidden + p.offload_seconds - p.offload_hidden_seconds +
                    p.state_offload_seconds - p.state_offload_hidden_seconds;
-  p.tokens_per_second = tokens / p.step_seconds;
+  p.tokens_per_second = tokens / double(s.tp) / p.step_seconds;  // a tp group's N tokens over its tp devices
   p.mfu = p.model_flops / p.step_seconds / peak;
 }
 
@@ -1026,14 +1027,16 @@ struct Found {
 // The winner: among the plans within 1% (the model's resolution) of the
 // fastest (tokens per second per device: a step's tokens grow with dp as cp
 // shrinks), the one with the fewest levers in MaxText's order, then the
-// smallest cp. Moved to the front; the rest follow by speed.
+// smallest tp, then the smallest cp. Moved to the front; the rest follow by speed.
 void rank_found(std::vector<Found>& found) {
   std::sort(found.begin(), found.end(),
             [](const Found& a, const Found& b) { return a.plan.tokens_per_second > b.plan.tokens_per_second; });
   const double fastest = found.front().plan.tokens_per_second;
   size_t best = 0;
   for (size_t i = 1; i < found.size() && found[i].plan.tokens_per_second * 1.01 >= fastest; ++i)
-    if (std::pair(found[i].order, found[i].plan.cp) < std::pair(found[best].order, found[best].plan.cp)) best = i;
+    if (std::tuple(found[i].order, found[i].plan.tp, found[i].plan.cp) <
+        std::tuple(found[best].order, found[best].plan.tp, found[best].plan.cp))
+      best = i;
   std::rotate(found.begin(), found.begin() + best, found.begin() + best + 1);
 }
 
@@ -1046,9 +1049,22 @@ std::string alternative_line(const Found& f) {
          std::to_string(static_cast<int>(std::lround(f.plan.mfu * 100))) + "%, " + gib(double(f.plan.memory_total));
 }
 
+// Candidate tp sizes: the configured one when the user set it or the mesh is
+// pinned, else every tp that divides the heads, KV heads, MLP width and
+// devices and stays within a node (tp's per-layer collectives need its links).
+std::vector<int64_t> tp_sizes(const RunConfig& c, int64_t devices, const HardwareProfile& hw) {
+  if (user_set(c, "ici_tensor_parallelism") || (c.dp != -1 && c.fsdp != -1)) return {c.tp};
+  const LlamaConfig& m = c.model;
+  std::vector<int64_t> out;
+  for (int64_t tp = 1; tp <= devices && (hw.devices_per_node <= 0 || tp <= hw.devices_per_node); tp *= 2)
+    if (m.num_heads % tp == 0 && m.num_kv_heads % tp == 0 && m.mlp_dim % tp == 0 && devices % tp == 0)
+      out.push_back(tp);
+  return out;
+}
+
 }  // namespace
 
-// The search: every remat policy the user left open (lightest first), and
+// The search: every tp and remat policy the user left open (lightest first), and
 // for each its memory ladder without heavier remat; at every candidate cp,
 // each strategy with the first rung at which it fits (memory only: cheap),
 // then its full prediction. The fastest wins.
@@ -1061,8 +1077,10 @@ PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, cons
   const bool remat_open = !user_set(c, "remat_policy") && c.remat_policy != RematPolicy::custom;
   if (remat_open) policies.assign(std::begin(kRematLadder), std::end(kRematLadder));
   std::vector<Found> found;
+  for (int64_t tp : tp_sizes(c, devices, hw))
   for (size_t pi = 0; pi < policies.size(); ++pi) {
     RunConfig base = c;
+    base.tp = tp;
     base.remat_policy = policies[pi];
     const std::vector<Rung> ladder = memory_ladder(base, hw, !remat_open);
     for (int64_t cp : cp_sizes(base, devices)) {
@@ -1109,6 +1127,7 @@ PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, cons
   r.found = true;
   r.strategy = best.plan.strategy;
   r.cp = best.plan.cp;
+  r.tp = best.plan.tp;
   r.ulysses = best.plan.ulysses;
   r.remat_policy = best.config.remat_policy;
   r.shard_optimizer_over_data = best.config.shard_optimizer_over_data;

@@ -119,7 +119,7 @@ struct StrategyPlan {
 struct PlanRecommendation {
   bool found = false;
   CpStrategy strategy{};
-  int64_t cp = 1, ulysses = 1;
+  int64_t cp = 1, ulysses = 1, tp = 1;
   RematPolicy remat_policy = RematPolicy::full;
   bool shard_optimizer_over_data = false;  // ZeRO-1, tried when nothing fits without it
   // The run to start: the config with the strategy, cp and every memory lever applied.
@@ -202,8 +202,9 @@ int64_t host_pool_bytes(const StrategyPlan& plan);
 
 // The recommended configuration: the fastest predicted plan that fits.
 // The search keeps what the user set (model, batch, length, devices, a
-// remat_policy of theirs, a pinned mesh) and tries every remat policy left
-// open (lightest first), every cp (when ici_data_parallelism or
+// remat_policy or ici_tensor_parallelism of theirs, a pinned mesh) and tries
+// every tp left open (within a node), every remat policy left open
+// (lightest first), every cp (when ici_data_parallelism or
 // ici_fsdp_parallelism is -1), every strategy and usp split, each with the
 // fewest memory levers that make it fit, added in MaxText's order
 // (planner.cpp memory_ladder): ZeRO-1, FSDP over the dp and cp ranks,
