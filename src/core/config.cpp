@@ -527,6 +527,14 @@ MeshShape RunConfig::mesh_shape() const {
   return s;
 }
 
+MeshShape RunConfig::mesh_shape(int64_t devices) const {
+  MeshShape s = mesh_shape();
+  const int64_t data = devices / (cp * tp);
+  s.fsdp = static_cast<int>(fsdp == -1 ? data / std::max<int64_t>(dp, 1) : fsdp);
+  s.dp = static_cast<int>(data / s.fsdp);
+  return s;
+}
+
 CpStrategy RunConfig::strategy() const {
   if (!cp_strategy) throw ConfigError("context_parallel_strategy=auto must be resolved by the planner first");
   return *cp_strategy;

@@ -163,6 +163,9 @@ struct RunConfig {
   // holds ici_context_usp_ulysses_parallelism at 1 for the other strategies.
   // dp must be resolved (not -1).
   MeshShape mesh_shape() const;
+  // The same on `devices`: dp x fsdp fill devices / (cp x tp), an axis at -1
+  // taking what the other leaves.
+  MeshShape mesh_shape(int64_t devices) const;
   // The resolved strategy (ConfigError while it is still "auto").
   CpStrategy strategy() const;
   // The ulysses (all-to-all) degree of the strategy: cp for ulysses, the

@@ -1,6 +1,5 @@
 #include "plan/emit.h"
 
-#include <algorithm>
 #include <sstream>
 #include <vector>
 
@@ -163,8 +162,8 @@ std::string megatron(const RunConfig& c, int64_t devices) {
 
 std::string emit_settings(const RunConfig& config, int64_t devices, EmitFormat format) {
   RunConfig c = config;  // an axis at -1 takes the devices the others leave
-  if (c.dp == -1) c.dp = devices / (std::max<int64_t>(c.fsdp, 1) * c.cp * c.tp);
-  if (c.fsdp == -1) c.fsdp = devices / (c.dp * c.cp * c.tp);
+  const MeshShape mesh = c.mesh_shape(devices);
+  c.dp = mesh.dp, c.fsdp = mesh.fsdp;
   return format == EmitFormat::maxtext ? maxtext(c) : megatron(c, devices);
 }
 

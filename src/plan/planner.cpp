@@ -116,10 +116,10 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.U = c.ulysses_degree();
   s.R = c.cp / s.U;
   s.devices = devices;
-  // dp x fsdp fill devices / (cp x tp); an axis at -1 takes what the other leaves.
-  const int64_t data = devices / (c.cp * c.tp);
-  s.fsdp = c.fsdp == -1 ? data / std::max<int64_t>(c.dp, 1) : c.fsdp;
-  s.dp = data / s.fsdp;
+  // The mesh on these devices (src/core/mesh_shape.h owns its groups).
+  const MeshShape mesh = c.mesh_shape(devices);
+  s.fsdp = mesh.fsdp;
+  s.dp = mesh.dp;
   const LlamaConfig& m = c.model;
   s.model = m;
   s.d = m.d_model;
@@ -145,9 +145,6 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.optimizer_tier = c.optimizer_tier();
   s.parameter_tier = c.parameter_tier();
   s.state_target = c.state_offload_target;
-  // The mesh of the resolved axes (src/core/mesh_shape.h owns its groups).
-  MeshShape mesh = c.mesh_shape();
-  mesh.dp = static_cast<int>(s.dp), mesh.fsdp = static_cast<int>(s.fsdp);
   s.shards = mesh.shard_group();
   s.shard = parameter_shard_elements(m, c.tp, s.shards);
   LlamaConfig one_layer = m;
@@ -773,14 +770,6 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
 
 namespace {
 
-// Fastest fitting plan among the strategies at cp with `remat`, or nullptr.
-const StrategyPlan* fastest_fitting(const std::vector<StrategyPlan>& plans) {
-  const StrategyPlan* best = nullptr;
-  for (const StrategyPlan& p : plans)
-    if (p.valid && p.fits && (!best || p.step_seconds < best->step_seconds)) best = &p;
-  return best;
-}
-
 std::vector<StrategyPlan> plans_at(const RunConfig& c, const HardwareProfile& hw,
                                    const PlanOptions& o, int64_t cp, RematPolicy remat) {
   std::vector<StrategyPlan> out;
@@ -1015,7 +1004,7 @@ constexpr int kMoreRungs = 2;
 
 // One plan the search found to fit: the config to run, its prediction, the
 // memory levers it needed (with why), and its place in MaxText's order
-// (remat policy first, then the rung), which breaks ties.
+// (100 x the remat policy's place, plus the rung: the levers it added), which breaks ties.
 struct Found {
   RunConfig config;
   StrategyPlan plan;
@@ -1043,8 +1032,7 @@ void rank_found(std::vector<Found>& found) {
 std::string alternative_line(const Found& f) {
   return cp_strategy_label(f.plan.strategy, f.plan.cp, f.plan.ulysses) + " cp=" + str(f.plan.cp) + ", remat " +
          name_of(f.plan.remat_policy) +
-         (f.levers.empty() ? "" : ", " + std::to_string(std::count(f.levers.begin(), f.levers.end(), ';') + 1) +
-                                      " lever(s)") +
+         (f.order % 100 == 0 ? "" : ", " + std::to_string(f.order % 100) + " lever(s)") +
          ": " + std::to_string(std::lround(f.plan.tokens_per_second)) + " tokens/s/device, MFU " +
          std::to_string(static_cast<int>(std::lround(f.plan.mfu * 100))) + "%, " + gib(double(f.plan.memory_total));
 }

@@ -121,7 +121,7 @@ struct PlanRecommendation {
   CpStrategy strategy{};
   int64_t cp = 1, ulysses = 1, tp = 1;
   RematPolicy remat_policy = RematPolicy::full;
-  bool shard_optimizer_over_data = false;  // ZeRO-1, tried when nothing fits without it
+  bool shard_optimizer_over_data = false;  // ZeRO-1, when it is needed to fit or faster
   // The run to start: the config with the strategy, cp and every memory lever applied.
   RunConfig config;
   std::string levers;  // the levers added to the config, with why ("" = none)

@@ -438,7 +438,9 @@ TEST(PlanMemory, FsdpPeaksAndBytesMatchRealStepsExactly) {
                   (long long)grads, (long long)optimizer);
     EXPECT_EQ(params, predicted_memory(plan, MemCategory::parameters)) << what << " rank " << rank;
     EXPECT_EQ(grads, predicted_memory(plan, MemCategory::gradients)) << what << " rank " << rank;
-    if (last_replica) EXPECT_EQ(optimizer, predicted_memory(plan, MemCategory::optimizer)) << what << " rank " << rank;
+    if (last_replica) {
+      EXPECT_EQ(optimizer, predicted_memory(plan, MemCategory::optimizer)) << what << " rank " << rank;
+    }
     EXPECT_EQ(activations, predicted_memory(plan, MemCategory::activations)) << what << " rank " << rank;
     for (CommOp op : {CommOp::all_gather, CommOp::reduce_scatter, CommOp::all_reduce})
       EXPECT_EQ(shards[op].bytes_sent, kSteps * predicted_bytes(plan, op, MeshAxis::shards))

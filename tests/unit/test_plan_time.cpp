@@ -190,9 +190,10 @@ TEST(PlanTime, DatasheetProfilesUseTheirCalibration) {
     for (const char* key : {"matmul_efficiency", "attention_efficiency", "attention_block",
                             "attention_partial_tile_cost", "attention_half_rate_tokens"})
       EXPECT_TRUE(h.sources.count(key)) << name << " has no source for " << key;
-    if (gpu)
+    if (gpu) {
       for (const char* key : {"matmul_efficiency_per_width", "attention_forward_efficiency_per_head_dim"})
         EXPECT_TRUE(h.sources.count(key)) << name << " has no source for " << key;
+    }
     EXPECT_GT(h.attention_half_rate_tokens, 0) << name;
     EXPECT_GT(h.elementwise_bandwidth_of("rope"), 0) << name;
     // Matmul time: the FLOPs at the datasheet rate (TPU), or between the
