@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/checked.h"
+#include "cp/strategy.h"
 
 namespace longctx {
 
@@ -541,9 +542,8 @@ CpStrategy RunConfig::strategy() const {
 }
 
 int64_t RunConfig::ulysses_degree() const {
-  if (cp_strategy == CpStrategy::ulysses) return cp;
-  if (cp_strategy == CpStrategy::usp) return cp_ulysses;
-  return 1;
+  if (!cp_strategy) return 1;  // auto: the planner picks the split with the strategy
+  return cp_strategy_info(*cp_strategy).ulysses_degree(cp, cp_ulysses);
 }
 
 LayoutKind RunConfig::layout() const {
@@ -673,14 +673,8 @@ void validate_config(RunConfig& c, int64_t world) {
   // ---- strategy
   require(c.cp_strategy.has_value(), "context_parallel_strategy=auto must be resolved by the planner before validation");
   const CpStrategy s = *c.cp_strategy;
-  if (s == CpStrategy::usp) {
-    require(c.cp_ulysses >= 1 && c.cp % c.cp_ulysses == 0,
-            "ici_context_usp_ulysses_parallelism (" + str(c.cp_ulysses) +
-                ") must divide ici_context_parallelism (" + str(c.cp) + ")");
-  } else {
-    require(c.cp_ulysses == 1, "ici_context_usp_ulysses_parallelism is only used by "
-                               "context_parallel_strategy=usp (got " + str(c.cp_ulysses) + " with " + name_of(s) + ")");
-  }
+  const std::string usp_rule = usp_factor_rule(s, c.cp, c.cp_ulysses);
+  require(usp_rule.empty(), usp_rule);
   // Ranks that exchange heads by all-to-all: all of cp for ulysses, the
   // ulysses factor for usp.
   const int64_t a2a = c.ulysses_degree();
