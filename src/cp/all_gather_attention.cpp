@@ -85,16 +85,4 @@ void AllGatherAttention::backward_with_delta(const AttentionArgs& local, const T
       }
 }
 
-const CpStrategyInfo& all_gather_strategy() {
-  static const CpStrategyInfo info{
-      CpStrategy::all_gather, "K,V of the whole sequence gathered on every rank; dK,dV reduce-scattered back",
-      /*takes_usp_factor=*/false, /*gathers_kv=*/true,
-      [](int64_t, int64_t) -> int64_t { return 1; },
-      [](int64_t) { return std::vector<int64_t>{1}; },
-      [](const Mesh& mesh, const CpOptions&) -> std::unique_ptr<CpAttentionImpl> {
-        return std::make_unique<AllGatherAttention>(mesh.cp());
-      }};
-  return info;
-}
-
 }  // namespace longctx

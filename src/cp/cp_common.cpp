@@ -26,7 +26,28 @@ int64_t cp_ring_chunks(int64_t local_tokens, int64_t chunk_tokens) {
 std::unique_ptr<CpAttention> make_cp_attention(CpStrategy strategy, const Mesh& mesh,
                                                const CpOptions& options) {
   if (mesh.cp().size() == 1) return std::make_unique<LocalAttention>();
-  return cp_strategy_info(strategy).make(mesh, options);
+  // No default: -Wswitch names a strategy without a case here.
+  switch (strategy) {
+    case CpStrategy::all_gather:
+      return std::make_unique<AllGatherAttention>(mesh.cp());
+    case CpStrategy::ulysses:
+      return std::make_unique<UlyssesAttention>(mesh.cp(), std::make_unique<LocalAttention>());
+    case CpStrategy::ring:
+      return std::make_unique<RingAttention>(mesh.cp(), options.ring_chunk_tokens);
+    case CpStrategy::usp: {
+      // The ulysses all-to-all over the inner axis (mesh.ulysses()) around a
+      // ring over the outer one (mesh.ring()); a degree of 1 drops its layer.
+      std::unique_ptr<CpAttentionImpl> inner;
+      if (mesh.ring().size() == 1)
+        inner = std::make_unique<LocalAttention>();
+      else
+        inner = std::make_unique<RingAttention>(mesh.ring(), options.ring_chunk_tokens);
+      if (mesh.ulysses().size() == 1) return inner;
+      return std::make_unique<UlyssesAttention>(mesh.ulysses(), std::move(inner));
+    }
+  }
+  throw ConfigError("context_parallel_strategy '" + std::string(name_of(strategy)) +
+                    "' has no constructor in make_cp_attention (cp_common.cpp)");
 }
 
 void CpAttentionImpl::backward(const AttentionArgs& local, const TensorView& o, const float* lse,

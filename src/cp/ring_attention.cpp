@@ -434,16 +434,4 @@ void RingAttention::backward_with_delta(const AttentionArgs& local, const Tensor
   w.finish(comm_, CommOp::recv);
 }
 
-const CpStrategyInfo& ring_strategy() {
-  static const CpStrategyInfo info{
-      CpStrategy::ring, "K,V chunks passed around the ring, overlapped with attention; dK,dV sent back to their owners",
-      /*takes_usp_factor=*/false, /*gathers_kv=*/false,
-      [](int64_t, int64_t) -> int64_t { return 1; },
-      [](int64_t) { return std::vector<int64_t>{1}; },
-      [](const Mesh& mesh, const CpOptions& options) -> std::unique_ptr<CpAttentionImpl> {
-        return std::make_unique<RingAttention>(mesh.cp(), options.ring_chunk_tokens);
-      }};
-  return info;
-}
-
 }  // namespace longctx

@@ -78,13 +78,6 @@ class RingAttention : public CpAttentionImpl {
   std::unique_ptr<CommWorker> worker_;
 };
 
-// ---- the descriptors (strategy.h), each next to its implementation ----
-struct CpStrategyInfo;
-const CpStrategyInfo& all_gather_strategy();  // all_gather_attention.cpp
-const CpStrategyInfo& ulysses_strategy();     // ulysses_attention.cpp
-const CpStrategyInfo& ring_strategy();        // ring_attention.cpp
-const CpStrategyInfo& usp_strategy();         // ulysses_attention.cpp
-
 // ---- helpers shared by the strategies (cp_common.cpp) ----
 
 struct LocalDims {

@@ -1,14 +1,37 @@
-// The table of context-parallel strategies (strategy.h): one line each.
+// The table of context-parallel strategies (strategy.h): one descriptor
+// each, in the order the planner lists them. Comm-free: no MPI, no kernels.
 #include "cp/strategy.h"
 
 #include "core/error.h"
-#include "cp/strategies.h"
 
 namespace longctx {
 
+namespace {
+int64_t no_head_split(int64_t, int64_t) { return 1; }
+std::vector<int64_t> no_split_to_try(int64_t) { return {1}; }
+}  // namespace
+
 const std::vector<const CpStrategyInfo*>& cp_strategies() {
-  static const std::vector<const CpStrategyInfo*> all{&all_gather_strategy(), &ulysses_strategy(), &ring_strategy(),
-                                                      &usp_strategy()};
+  static const CpStrategyInfo all_gather{
+      CpStrategy::all_gather, "K,V of the whole sequence gathered on every rank; dK,dV reduce-scattered back",
+      /*takes_usp_factor=*/false, /*gathers_kv=*/true, no_head_split, no_split_to_try};
+  static const CpStrategyInfo ulysses{
+      CpStrategy::ulysses, "all-to-all of Q,K,V from sequence shards to head shards over all cp ranks, and back",
+      /*takes_usp_factor=*/false, /*gathers_kv=*/false, [](int64_t cp, int64_t) -> int64_t { return cp; },
+      [](int64_t cp) { return std::vector<int64_t>{cp}; }};
+  static const CpStrategyInfo ring{
+      CpStrategy::ring, "K,V chunks passed around the ring, overlapped with attention; dK,dV sent back to their owners",
+      /*takes_usp_factor=*/false, /*gathers_kv=*/false, no_head_split, no_split_to_try};
+  static const CpStrategyInfo usp{
+      CpStrategy::usp, "ulysses all-to-all over the usp factor inside a ring over the rest of cp",
+      /*takes_usp_factor=*/true, /*gathers_kv=*/false, [](int64_t, int64_t usp_factor) { return usp_factor; },
+      [](int64_t cp) {
+        std::vector<int64_t> out;  // the proper splits: 1 and cp are ring and ulysses
+        for (int64_t u = 2; u < cp; ++u)
+          if (cp % u == 0) out.push_back(u);
+        return out;
+      }};
+  static const std::vector<const CpStrategyInfo*> all{&all_gather, &ulysses, &ring, &usp};
   return all;
 }
 
@@ -43,6 +66,23 @@ std::string usp_factor_rule(CpStrategy id, int64_t cp, int64_t usp_factor) {
            " with " + name_of(id) + ")";
   }
   return "";
+}
+
+std::string ulysses_heads_rule(int64_t U, int64_t H, int64_t G) {
+  const std::string u = std::to_string(U);
+  if (U < 1 || H % U != 0)
+    return "the ulysses degree (" + u + ") must divide the query heads (" + std::to_string(H) + ")";
+  if (G % U != 0 && U % G != 0)
+    return "the kv heads (" + std::to_string(G) + ") and the ulysses degree (" + u +
+           ") must divide one another (G % U == 0 splits kv heads, U % G == 0 replicates them)";
+  return "";
+}
+
+UlyssesHeads ulysses_heads(int64_t U, int64_t H, int64_t G) {
+  const std::string rule = ulysses_heads_rule(U, H, G);
+  if (!rule.empty()) throw ConfigError("ulysses: " + rule);
+  if (G % U == 0) return {H / U, G / U, 1};
+  return {H / U, 1, U / G};
 }
 
 }  // namespace longctx

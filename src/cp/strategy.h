@@ -1,25 +1,24 @@
 #pragma once
-// The context-parallel strategies as one table. Everything outside src/cp
-// (config validation, the planner, the trainer, the apps) asks this table
-// what a strategy does; none of it matches on a CpStrategy value. A fifth
-// strategy is its class in its own file here, a descriptor next to it, and
-// one line in cp_strategies() (strategy.cpp).
+// The context-parallel strategies as one table of rules. Everything outside
+// src/cp (config validation, the planner, the trainer, the apps) asks this
+// table what a strategy does; none of it matches on a CpStrategy value.
 //
 //   const CpStrategyInfo& s = cp_strategy_info(config.strategy());
 //   s.ulysses_degree(cp, usp_factor)   -> the all-to-all (head split) degree
-//   s.make(mesh, options)              -> the CpAttention the model calls
+//   make_cp_attention(id, mesh, opts)  -> the CpAttention the model calls
+//
+// The table is comm-free (strategy.cpp needs no MPI or kernels), so config
+// validation links it without the engine: the fuzzed config reader does. A
+// fifth strategy is its name in core/vocabulary.h, its class in its own file
+// here, one descriptor in cp_strategies() and one case in make_cp_attention
+// (cp_common.cpp; the compiler's -Wswitch names a missing case).
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/vocabulary.h"
 
 namespace longctx {
-
-class Mesh;
-class CpAttentionImpl;
-struct CpOptions;
 
 struct CpStrategyInfo {
   CpStrategy id;
@@ -35,8 +34,6 @@ struct CpStrategyInfo {
   int64_t (*ulysses_degree)(int64_t cp, int64_t usp_factor);
   // The ulysses degrees the planner tries at `cp` (one plan each).
   std::vector<int64_t> (*planner_ulysses_degrees)(int64_t cp);
-  // The attention of one cp group of `mesh` (cp > 1; cp == 1 is the kernel alone).
-  std::unique_ptr<CpAttentionImpl> (*make)(const Mesh& mesh, const CpOptions& options);
 
   // K,V move in ring steps (a ring degree above 1): transfers overlap
   // compute, and bf16 partial results are merged once more.
