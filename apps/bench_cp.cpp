@@ -16,7 +16,7 @@
 #include "comm/mesh.h"
 #include "core/error.h"
 #include "core/timer.h"
-#include "cp/strategy.h"
+#include "core/cp_strategy.h"
 #include "cp/cp_attention.h"
 #include "cp/layout.h"
 

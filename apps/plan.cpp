@@ -21,7 +21,7 @@
 #include "apps/commands.h"
 #include "core/config.h"
 #include "core/error.h"
-#include "cp/strategy.h"
+#include "core/cp_strategy.h"
 #include "core/timer.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"

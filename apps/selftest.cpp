@@ -8,7 +8,7 @@
 #include "apps/commands.h"
 #include "comm/mesh.h"
 #include "core/error.h"
-#include "cp/strategy.h"
+#include "core/cp_strategy.h"
 #include "cp/cp_selfcheck.h"
 
 namespace longctx {

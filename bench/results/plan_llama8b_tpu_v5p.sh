@@ -24,10 +24,16 @@ if not r["found"]:
     print("%9d  nothing fits with every lever" % S)
 else:
     p = r["plan"]; lv = r.get("levers", "")
-    names = [("ZeRO-1", "shard_optimizer_over_data"), ("FSDP", "fsdp_over_context"), ("SP", "tensor_sequence_parallelism"), ("chunks", "layer_token_chunk"),
-             ("offload acts", "saved tensors: offload"), ("offload optimizer", "optimizer_memory_host_offload"),
-             ("offload inputs", "decoder_layer_input: offload"), ("offload params", "parameter_memory_host_offload")]
+    names = [("ZeRO-1", "shard_optimizer_over_data"), ("FSDP", "fsdp_over_context"), ("SP", "tensor_sequence_parallelism"), ("chunks", "layer_token_chunk")]
     added = [n for n, key in names if key in lv]
+    # The offloaded tensors: the last custom remat rung holds them all.
+    custom = [part.split(" (")[0] for part in lv.split("; ") if part.startswith("remat_policy=custom")]
+    off = [kv.split("=")[0] for kv in (custom[-1].split()[1:] if custom else []) if kv.endswith("=offload")]
+    acts = [t for t in off if t != "decoder_layer_input"]
+    if acts: added.append("offload " + "+".join(acts))
+    if "optimizer_memory_host_offload" in lv: added.append("offload optimizer")
+    if "decoder_layer_input" in off: added.append("offload inputs")
+    if "parameter_memory_host_offload" in lv: added.append("offload params")
     for part in lv.split("; "):
         if part.startswith("remat_policy=") and not part.startswith("remat_policy=custom"):
             added.append(part.split(" ")[0])

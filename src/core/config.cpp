@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "core/checked.h"
-#include "cp/strategy.h"
+#include "core/cp_strategy.h"
 
 namespace longctx {
 
@@ -64,6 +64,13 @@ std::string save_choice_name(const RunConfig& c, SavePoint point) {
 }
 
 }  // namespace
+
+std::string remat_custom_keys(const RunConfig& c) {
+  std::string out;
+  for (const auto& [point, name] : EnumNames<SavePoint>::names)
+    out += (out.empty() ? "" : " ") + std::string(name) + "=" + save_choice_name(c, point);
+  return out;
+}
 
 // Bindings of a key to its RunConfig field: plain fields, enums (by their
 // name table), the per-tensor remat choices and the strategy ("auto" = none).

@@ -189,6 +189,10 @@ struct RunConfig {
   std::string to_yaml() const;
 };
 
+// The custom remat policy's per-tensor keys as a user sets them
+// ("decoder_layer_input=device qkv_proj=remat context=offload ...").
+std::string remat_custom_keys(const RunConfig& c);
+
 // Reads `path` (following base_config and model_name) and applies overrides
 // of the form key=value (value parsed as YAML). Checks key names and types.
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});

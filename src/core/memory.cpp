@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 
+#include "core/device.h"
 #include "core/error.h"
 
 namespace longctx {
@@ -100,11 +101,17 @@ std::string MemoryTracker::report() const {
 Buffer::Buffer(MemCategory category, const std::string& name, size_t bytes)
     : bytes_(bytes), category_(category) {
   if (bytes == 0) return;
-  MemoryTracker::global().on_allocate(category, name, bytes);
+  Device& device = Device::current();
+  device.tracker().on_allocate(category, name, bytes);
+  device_ = &device;
+  if (device.is_meta()) {
+    data_ = meta_storage();
+    return;
+  }
   size_t rounded = (bytes + 63) / 64 * 64;
   data_ = std::aligned_alloc(64, rounded);
   if (!data_) {
-    MemoryTracker::global().on_release(category, bytes);
+    device.tracker().on_release(category, bytes);
     throw OutOfMemoryError("host allocation of " + format_bytes(bytes) + " for '" + name +
                            "' failed");
   }
@@ -115,15 +122,17 @@ Buffer::~Buffer() { release(); }
 
 void Buffer::release() {
   if (data_) {
-    std::free(data_);
-    MemoryTracker::global().on_release(category_, bytes_);
+    if (!device_->is_meta()) std::free(data_);
+    device_->tracker().on_release(category_, bytes_);
   }
+  device_ = nullptr;
   data_ = nullptr;
   bytes_ = 0;
 }
 
 Buffer::Buffer(Buffer&& other) noexcept
-    : data_(other.data_), bytes_(other.bytes_), category_(other.category_) {
+    : device_(other.device_), data_(other.data_), bytes_(other.bytes_), category_(other.category_) {
+  other.device_ = nullptr;
   other.data_ = nullptr;
   other.bytes_ = 0;
 }
@@ -131,9 +140,11 @@ Buffer::Buffer(Buffer&& other) noexcept
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
     release();
+    device_ = other.device_;
     data_ = other.data_;
     bytes_ = other.bytes_;
     category_ = other.category_;
+    other.device_ = nullptr;
     other.data_ = nullptr;
     other.bytes_ = 0;
   }

@@ -55,7 +55,11 @@ class MemoryTracker {
   struct Pool { size_t current = 0, peak = 0, budget = 0; } host_;
 };
 
-// 64-byte aligned, zero-initialised, tracked, move-only storage.
+class Device;  // core/device.h
+
+// 64-byte aligned, zero-initialised, tracked, move-only storage on a device:
+// the calling thread's current one (Device::current(), the CPU unless a
+// DeviceScope says otherwise). On a meta device it is counted, never backed.
 class Buffer {
  public:
   Buffer() = default;
@@ -73,6 +77,7 @@ class Buffer {
 
  private:
   void release();
+  Device* device_ = nullptr;  // set when bytes were allocated
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemCategory category_ = MemCategory::scratch;

@@ -5,9 +5,10 @@
 #include <cstring>
 
 #include "comm/mesh.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "cp/strategies.h"
-#include "cp/strategy.h"
+#include "core/cp_strategy.h"
 
 namespace longctx {
 
@@ -23,12 +24,13 @@ struct GatheredKv {
 GatheredKv gather_kv(const Communicator& comm, const AttentionArgs& a, const LocalDims& d) {
   const size_t row = 2 * d.G * d.D * d.e;
   Buffer local(MemCategory::communication, "all_gather kv local", d.B * d.L * row);  // [B, L, 2, G, D]
-  for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t s = 0; s < d.L; ++s) {
-      char* dst = local.as<char>() + (b * d.L + s) * row;
-      copy_heads(a.k, b, s, 0, d.G, dst);
-      copy_heads(a.v, b, s, 0, d.G, dst + row / 2);
-    }
+  if (!is_meta(local.data()))  // a meta device's buffers are counted, never touched (core/device.h)
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t s = 0; s < d.L; ++s) {
+        char* dst = local.as<char>() + (b * d.L + s) * row;
+        copy_heads(a.k, b, s, 0, d.G, dst);
+        copy_heads(a.v, b, s, 0, d.G, dst + row / 2);
+      }
   GatheredKv out;
   out.kv = gather_tokens(comm, local.data(), d.B, d.L, row, "all_gather kv");
   out.pos = gather_tokens(comm, a.q_pos, d.B, d.L, sizeof(int64_t), "all_gather positions");
@@ -76,6 +78,7 @@ void AllGatherAttention::backward_with_delta(const AttentionArgs& local, const T
   Buffer mine(MemCategory::communication, "all_gather dkv local", d.B * d.L * row * sizeof(float));  // [B, L, 2GD]
   comm_.reduce_scatter_sum(blocks.as<float>(), mine.as<float>(), d.B * d.L * row);
   const float* m = mine.as<float>();
+  if (is_meta(m)) return;
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t s = 0; s < d.L; ++s)
       for (int64_t gh = 0; gh < d.G; ++gh) {

@@ -149,9 +149,8 @@ struct CpCallShape {
   LayoutKind layout = LayoutKind::contiguous;
 };
 // Peak bytes one call allocates (forward or backward, whichever is larger),
-// tracked as communication and scratch, and what they hold. It follows the
-// buffers of all_gather_attention.cpp, ulysses_attention.cpp and
-// ring_attention.cpp in the order they live (cp_sizes.cpp);
+// tracked as communication and scratch: counted by running the strategy on
+// a meta device over a counting mesh (cp_count.cpp);
 // tests/mpi/test_plan_memory.cpp holds it against the MemoryTracker.
 struct CpWorkspace {
   int64_t bytes = 0;

@@ -1,5 +1,5 @@
 #include "cp/cp_selfcheck.h"
-#include "cp/strategy.h"
+#include "core/cp_strategy.h"
 
 #include <algorithm>
 #include <cmath>

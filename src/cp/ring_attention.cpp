@@ -33,11 +33,13 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <functional>
 
 #include "comm/mesh.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "cp/strategies.h"
-#include "cp/strategy.h"
+#include "core/cp_strategy.h"
 #include "kernels/convert.h"
 
 namespace longctx {
@@ -106,6 +108,13 @@ RingPlan make_plan(const Communicator& comm, const AttentionArgs& a, const Local
     throw ConfigError("ring: cp x chunks per shard (" + std::to_string(p.P) + " x " +
                       std::to_string(p.n) + ") must stay below 16384; raise ring_chunk_tokens");
   std::vector<RingChunkBounds> mine(d.B * p.n);  // [B, n]
+  // Counted on a meta device (core/device.h): no positions to read. One
+  // piece stands for all (every piece holds the same buffers: the chunk
+  // slots are sized for the longest chunk), sent and received.
+  if (is_meta(a.q_pos)) {
+    p.units = {Unit{1, 0, true, true}};
+    return p;
+  }
   for (int64_t b = 0; b < d.B; ++b)
     for (int c = 0; c < p.n; ++c) {
       RingChunkBounds rg{INT64_MAX, INT64_MIN, INT64_MAX, INT64_MIN};
@@ -137,6 +146,7 @@ struct ChunkFormat {
   int64_t kv_row() const { return 2 * d.G * d.D * d.e; }  // bytes of one token's K, V
   char* kv_at(char* chunk, int64_t len) const { return chunk + d.B * len * (8 + (segments ? 4 : 0)); }
   void pack(const AttentionArgs& a, int64_t begin, int64_t len, char* dst) const {
+    if (is_meta(dst)) return;  // counted (core/device.h)
     int64_t* pos = reinterpret_cast<int64_t*>(dst);
     int32_t* seg = reinterpret_cast<int32_t*>(pos + d.B * len);
     char* kv = kv_at(dst, len);
@@ -222,6 +232,7 @@ struct ReturnStream {
     return false;
   }
   void add(int c) const {
+    if (is_meta(buf)) return;  // counted (core/device.h)
     const int64_t len = p.len(c), row = 2 * d.G * d.D * d.e;
     std::vector<float> g(2 * d.G * d.D);  // one token's dK, dV, widened
     for (int64_t b = 0; b < d.B; ++b)
@@ -241,10 +252,28 @@ struct ReturnStream {
   }
 };
 
-// On any exit, the worker lets go of the call's state before it is freed.
-struct WorkerGuard {
-  CommWorker& worker;
-  ~WorkerGuard() { worker.abandon(); }
+// A call's streams: polled on the worker thread, overlapped with compute;
+// counted on a meta device (core/device.h: nothing moves, every request is
+// done at once) run to the end on the caller's thread at finish, with no
+// thread and no polling sleeps. On any exit the worker lets go of the
+// call's state before it is freed.
+class Streams {
+ public:
+  Streams(CommWorker* worker, std::function<bool()> job) : worker_(worker), job_(std::move(job)) {
+    if (worker_) worker_->start(job_);
+  }
+  ~Streams() {
+    if (worker_) worker_->abandon();
+  }
+  void finish(const Communicator& comm, CommOp op) {
+    if (worker_) return worker_->finish(comm, op);
+    while (!job_()) {
+    }
+  }
+
+ private:
+  CommWorker* worker_;  // null when counted
+  std::function<bool()> job_;
 };
 
 // Cancels what an exception left in flight (normal exits leave nothing).
@@ -346,9 +375,7 @@ void RingAttention::forward(const AttentionArgs& local, const TensorView& o_out,
   Buffer lse_part(MemCategory::scratch, "ring lse partial", p.max_len() * d.H * 4);
 
   SendStream out{comm_, p, f, local, send_buf.as<char>(), 0, {}};
-  CommWorker& w = worker();
-  WorkerGuard guard{w};
-  w.start([&out] { return out.poll(); });
+  Streams streams(is_meta(send_buf.data()) ? nullptr : &worker(), [&out] { return out.poll(); });
   size_t i = in.post_from(0);
   attention_forward(local, o, lse);  // own shard, while the first pieces travel
   while (i < p.units.size()) {
@@ -367,8 +394,8 @@ void RingAttention::forward(const AttentionArgs& local, const TensorView& o_out,
       }
     i = next;
   }
-  w.finish(comm_, CommOp::send);
-  if (o_out.dtype == DType::f32) return;
+  streams.finish(comm_, CommOp::send);
+  if (o_out.dtype == DType::f32 || is_meta(o.data)) return;
   for (int64_t b = 0; b < d.B; ++b)  // rounded to O's dtype once
     for (int64_t t = 0; t < d.L; ++t)
       for (int64_t h = 0; h < d.H; ++h)
@@ -404,9 +431,7 @@ void RingAttention::backward_with_delta(const AttentionArgs& local, const Tensor
   std::atomic<bool> own_done{false};
   SendStream out{comm_, p, f, local, send_buf.as<char>(), 0, {}};
   ReturnStream back{comm_, p, d, dk, dv, own_done, ret_buf.as<char>(), 0, -1, {}};
-  CommWorker& w = worker();
-  WorkerGuard guard{w};
-  w.start([&out, &back] {
+  Streams streams(is_meta(send_buf.data()) ? nullptr : &worker(), [&out, &back] {
     const bool sent = out.poll();
     return back.poll() && sent;
   });
@@ -420,18 +445,21 @@ void RingAttention::backward_with_delta(const AttentionArgs& local, const Tensor
     char* piece = in.wait(i);
     comm_.wait(part_req);
     float* g = part.as<float>();
-    std::memset(g, 0, d.B * len * row * 4);
+    if (!is_meta(g)) std::memset(g, 0, d.B * len * row * 4);
     attention_backward(
         f.with_chunk(local, len, piece), dout, lse, delta, dq,
         TensorView::strided(g, DType::f32, {d.B, len, d.G, d.D}, {len * row, row, d.D, 1}),
         TensorView::strided(g + d.G * d.D, DType::f32, {d.B, len, d.G, d.D}, {len * row, row, d.D, 1}));
     void* wire = g;
-    if (d.e != 4) store_f32(g, wire = part_wire.data(), d.dtype, d.B * len * row);
+    if (d.e != 4) {
+      wire = part_wire.data();
+      if (!is_meta(g)) store_f32(g, wire, d.dtype, d.B * len * row);
+    }
     part_req = comm_.isend(wire, d.B * len * row * d.e, (p.r - u.step + p.P) % p.P, grad_tag(p, u));
     i = next;
   }
   comm_.wait(part_req);
-  w.finish(comm_, CommOp::recv);
+  streams.finish(comm_, CommOp::recv);
 }
 
 }  // namespace longctx

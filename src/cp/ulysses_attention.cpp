@@ -14,9 +14,10 @@
 #include <cstring>
 
 #include "comm/mesh.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "cp/strategies.h"
-#include "cp/strategy.h"
+#include "core/cp_strategy.h"
 #include "kernels/convert.h"
 
 namespace longctx {
@@ -45,8 +46,10 @@ void UlyssesAttention::forward(const AttentionArgs& local, const TensorView& o, 
   const int64_t S = P * d.L, D = d.D, Hu = hs.Hu, Gu = hs.Gu, e = d.e;
   const UlyssesRecords rec = ulysses_records(Hu, Gu, D, e, dtype_size(o.dtype), 4);
 
+  // A meta device's buffers are counted, never touched (core/device.h).
+  const bool counted = is_meta(local.q.data);
   Buffer send(MemCategory::communication, "ulysses qkv send", P * d.B * d.L * rec.qkv);  // [P, B, L, qkv]
-  for (int j = 0; j < P; ++j)
+  for (int j = 0; j < (counted ? 0 : P); ++j)
     for (int64_t b = 0; b < d.B; ++b)
       for (int64_t s = 0; s < d.L; ++s) {
         char* dst = send.as<char>() + ((j * d.B + b) * d.L + s) * rec.qkv;
@@ -76,13 +79,13 @@ void UlyssesAttention::forward(const AttentionArgs& local, const TensorView& o, 
   Buffer lse_h(MemCategory::scratch, "ulysses lse", d.B * S * Hu * 4);  // [B, S, Hu]
   inner_->forward(heads, record_view(out.as<char>(), o.dtype, d.B, S, Hu, D, rec.o), lse_h.as<float>());
   qkv = Buffer();
-  for (int64_t t = 0; t < d.B * S; ++t)
+  for (int64_t t = 0; t < (counted ? 0 : d.B * S); ++t)
     std::memcpy(out.as<char>() + t * rec.o + o_bytes, lse_h.as<float>() + t * Hu, Hu * 4);
   Buffer back = batch_major_to_rank_major(std::move(out), P, d.B, d.L, rec.o);  // [P, B, L, o]
   Buffer mine(MemCategory::communication, "ulysses o back", back.size());
   comm_.all_to_all(back.data(), mine.data(), d.B * d.L * rec.o);
   const size_t o_row = D * dtype_size(o.dtype);
-  for (int j = 0; j < P; ++j)
+  for (int j = 0; j < (counted ? 0 : P); ++j)
     for (int64_t b = 0; b < d.B; ++b)
       for (int64_t s = 0; s < d.L; ++s) {
         const char* src = mine.as<char>() + ((j * d.B + b) * d.L + s) * rec.o;
@@ -104,9 +107,10 @@ void UlyssesAttention::backward_with_delta(const AttentionArgs& local, const Ten
   // lse, delta, q, k, v, dout of one token for one rank.
   const UlyssesRecords rec = ulysses_records(Hu, Gu, D, e, 4, dtype_size(dout.dtype));
 
+  // A meta device's buffers are counted, never touched (core/device.h).
+  const bool counted = is_meta(local.q.data);
   Buffer send(MemCategory::communication, "ulysses bwd send", P * d.B * d.L * rec.bwd);  // [P, B, L, bwd]
-  std::memset(send.data(), 0, send.size());  // padding bytes, if any, are sent too
-  for (int j = 0; j < P; ++j)
+  for (int j = 0; j < (counted ? 0 : P); ++j)
     for (int64_t b = 0; b < d.B; ++b)
       for (int64_t s = 0; s < d.L; ++s) {
         char* dst = send.as<char>() + ((j * d.B + b) * d.L + s) * rec.bwd;
@@ -135,7 +139,7 @@ void UlyssesAttention::backward_with_delta(const AttentionArgs& local, const Ten
   heads.q_seg = heads.kv_seg = local.mask.same_segment ? seg.as<int32_t>() : nullptr;
   Buffer lse_h(MemCategory::scratch, "ulysses lse", d.B * S * Hu * 4);  // [B, S, Hu]
   Buffer delta_h(MemCategory::scratch, "ulysses delta", d.B * S * Hu * 4);
-  for (int64_t t = 0; t < d.B * S; ++t) {
+  for (int64_t t = 0; t < (counted ? 0 : d.B * S); ++t) {
     std::memcpy(lse_h.as<float>() + t * Hu, base + t * rec.bwd, Hu * 4);
     std::memcpy(delta_h.as<float>() + t * Hu, base + t * rec.bwd + Hu * 4, Hu * 4);
   }
@@ -156,7 +160,7 @@ void UlyssesAttention::backward_with_delta(const AttentionArgs& local, const Ten
   // Replicated kv heads come back from several ranks: sum them.
   zero_view(dk);
   zero_view(dv);
-  for (int j = 0; j < P; ++j)
+  for (int j = 0; j < (counted ? 0 : P); ++j)
     for (int64_t b = 0; b < d.B; ++b)
       for (int64_t s = 0; s < d.L; ++s) {
         const float* src = mine.as<float>() + ((j * d.B + b) * d.L + s) * grec;

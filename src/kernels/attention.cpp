@@ -30,6 +30,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/timer.h"
@@ -1186,8 +1187,28 @@ const Bf16Choice& bf16_choice() {
 
 }  // namespace
 
+namespace {
+
+// On a meta device (core/device.h) a kernel allocates the scratch the real
+// call would, for the device's threads, and returns: the planner counts it.
+bool counted_on_meta(const AttentionArgs& args, const TensorView& out, bool backward) {
+  if (!is_meta(out.data)) return false;
+  Device& device = Device::current();
+  if (!device.is_meta()) throw Error("attention: a meta device's tensor outside its DeviceScope");
+  if (args.impl == KernelImpl::reference) return true;  // the reference tracks nothing
+  const int64_t D = args.q.dim(3);
+  const int threads = device.kernel_threads();
+  Buffer scratch(MemCategory::scratch, backward ? "attention backward scratch" : "attention forward scratch",
+                 backward ? attention_backward_scratch_bytes(D, threads, args.q.dtype)
+                          : attention_forward_scratch_bytes(D, threads, args.q.dtype));
+  return true;
+}
+
+}  // namespace
+
 void attention_forward(const AttentionArgs& args, const TensorView& o, float* lse,
                        AttentionStats* stats) {
+  if (counted_on_meta(args, o, false)) return;
   if (args.impl == KernelImpl::reference) return attention_forward_reference(args, o, lse);
   const AttentionTilePath path = attention_tile_path(args.q.dtype);
   if (path == AttentionTilePath::bf16_dot) return forward_dot(args, o, lse, stats);
@@ -1198,6 +1219,7 @@ void attention_forward(const AttentionArgs& args, const TensorView& o, float* ls
 void attention_backward(const AttentionArgs& args, const TensorView& dout, const float* lse,
                         const float* delta, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, AttentionStats* stats) {
+  if (counted_on_meta(args, dq, true)) return;
   if (args.impl == KernelImpl::reference)
     return attention_backward_reference(args, dout, lse, delta, dq, dk, dv);
   const AttentionTilePath path = attention_tile_path(args.q.dtype);
@@ -1231,6 +1253,7 @@ int64_t attention_unmasked_pairs_blocked(const AttentionArgs& a) {
 
 void attention_delta(const TensorView& o, const TensorView& dout, float* delta) {
   check_same_shape(o, dout, "dout");
+  if (is_meta(delta)) return;  // counted (core/device.h): no scratch
   const int64_t B = o.dim(0), S = o.dim(1), H = o.dim(2), D = o.dim(3);
 #pragma omp parallel
   {
@@ -1251,6 +1274,7 @@ void attention_delta(const TensorView& o, const TensorView& dout, float* delta) 
 void attention_merge(const TensorView& o_a, float* lse_a, const TensorView& o_b,
                      const float* lse_b) {
   check_shape(o_a.dtype == DType::f32 && o_b.dtype == DType::f32, "attention_merge: o_a and o_b must be fp32");
+  if (is_meta(lse_a)) return;  // counted (core/device.h): no scratch
   const int64_t B = o_a.dim(0), S = o_a.dim(1), H = o_a.dim(2), D = o_a.dim(3);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b)

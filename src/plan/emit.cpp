@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "cp/strategy.h"
+#include "core/cp_strategy.h"
 
 namespace longctx {
 

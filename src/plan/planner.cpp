@@ -12,7 +12,7 @@
 #include <tuple>
 
 #include "cp/cp_attention.h"
-#include "cp/strategy.h"
+#include "core/cp_strategy.h"
 #include "kernels/attention.h"
 #include "model/llama.h"
 #include "model/offload.h"
@@ -782,7 +782,7 @@ std::vector<StrategyPlan> plans_at(const RunConfig& c, const HardwareProfile& hw
 std::string reason_for(const RunConfig& c, const StrategyPlan& best,
                        const std::vector<StrategyPlan>& plans) {
   const int64_t G = c.model.num_kv_heads / c.tp, H = c.model.num_heads / c.tp;
-  // By what the strategies do (strategy.h), not by name: the gathering one,
+  // By what the strategies do (core/cp_strategy.h), not by name: the gathering one,
   // the all-to-all over all of cp, a split of cp, and a ring.
   auto find = [&](auto&& is) -> const StrategyPlan* {
     for (const StrategyPlan& p : plans)
@@ -957,28 +957,42 @@ std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw, b
         k.remat_custom_offload = {};
       });
     if (!host || remats[i] == RematPolicy::custom) continue;
-    // Offload what this policy saves: the activations, then the layer inputs.
+    // Offload what this policy saves, one named tensor at a time, largest
+    // first (MaxText's recipes offload some tensors and keep others), then
+    // the layer inputs. Each rung is the custom policy a user would write.
     const SaveSet saved = save_set_for(remats[i]);
     const CustomSave keep{true, saved.qkv, saved.context, saved.out_proj, saved.mlpwi, false};
-    auto offload = [&](bool inputs) {
-      return [keep, inputs, target = c.offload_target](RunConfig& k) {
-        k.remat_policy = RematPolicy::custom;
-        k.remat_custom_save = keep;
-        k.remat_custom_offload = keep;
-        k.remat_custom_offload[0] = inputs;
-        k.offload_target = target;
-      };
+    auto offload_rung = [&](const CustomOffload& offloaded, const std::string& why) {
+      RunConfig k = ladder.back().config;
+      k.remat_policy = RematPolicy::custom;
+      k.remat_custom_save = keep;
+      k.remat_custom_offload = offloaded;
+      k.offload_target = c.offload_target;
+      ladder.push_back({"remat_policy=custom " + remat_custom_keys(k) + " offload_target=" + name_of(c.offload_target),
+                        why, k, heavier});
     };
-    const std::string target = std::string(" offload_target=") + name_of(c.offload_target);
-    if (saved.qkv || saved.context || saved.out_proj || saved.mlpwi)
-      add("remat_policy=custom (" + std::string(name_of(remats[i])) + "'s saved tensors: offload)" + target,
-          "saved activations moved off the device between forward and backward", offload(false));
+    const LlamaConfig& m = c.model;
+    const int64_t tp = std::max<int64_t>(c.tp, 1);
+    const std::pair<SavePoint, int64_t> per_token[] = {  // elements per token (SaveSet's shapes)
+        {SavePoint::qkv_proj, (m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tp},
+        {SavePoint::context, m.num_heads * m.head_dim / tp},
+        {SavePoint::out_proj, 2 * m.d_model},
+        {SavePoint::mlpwi, 2 * m.mlp_dim / tp}};
+    std::vector<std::pair<int64_t, SavePoint>> largest_first;
+    for (const auto& [point, elements] : per_token)
+      if (keep[static_cast<int>(point)]) largest_first.push_back({elements, point});
+    std::stable_sort(largest_first.begin(), largest_first.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    CustomOffload offloaded{};
+    for (const auto& [elements, point] : largest_first) {
+      offloaded[static_cast<int>(point)] = true;
+      offload_rung(offloaded, std::string(name_of(point)) + " moved off the device between forward and backward");
+    }
     if (i == 0 && host_link && !c.optimizer_memory_host_offload)
       add("optimizer_memory_host_offload=true", "AdamW moments in host memory",
           [](RunConfig& k) { k.optimizer_memory_host_offload = true; });
-    add("remat_policy=custom (" + std::string(name_of(remats[i])) + "'s saved tensors and decoder_layer_input: offload)" +
-            target,
-        "layer inputs moved off the device too", offload(true));
+    offloaded[static_cast<int>(SavePoint::decoder_layer_input)] = true;
+    offload_rung(offloaded, "layer inputs moved off the device too");
     const RunConfig& now = ladder.back().config;
     if (i == 0 && host_link && !c.parameter_memory_host_offload && (now.fsdp == -1 || now.mesh_shape().shard_group() > 1))
       add("parameter_memory_host_offload=true", "FSDP parameter shards in host memory",

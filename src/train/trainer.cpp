@@ -14,7 +14,7 @@
 #include <random>
 
 #include "core/crc32.h"
-#include "cp/strategy.h"
+#include "core/cp_strategy.h"
 #include "core/memory.h"
 #include "core/timer.h"
 #include "kernels/gemm.h"

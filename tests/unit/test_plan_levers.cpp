@@ -1,7 +1,8 @@
 // The planner's memory ladder inside the search (recommend): when a run does
 // not fit, the levers come in MaxText's order: ZeRO-1, FSDP over the dp and
 // cp ranks, sequence parallelism, token chunks (without sequence
-// parallelism), offload of the saved activations, of the optimizer state, of
+// parallelism), offload of the saved activations (one named tensor at a
+// time, the largest first), of the optimizer state, of
 // the layer inputs, of the parameters, and (the user having set the remat
 // policy) heavier remat last. For each rung the test builds the config by
 // hand, plans it, and gives the device exactly that rung's memory: the
@@ -127,14 +128,21 @@ TEST(PlanLevers, EachRungIsAddedOnlyWhenTheOnesBeforeDoNotFit) {
   rungs.push_back({"fsdp_over_context=true", k});
   k.tp_sequence_parallel = true;
   rungs.push_back({"tensor_sequence_parallelism=true", k});
+  // minimal saves qkv_proj, out_proj, mlpwi: offloaded one at a time, the
+  // largest per token first (mlpwi 2F/tp = 1024, out_proj 2d = 512, qkv_proj
+  // (H+2G)D/tp = 256 elements).
   k.remat_policy = RematPolicy::custom;
-  k.remat_custom_save = {true, true, false, true, true, false};  // minimal saves qkv_proj, out_proj, mlpwi
+  k.remat_custom_save = {true, true, false, true, true, false};
+  k.remat_custom_offload = {false, false, false, false, true, false};
+  rungs.push_back({"decoder_layer_input=device qkv_proj=device context=remat out_proj=device mlpwi=offload", k});
+  k.remat_custom_offload = {false, false, false, true, true, false};
+  rungs.push_back({"decoder_layer_input=device qkv_proj=device context=remat out_proj=offload mlpwi=offload", k});
   k.remat_custom_offload = {false, true, false, true, true, false};
-  rungs.push_back({"minimal's saved tensors: offload", k});
+  rungs.push_back({"decoder_layer_input=device qkv_proj=offload context=remat out_proj=offload mlpwi=offload", k});
   k.optimizer_memory_host_offload = true;
   rungs.push_back({"optimizer_memory_host_offload=true", k});
   k.remat_custom_offload[0] = true;
-  rungs.push_back({"minimal's saved tensors and decoder_layer_input: offload", k});
+  rungs.push_back({"decoder_layer_input=offload qkv_proj=offload context=remat out_proj=offload mlpwi=offload", k});
   k.parameter_memory_host_offload = true;
   rungs.push_back({"parameter_memory_host_offload=true", k});
 
@@ -166,10 +174,14 @@ TEST(PlanLevers, TokenChunksComeAfterShardingAndBeforeAnyOffload) {
   rungs.push_back({"fsdp_over_context=true", k});
   k.layer_token_chunk = 4096;
   rungs.push_back({"layer_token_chunk=4096", k});
+  // Without tp: mlpwi (2048 per token) first, then qkv_proj and out_proj
+  // (512 each, in SavePoint order).
   k.remat_policy = RematPolicy::custom;
   k.remat_custom_save = {true, true, false, true, true, false};
-  k.remat_custom_offload = {false, true, false, true, true, false};
-  rungs.push_back({"minimal's saved tensors: offload", k});
+  k.remat_custom_offload = {false, false, false, false, true, false};
+  rungs.push_back({"decoder_layer_input=device qkv_proj=device context=remat out_proj=device mlpwi=offload", k});
+  k.remat_custom_offload = {false, true, false, false, true, false};
+  rungs.push_back({"decoder_layer_input=device qkv_proj=offload context=remat out_proj=device mlpwi=offload", k});
   check_rungs(asked, profile(), rungs);
 }
 

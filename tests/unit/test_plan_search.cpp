@@ -10,6 +10,9 @@
 // its configuration does not fit the planner's device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -119,6 +122,106 @@ TEST(PlanSearch, TheRingOutrunsAllGatherOnV5pAtAlmostEveryLength) {
                 gather);
   }
   EXPECT_GE(ring_faster, lengths - 1);
+}
+
+// The reference's rules of thumb for choosing a strategy, as rankings of the
+// planner's predicted steps. Llama 3.1 8B (32 query, 8 KV heads), bf16,
+// remat full, FSDP over the rest of 64 devices, on an NVLink GPU (h200) and
+// on a TPU torus (v5p).
+StrategyPlan plan_8b(const char* profile, int64_t seq, int64_t cp, int64_t tp, const char* strategy,
+                     int64_t usp_factor = 1) {
+  const HardwareProfile hw = load_hardware_profile(profile, LONGCTX_SOURCE_DIR "/configs/hardware");
+  const StrategyPlan p =
+      plan_strategy(load({"model_name=llama3.1-8b", "dtype=bfloat16", "remat_policy=full", "per_device_batch_size=1",
+                          "max_target_length=" + std::to_string(seq), "ici_context_parallelism=" + std::to_string(cp),
+                          "ici_tensor_parallelism=" + std::to_string(tp), "ici_data_parallelism=1",
+                          "ici_fsdp_parallelism=-1", std::string("context_parallel_strategy=") + strategy,
+                          "ici_context_usp_ulysses_parallelism=" + std::to_string(usp_factor)}),
+                    hw, PlanOptions{64, 0});
+  EXPECT_TRUE(p.valid) << profile << " " << strategy << " U=" << usp_factor << ": " << p.invalid_reason;
+  return p;
+}
+
+// The usp splits U x (cp/U) with 1 < U < cp and U dividing cp.
+std::vector<int64_t> usp_factors(int64_t cp) {
+  std::vector<int64_t> out;
+  for (int64_t u = 2; u < cp; ++u)
+    if (cp % u == 0) out.push_back(u);
+  return out;
+}
+
+// "A2A up to the KV heads; ring-family beyond": at cp up to the 8 KV heads
+// the all-to-all (ulysses) is within 1% of the fastest strategy; beyond them
+// ulysses must replicate K,V heads and the ring family wins: the ring or a
+// usp split whose A2A factor stays within the KV heads beats pure ulysses,
+// and is at least as fast (within 0.1%) as every split whose A2A factor
+// exceeds them. (On v5p at 1M the planner finds usp 16x2 0.06% faster than
+// 8x4: a tie, the step being 99.9% compute; the torus's all-to-all
+// bandwidth in tpu-v5p.yml is what keeps the replicated K,V heads cheap.)
+TEST(PlanSearch, AllToAllUpToTheKvHeadsRingFamilyBeyond) {
+  const int64_t kv_heads = 8;
+  for (const char* profile : {"h200", "tpu-v5p"})
+    for (int64_t seq : {131072, 1048576})
+      for (int64_t cp : {2, 4, 8, 16, 32}) {
+        SCOPED_TRACE(std::string(profile) + " S=" + std::to_string(seq) + " cp=" + std::to_string(cp));
+        const double ulysses = plan_8b(profile, seq, cp, 1, "ulysses").step_seconds;
+        const double none = std::numeric_limits<double>::infinity();  // no usp split with U > G at this cp
+        double best_within = plan_8b(profile, seq, cp, 1, "ring").step_seconds, best_beyond = none;
+        for (int64_t u : usp_factors(cp)) {
+          double& best = u <= kv_heads ? best_within : best_beyond;
+          best = std::min(best, plan_8b(profile, seq, cp, 1, "usp", u).step_seconds);
+        }
+        const double all_gather = plan_8b(profile, seq, cp, 1, "all_gather").step_seconds;
+        std::printf("  %-8s S=%-8lld cp=%-3lld ulysses %.3f s, ring family (U <= G) %.3f s, usp U > G %.3f s\n",
+                    profile, (long long)seq, (long long)cp, ulysses, best_within, best_beyond);
+        if (cp <= kv_heads) {
+          EXPECT_LE(ulysses, 1.01 * std::min({best_within, all_gather}));
+        } else {
+          EXPECT_LT(best_within, ulysses);
+          EXPECT_LE(best_within, 1.001 * best_beyond);
+        }
+      }
+}
+
+// "USP when at least 2 KV heads are left for the A2A factor": tensor
+// parallelism takes the KV heads first (8 / tp per rank). With 2 or more left
+// the fastest usp split is at least as fast as the pure ring (within 0.1%);
+// with 1 left any A2A factor replicates K,V and the pure ring is faster
+// than every usp split.
+TEST(PlanSearch, UspWhenTwoKvHeadsAreLeftForTheAllToAll) {
+  for (const char* profile : {"h200", "tpu-v5p"})
+    for (int64_t tp : {2, 4, 8}) {
+      const int64_t cp = 32 / tp, kv_left = 8 / tp;
+      SCOPED_TRACE(std::string(profile) + " tp=" + std::to_string(tp) + " cp=" + std::to_string(cp));
+      const double ring = plan_8b(profile, 1048576, cp, tp, "ring").step_seconds;
+      double usp = std::numeric_limits<double>::infinity();
+      for (int64_t u : usp_factors(cp)) usp = std::min(usp, plan_8b(profile, 1048576, cp, tp, "usp", u).step_seconds);
+      std::printf("  %-8s tp=%lld cp=%-2lld (%lld kv heads left): ring %.3f s, best usp %.3f s\n", profile,
+                  (long long)tp, (long long)cp, (long long)kv_left, ring, usp);
+      if (kv_left >= 2)
+        EXPECT_LE(usp, 1.001 * ring);
+      else
+        EXPECT_LT(ring, usp);
+    }
+}
+
+// "All-gather where the gathered K,V fits; ring-family beyond": on v5p at
+// cp=8, all-gather fits at 128K and is within 1% of the fastest strategy at
+// cp <= 4 there (where its gathered K,V moves fewer bytes than the
+// all-to-all's Q,K,V,O); at 1M its gathered K,V no longer fits the device
+// while the ring's chunks do.
+TEST(PlanSearch, AllGatherWhereTheGatheredKvFitsRingBeyond) {
+  for (int64_t cp : {2, 4}) {
+    SCOPED_TRACE("cp=" + std::to_string(cp));
+    const StrategyPlan gather = plan_8b("tpu-v5p", 131072, cp, 1, "all_gather");
+    EXPECT_TRUE(gather.fits);
+    double best = std::min(plan_8b("tpu-v5p", 131072, cp, 1, "ring").step_seconds,
+                           plan_8b("tpu-v5p", 131072, cp, 1, "ulysses").step_seconds);
+    for (int64_t u : usp_factors(cp)) best = std::min(best, plan_8b("tpu-v5p", 131072, cp, 1, "usp", u).step_seconds);
+    EXPECT_LE(gather.step_seconds, 1.01 * best);
+  }
+  EXPECT_FALSE(plan_8b("tpu-v5p", 1048576, 8, 1, "all_gather").fits);
+  EXPECT_TRUE(plan_8b("tpu-v5p", 1048576, 8, 1, "ring").fits);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// The table of context-parallel strategies (strategy.h): one descriptor
+// The table of context-parallel strategies (cp_strategy.h): one descriptor
 // each, in the order the planner lists them. Comm-free: no MPI, no kernels.
-#include "cp/strategy.h"
+#include "core/cp_strategy.h"
 
 #include "core/error.h"
 

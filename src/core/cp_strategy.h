@@ -7,11 +7,11 @@
 //   s.ulysses_degree(cp, usp_factor)   -> the all-to-all (head split) degree
 //   make_cp_attention(id, mesh, opts)  -> the CpAttention the model calls
 //
-// The table is comm-free (strategy.cpp needs no MPI or kernels), so config
-// validation links it without the engine: the fuzzed config reader does. A
-// fifth strategy is its name in core/vocabulary.h, its class in its own file
-// here, one descriptor in cp_strategies() and one case in make_cp_attention
-// (cp_common.cpp; the compiler's -Wswitch names a missing case).
+// The table lives in core (it needs no communicator or kernel) because
+// config validation asks it. A fifth strategy is its name in
+// core/vocabulary.h, one descriptor in cp_strategies() (cp_strategy.cpp),
+// its class in its own file in src/cp and one case in make_cp_attention
+// (src/cp/cp_common.cpp; the compiler's -Wswitch names a missing case).
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -1,0 +1,46 @@
+#include "core/device.h"
+
+#include <cstdint>
+
+namespace longctx {
+
+namespace {
+
+thread_local Device* current_device = nullptr;  // nullptr: the CPU
+
+// Meta storage starts at a non-canonical x86-64 address (bit 63 set, bits
+// 48-62 clear): no process can map it, so a missed host loop faults at its
+// first access instead of writing anywhere; offsets below 2^62 bytes stay
+// in the range without wrapping.
+constexpr uintptr_t kMetaBase = uintptr_t{1} << 63;
+constexpr uintptr_t kMetaEnd = kMetaBase + (uintptr_t{1} << 62);
+
+}  // namespace
+
+Device::Device(bool meta, int kernel_threads)
+    : meta_(meta), kernel_threads_(kernel_threads),
+      own_tracker_(meta ? std::make_unique<MemoryTracker>() : nullptr),
+      tracker_(meta ? own_tracker_.get() : &MemoryTracker::global()) {}
+
+Device& Device::cpu() {
+  static Device device(false, 0);
+  return device;
+}
+
+std::unique_ptr<Device> Device::make_meta(int kernel_threads) {
+  return std::unique_ptr<Device>(new Device(true, kernel_threads < 1 ? 1 : kernel_threads));
+}
+
+Device& Device::current() { return current_device ? *current_device : cpu(); }
+
+DeviceScope::DeviceScope(Device& device) : previous_(current_device) { current_device = &device; }
+DeviceScope::~DeviceScope() { current_device = previous_; }
+
+void* meta_storage() { return reinterpret_cast<void*>(kMetaBase); }
+
+bool is_meta(const void* data) {
+  const auto a = reinterpret_cast<uintptr_t>(data);
+  return a >= kMetaBase && a < kMetaEnd;
+}
+
+}  // namespace longctx
