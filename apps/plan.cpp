@@ -199,7 +199,7 @@ void print_text(const RunConfig& c, const PlanReport& r, double plan_seconds) {
               "comm sent", "compute", "comm", "hidden", "step", "imbal.", "tok/s/dev", "MFU");
   for (const StrategyPlan& p : r.candidates) {
     if (!p.valid) {
-      std::printf("%-12s invalid: %s\n", plan_label(p).c_str(), p.invalid_reason.c_str());
+      std::printf("%-12s %s\n", plan_label(p).c_str(), p.invalid_reason.c_str());
       continue;
     }
     std::printf("%-12s %10s %6s %12s %10s %10s %10s %10s %8.3f %12.1f %5.1f%%\n", plan_label(p).c_str(),

@@ -81,20 +81,20 @@ struct Shape {
   bool segments;         // packed documents: segment ids travel with K,V
 };
 
-// The rule a (strategy, U, R) factorization breaks at this mesh, or "".
-std::string invalid_reason(const RunConfig& c, int64_t cp, int64_t U) {
-  const int64_t S = c.max_target_length, tp = c.tp;
-  const int64_t Hl = c.model.num_heads / tp, Gl = c.model.num_kv_heads / tp;
-  if (S % cp != 0) return "cp=" + str(cp) + " does not divide max_target_length=" + str(S);
-  if (c.tp_sequence_parallel && (c.per_device_batch_size * S / cp) % tp != 0)
-    return "tensor_sequence_parallelism: the " + str(c.per_device_batch_size * S / cp) +
-           " tokens of a cp rank are not divisible by tp=" + str(tp);
-  const int64_t R = cp / U;  // zigzag cuts the sequence over the ring axis
-  if (c.cp_load_balance && R > 1 && S % (2 * R) != 0)
-    return "zigzag needs max_target_length=" + str(S) + " divisible by 2 x ring=" + str(2 * R);
-  if (U > 1) {
-    const std::string heads = ulysses_heads_rule(U, Hl, Gl);
-    if (!heads.empty()) return "heads per tp rank: " + heads;
+// The rule the candidate breaks on these devices, or "": the config's own
+// rules, called (validate_config), never restated here. The planner resolves
+// the data axes from the devices (RunConfig::mesh_shape), and the data
+// source is the trainer's to check.
+std::string invalid_reason(const RunConfig& c, int64_t devices) {
+  RunConfig k = c;
+  const MeshShape mesh = c.mesh_shape(devices);
+  k.dp = mesh.dp;
+  k.fsdp = mesh.fsdp;
+  k.dataset_type = DatasetType::synthetic;
+  try {
+    validate_config(k, devices);
+  } catch (const ConfigError& e) {
+    return e.what();
   }
   return "";
 }
@@ -661,7 +661,7 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
   if (c.model.num_heads % c.tp != 0 || c.model.num_kv_heads % c.tp != 0 || c.model.mlp_dim % c.tp != 0)
     throw ConfigError("ici_tensor_parallelism=" + str(c.tp) +
                       " must divide the query heads, KV heads and base_mlp_dim");
-  p.invalid_reason = invalid_reason(c, c.cp, p.ulysses);
+  p.invalid_reason = invalid_reason(c, devices);
   p.device_memory = device_memory(c, hw, o);
   if (!p.invalid_reason.empty()) {
     p.valid = false;
