@@ -3,7 +3,8 @@
 // the memory, communication, FLOPs and step time of every context-parallel
 // strategy (and every ulysses x ring factorization for usp), and recommends
 // one. `longctx plan` prints it; `train` with context_parallel_strategy=auto
-// calls recommend().
+// calls recommend(). One plan: planner.cpp (plan_strategy); the search over
+// plans and the report: search.cpp (recommend, make_plan).
 //
 // It reads the same RunConfig as train (src/core/config.h) and asks the
 // engine for every size it allocates: the parameter table (core), the
@@ -199,6 +200,10 @@ LongestLength longest_length(const RunConfig& config, const HardwareProfile& hw,
 // Bytes of the host pool a plan uses: offloaded activations (offload_target
 // host) and host-resident optimizer state and parameters.
 int64_t host_pool_bytes(const StrategyPlan& plan);
+
+// The devices a plan is for: PlanOptions::devices, else the config's mesh
+// (an axis at -1, fill, counts as 1).
+int64_t plan_devices(const RunConfig& config, const PlanOptions& options);
 
 // The recommended configuration: the fastest predicted plan that fits.
 // The search keeps what the user set (model, batch, length, devices, a
