@@ -49,14 +49,15 @@ void UlyssesAttention::forward(const AttentionArgs& local, const TensorView& o, 
   // A meta device's buffers are counted, never touched (core/device.h).
   const bool counted = is_meta(local.q.data);
   Buffer send(MemCategory::communication, "ulysses qkv send", P * d.B * d.L * rec.qkv);  // [P, B, L, qkv]
-  for (int j = 0; j < (counted ? 0 : P); ++j)
-    for (int64_t b = 0; b < d.B; ++b)
-      for (int64_t s = 0; s < d.L; ++s) {
-        char* dst = send.as<char>() + ((j * d.B + b) * d.L + s) * rec.qkv;
-        copy_heads(local.q, b, s, j * Hu, Hu, dst);
-        copy_heads(local.k, b, s, hs.kv_head(j), Gu, dst + Hu * D * e);
-        copy_heads(local.v, b, s, hs.kv_head(j), Gu, dst + (Hu + Gu) * D * e);
-      }
+  if (!counted)
+    for (int j = 0; j < P; ++j)
+      for (int64_t b = 0; b < d.B; ++b)
+        for (int64_t s = 0; s < d.L; ++s) {
+          char* dst = send.as<char>() + ((j * d.B + b) * d.L + s) * rec.qkv;
+          copy_heads(local.q, b, s, j * Hu, Hu, dst);
+          copy_heads(local.k, b, s, hs.kv_head(j), Gu, dst + Hu * D * e);
+          copy_heads(local.v, b, s, hs.kv_head(j), Gu, dst + (Hu + Gu) * D * e);
+        }
   Buffer recv(MemCategory::communication, "ulysses qkv", send.size());
   comm_.all_to_all(send.data(), recv.data(), d.B * d.L * rec.qkv);
   send = Buffer();
@@ -79,21 +80,23 @@ void UlyssesAttention::forward(const AttentionArgs& local, const TensorView& o, 
   Buffer lse_h(MemCategory::scratch, "ulysses lse", d.B * S * Hu * 4);  // [B, S, Hu]
   inner_->forward(heads, record_view(out.as<char>(), o.dtype, d.B, S, Hu, D, rec.o), lse_h.as<float>());
   qkv = Buffer();
-  for (int64_t t = 0; t < (counted ? 0 : d.B * S); ++t)
-    std::memcpy(out.as<char>() + t * rec.o + o_bytes, lse_h.as<float>() + t * Hu, Hu * 4);
+  if (!counted)
+    for (int64_t t = 0; t < d.B * S; ++t)
+      std::memcpy(out.as<char>() + t * rec.o + o_bytes, lse_h.as<float>() + t * Hu, Hu * 4);
   Buffer back = batch_major_to_rank_major(std::move(out), P, d.B, d.L, rec.o);  // [P, B, L, o]
   Buffer mine(MemCategory::communication, "ulysses o back", back.size());
   comm_.all_to_all(back.data(), mine.data(), d.B * d.L * rec.o);
   const size_t o_row = D * dtype_size(o.dtype);
-  for (int j = 0; j < (counted ? 0 : P); ++j)
-    for (int64_t b = 0; b < d.B; ++b)
-      for (int64_t s = 0; s < d.L; ++s) {
-        const char* src = mine.as<char>() + ((j * d.B + b) * d.L + s) * rec.o;
-        for (int64_t h = 0; h < Hu; ++h) {
-          std::memcpy(element_ptr(o, {b, s, j * Hu + h}), src + h * o_row, o_row);
-          std::memcpy(lse + (b * d.L + s) * d.H + j * Hu + h, src + o_bytes + h * 4, 4);
+  if (!counted)
+    for (int j = 0; j < P; ++j)
+      for (int64_t b = 0; b < d.B; ++b)
+        for (int64_t s = 0; s < d.L; ++s) {
+          const char* src = mine.as<char>() + ((j * d.B + b) * d.L + s) * rec.o;
+          for (int64_t h = 0; h < Hu; ++h) {
+            std::memcpy(element_ptr(o, {b, s, j * Hu + h}), src + h * o_row, o_row);
+            std::memcpy(lse + (b * d.L + s) * d.H + j * Hu + h, src + o_bytes + h * 4, 4);
+          }
         }
-      }
 }
 
 void UlyssesAttention::backward_with_delta(const AttentionArgs& local, const TensorView& dout,
@@ -110,18 +113,19 @@ void UlyssesAttention::backward_with_delta(const AttentionArgs& local, const Ten
   // A meta device's buffers are counted, never touched (core/device.h).
   const bool counted = is_meta(local.q.data);
   Buffer send(MemCategory::communication, "ulysses bwd send", P * d.B * d.L * rec.bwd);  // [P, B, L, bwd]
-  for (int j = 0; j < (counted ? 0 : P); ++j)
-    for (int64_t b = 0; b < d.B; ++b)
-      for (int64_t s = 0; s < d.L; ++s) {
-        char* dst = send.as<char>() + ((j * d.B + b) * d.L + s) * rec.bwd;
-        const int64_t row = (b * d.L + s) * d.H + j * Hu;
-        std::memcpy(dst, lse + row, Hu * 4);
-        std::memcpy(dst + Hu * 4, delta + row, Hu * 4);
-        copy_heads(local.q, b, s, j * Hu, Hu, dst + rec.bwd_q);
-        copy_heads(local.k, b, s, hs.kv_head(j), Gu, dst + rec.bwd_q + Hu * D * e);
-        copy_heads(local.v, b, s, hs.kv_head(j), Gu, dst + rec.bwd_q + (Hu + Gu) * D * e);
-        copy_heads(dout, b, s, j * Hu, Hu, dst + rec.bwd_dout);
-      }
+  if (!counted)
+    for (int j = 0; j < P; ++j)
+      for (int64_t b = 0; b < d.B; ++b)
+        for (int64_t s = 0; s < d.L; ++s) {
+          char* dst = send.as<char>() + ((j * d.B + b) * d.L + s) * rec.bwd;
+          const int64_t row = (b * d.L + s) * d.H + j * Hu;
+          std::memcpy(dst, lse + row, Hu * 4);
+          std::memcpy(dst + Hu * 4, delta + row, Hu * 4);
+          copy_heads(local.q, b, s, j * Hu, Hu, dst + rec.bwd_q);
+          copy_heads(local.k, b, s, hs.kv_head(j), Gu, dst + rec.bwd_q + Hu * D * e);
+          copy_heads(local.v, b, s, hs.kv_head(j), Gu, dst + rec.bwd_q + (Hu + Gu) * D * e);
+          copy_heads(dout, b, s, j * Hu, Hu, dst + rec.bwd_dout);
+        }
   Buffer recv(MemCategory::communication, "ulysses bwd", send.size());
   comm_.all_to_all(send.data(), recv.data(), d.B * d.L * rec.bwd);
   send = Buffer();
@@ -139,10 +143,11 @@ void UlyssesAttention::backward_with_delta(const AttentionArgs& local, const Ten
   heads.q_seg = heads.kv_seg = local.mask.same_segment ? seg.as<int32_t>() : nullptr;
   Buffer lse_h(MemCategory::scratch, "ulysses lse", d.B * S * Hu * 4);  // [B, S, Hu]
   Buffer delta_h(MemCategory::scratch, "ulysses delta", d.B * S * Hu * 4);
-  for (int64_t t = 0; t < (counted ? 0 : d.B * S); ++t) {
-    std::memcpy(lse_h.as<float>() + t * Hu, base + t * rec.bwd, Hu * 4);
-    std::memcpy(delta_h.as<float>() + t * Hu, base + t * rec.bwd + Hu * 4, Hu * 4);
-  }
+  if (!counted)
+    for (int64_t t = 0; t < d.B * S; ++t) {
+      std::memcpy(lse_h.as<float>() + t * Hu, base + t * rec.bwd, Hu * 4);
+      std::memcpy(delta_h.as<float>() + t * Hu, base + t * rec.bwd + Hu * 4, Hu * 4);
+    }
 
   // dq, dk, dv (fp32) of every token for this rank's heads: [B, S, (Hu + 2Gu) * D].
   const int64_t grec = (Hu + 2 * Gu) * D;
@@ -160,23 +165,24 @@ void UlyssesAttention::backward_with_delta(const AttentionArgs& local, const Ten
   // Replicated kv heads come back from several ranks: sum them.
   zero_view(dk);
   zero_view(dv);
-  for (int j = 0; j < (counted ? 0 : P); ++j)
-    for (int64_t b = 0; b < d.B; ++b)
-      for (int64_t s = 0; s < d.L; ++s) {
-        const float* src = mine.as<float>() + ((j * d.B + b) * d.L + s) * grec;
-        for (int64_t h = 0; h < Hu; ++h)
-          std::memcpy(dq.at<float>({b, s, j * Hu + h}), src + h * D, D * 4);
-        for (int64_t g = 0; g < Gu; ++g) {
-          float* k = dk.at<float>({b, s, hs.kv_head(j) + g});
-          float* v = dv.at<float>({b, s, hs.kv_head(j) + g});
-          const float* sk = src + (Hu + g) * D;
-          const float* sv = src + (Hu + Gu + g) * D;
-          for (int64_t x = 0; x < D; ++x) {
-            k[x] += sk[x];
-            v[x] += sv[x];
+  if (!counted)
+    for (int j = 0; j < P; ++j)
+      for (int64_t b = 0; b < d.B; ++b)
+        for (int64_t s = 0; s < d.L; ++s) {
+          const float* src = mine.as<float>() + ((j * d.B + b) * d.L + s) * grec;
+          for (int64_t h = 0; h < Hu; ++h)
+            std::memcpy(dq.at<float>({b, s, j * Hu + h}), src + h * D, D * 4);
+          for (int64_t g = 0; g < Gu; ++g) {
+            float* k = dk.at<float>({b, s, hs.kv_head(j) + g});
+            float* v = dv.at<float>({b, s, hs.kv_head(j) + g});
+            const float* sk = src + (Hu + g) * D;
+            const float* sv = src + (Hu + Gu + g) * D;
+            for (int64_t x = 0; x < D; ++x) {
+              k[x] += sk[x];
+              v[x] += sv[x];
+            }
           }
         }
-      }
 }
 
 }  // namespace longctx
