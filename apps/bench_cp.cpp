@@ -14,9 +14,9 @@
 
 #include "apps/commands.h"
 #include "comm/mesh.h"
+#include "core/cp_strategy.h"
 #include "core/error.h"
 #include "core/timer.h"
-#include "core/cp_strategy.h"
 #include "cp/cp_attention.h"
 #include "cp/layout.h"
 

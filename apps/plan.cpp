@@ -20,18 +20,18 @@
 
 #include "apps/commands.h"
 #include "core/config.h"
-#include "core/error.h"
 #include "core/cp_strategy.h"
+#include "core/error.h"
 #include "core/timer.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
-#include "train/optimizer.h"
-#include "train/trainer.h"
+#include "plan/emit.h"
 #include "plan/hardware.h"
 #include "plan/measure.h"
-#include "plan/emit.h"
 #include "plan/planner.h"
+#include "train/optimizer.h"
+#include "train/trainer.h"
 
 namespace longctx {
 

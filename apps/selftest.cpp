@@ -7,8 +7,8 @@
 
 #include "apps/commands.h"
 #include "comm/mesh.h"
-#include "core/error.h"
 #include "core/cp_strategy.h"
+#include "core/error.h"
 #include "cp/cp_selfcheck.h"
 
 namespace longctx {

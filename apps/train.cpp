@@ -5,8 +5,8 @@
 
 #include "apps/commands.h"
 #include "core/config.h"
-#include "core/error.h"
 #include "core/cp_strategy.h"
+#include "core/error.h"
 #include "core/timer.h"
 #include "kernels/gemm.h"
 #include "plan/hardware.h"

@@ -5,10 +5,10 @@
 #include <cstring>
 
 #include "comm/mesh.h"
+#include "core/cp_strategy.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "cp/strategies.h"
-#include "core/cp_strategy.h"
 
 namespace longctx {
 

@@ -1,11 +1,11 @@
 #include "cp/cp_selfcheck.h"
-#include "core/cp_strategy.h"
 
 #include <algorithm>
 #include <cmath>
 #include <random>
 #include <type_traits>
 
+#include "core/cp_strategy.h"
 #include "kernels/convert.h"
 
 namespace longctx {

@@ -2,10 +2,10 @@
 // allocates is counted by running it: cp_count.cpp.)
 #include <algorithm>
 
+#include "core/cp_strategy.h"
 #include "cp/cp_attention.h"
 #include "cp/layout.h"
 #include "cp/strategies.h"
-#include "core/cp_strategy.h"
 
 namespace longctx {
 

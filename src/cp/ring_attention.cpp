@@ -36,10 +36,10 @@
 #include <functional>
 
 #include "comm/mesh.h"
+#include "core/cp_strategy.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "cp/strategies.h"
-#include "core/cp_strategy.h"
 #include "kernels/convert.h"
 
 namespace longctx {

@@ -3,8 +3,8 @@
 #include <sstream>
 #include <vector>
 
-#include "core/error.h"
 #include "core/cp_strategy.h"
+#include "core/error.h"
 
 namespace longctx {
 

@@ -11,8 +11,8 @@
 #include <span>
 #include <tuple>
 
-#include "cp/cp_attention.h"
 #include "core/cp_strategy.h"
+#include "cp/cp_attention.h"
 #include "kernels/attention.h"
 #include "model/llama.h"
 #include "model/offload.h"

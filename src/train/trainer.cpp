@@ -13,8 +13,8 @@
 #include <functional>
 #include <random>
 
-#include "core/crc32.h"
 #include "core/cp_strategy.h"
+#include "core/crc32.h"
 #include "core/memory.h"
 #include "core/timer.h"
 #include "kernels/gemm.h"

@@ -11,10 +11,10 @@
 #include <string>
 
 #include "comm/mesh.h"
+#include "core/cp_strategy.h"
 #include "core/device.h"
 #include "core/tensor.h"
 #include "cp/cp_attention.h"
-#include "core/cp_strategy.h"
 
 namespace longctx {
 namespace {
