@@ -1,10 +1,13 @@
 #include "comm/communicator.h"
 
+#include "core/device.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 
 #include "comm/backend.h"
+#include "core/device.h"
 
 #include "core/error.h"
 #include "core/timer.h"
@@ -22,6 +25,7 @@ CommCounters& CommCounters::operator+=(const CommCounters& other) {
     op[i].calls += other.op[i].calls;
     op[i].bytes_sent += other.op[i].bytes_sent;
     op[i].bytes_received += other.op[i].bytes_received;
+    op[i].hop_bytes += other.op[i].hop_bytes;
     op[i].wait_seconds += other.op[i].wait_seconds;
   }
   return *this;
@@ -118,12 +122,14 @@ Communicator Communicator::duplicate(const std::string& name) const {
   return d;
 }
 
-void Communicator::count(CommOp op, int64_t sent, int64_t received) const {
+void Communicator::count(CommOp op, int64_t sent, int64_t received, int64_t hop_bytes) const {
   std::lock_guard<std::mutex> lock(tally_->mu);
   auto& c = tally_->counters[op];
-  c.calls += 1;
-  c.bytes_sent += sent;
-  c.bytes_received += received;
+  const int64_t n = count_repeat();  // a counted loop's one iteration standing for n (core/device.h)
+  c.calls += n;
+  c.bytes_sent += n * sent;
+  c.bytes_received += n * received;
+  c.hop_bytes += n * hop_bytes;
 }
 
 CommCounters Communicator::counters() const {
@@ -230,7 +236,9 @@ Request Communicator::isend(const void* data, size_t bytes, int dest, int tag) c
   r.kind_ = CommOp::send;
   r.peer_ = dest;
   r.op_ = backend_->isend(data, bytes, dest, tag);
-  count(CommOp::send, dest == rank_ ? 0 : static_cast<int64_t>(bytes), 0);
+  const int64_t sent = dest == rank_ ? 0 : static_cast<int64_t>(bytes);
+  const int ahead = ((dest - rank_) % size_ + size_) % size_;
+  count(CommOp::send, sent, 0, sent * std::min(ahead, size_ - ahead));
   return r;
 }
 

@@ -50,6 +50,10 @@ struct CommOpCounters {
   int64_t calls = 0;
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
+  // Sends only: each message's bytes times its distance around the group's
+  // ring, min(k, P - k) for a peer k ranks away (the links it crosses on a
+  // torus whose ring the ranks follow; the planner's time for ring traffic).
+  int64_t hop_bytes = 0;
   double wait_seconds = 0.0;  // time blocked in wait() for this kind
 };
 
@@ -190,7 +194,7 @@ class Communicator {
 
  private:
   void all_reduce(void* data, size_t count, ElemType type, size_t elem_bytes, ReduceOp op) const;
-  void count(CommOp op, int64_t sent, int64_t received) const;
+  void count(CommOp op, int64_t sent, int64_t received, int64_t hop_bytes = 0) const;
   void finish(Request& request, CommOp op, int peer) const;
   [[noreturn]] void timed_out(double timeout, CommOp op, int peer, Request* request) const;
   // " (host NAME (ADDRESS))" of rank `peer`; for a collective (peer < 0)

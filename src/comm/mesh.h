@@ -3,8 +3,9 @@
 // src/core/mesh_shape.h owns (world = dp x fsdp x cp x tp, cp = ulysses x
 // ring; which ranks form each group, and why).
 //
-// Strategies all_gather, ulysses and ring use cp() as one group; usp uses
-// ulysses() for its all-to-all and ring() for its ring.
+// Strategies all_gather and ulysses use cp() as one group; ring uses ring()
+// (all of cp: its ulysses factor is 1), usp ulysses() for its all-to-all and
+// ring() for its ring, so a ring's traffic is counted on the ring axis either way.
 //
 // Construction is collective over the world communicator (Communicator::world:
 // every rank of the job, or this process alone when MPI was never started).

@@ -7,9 +7,10 @@
 //   s.ulysses_degree(cp, usp_factor)   -> the all-to-all (head split) degree
 //   make_cp_attention(id, mesh, opts)  -> the CpAttention the model calls
 //
-// The table lives in core (it needs no communicator or kernel) because
-// config validation asks it. A fifth strategy is its name in
-// core/vocabulary.h, one descriptor in cp_strategies() (cp_strategy.cpp),
+// The declarations live in core because config validation asks them; the
+// registry beside the strategies' classes (src/cp/strategy_registry.cpp,
+// core headers only: it needs no communicator or kernel). A fifth strategy is its name in
+// core/vocabulary.h, one descriptor in cp_strategies() (src/cp/strategy_registry.cpp),
 // its class in its own file in src/cp and one case in make_cp_attention
 // (src/cp/cp_common.cpp; the compiler's -Wswitch names a missing case).
 #include <cstdint>

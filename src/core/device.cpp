@@ -2,11 +2,14 @@
 
 #include <cstdint>
 
+#include "core/error.h"
+
 namespace longctx {
 
 namespace {
 
 thread_local Device* current_device = nullptr;  // nullptr: the CPU
+thread_local int64_t repeat_factor = 1;          // CountRepeat
 
 // Meta storage starts at a non-canonical x86-64 address (bit 63 set, bits
 // 48-62 clear): no process can map it, so a missed host loop faults at its
@@ -35,6 +38,35 @@ Device& Device::current() { return current_device ? *current_device : cpu(); }
 
 DeviceScope::DeviceScope(Device& device) : previous_(current_device) { current_device = &device; }
 DeviceScope::~DeviceScope() { current_device = previous_; }
+
+void Device::count(const char* kernel, double amount) {
+  amount *= double(repeat_factor);
+  for (auto& [name, total] : counted_)
+    if (name == kernel) {
+      total += amount;
+      return;
+    }
+  counted_.emplace_back(kernel, amount);
+}
+
+std::map<std::string, double> Device::counted() const {
+  std::map<std::string, double> out;  // one line per name (equal literals may have several addresses)
+  for (const auto& [name, total] : counted_) out[name] += total;
+  return out;
+}
+
+bool counted_on_meta(const void* data, const char* kernel, double amount) {
+  if (!is_meta(data)) return false;
+  Device& device = Device::current();
+  if (!device.is_meta())
+    throw Error(std::string(kernel) + ": a meta device's tensor outside its DeviceScope (core/device.h)");
+  device.count(kernel, amount);
+  return true;
+}
+
+CountRepeat::CountRepeat(int64_t n) : previous_(repeat_factor) { repeat_factor *= n; }
+CountRepeat::~CountRepeat() { repeat_factor = previous_; }
+int64_t count_repeat() { return repeat_factor; }
 
 void* meta_storage() { return reinterpret_cast<void*>(kMetaBase); }
 

@@ -18,7 +18,11 @@
 // the meta device's tracker (src/cp/cp_count.cpp): the buffers are counted
 // where they are allocated, never re-derived.
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/memory.h"
 
@@ -36,6 +40,14 @@ class Device {
   // Threads a counted kernel stands for (its per-thread scratch) on a meta
   // device; 0 on the CPU, whose kernels use their OpenMP team.
   int kernel_threads() const { return kernel_threads_; }
+  // What the kernels handed this meta device's data were asked to do, per
+  // kernel name: elements in the units src/plan/planner.h prices
+  // (elementwise_kernels), FLOPs for "gemm". The planner reads them instead
+  // of re-listing the model's calls.
+  // `kernel` must be a string literal (kept by address: counting is the
+  // whole cost of a counted step, so no string is built per call).
+  void count(const char* kernel, double amount);
+  std::map<std::string, double> counted() const;
 
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -46,6 +58,7 @@ class Device {
   int kernel_threads_;
   std::unique_ptr<MemoryTracker> own_tracker_;  // meta devices count apart from the process
   MemoryTracker* tracker_;
+  std::vector<std::pair<const char*, double>> counted_;  // by the literal's address
 };
 
 // Makes `device` the calling thread's current device until destroyed.
@@ -60,8 +73,41 @@ class DeviceScope {
   Device* previous_;
 };
 
+// A loop whose iterations count alike (the same kernels and collectives on
+// the same sizes, at other offsets: the model's token chunks, the loss
+// head's row chunks) runs one iteration on a meta device inside a
+// CountRepeat(n): what it counts (Device::count, the communicators'
+// counters) is counted n times. Planning a 14M-token step then costs its
+// distinct iterations, not its hundreds of thousands of kernel calls.
+class CountRepeat {
+ public:
+  explicit CountRepeat(int64_t n);
+  ~CountRepeat();
+  CountRepeat(const CountRepeat&) = delete;
+  CountRepeat& operator=(const CountRepeat&) = delete;
+
+ private:
+  int64_t previous_;
+};
+// The product of the calling thread's enclosing CountRepeats (1 outside any).
+int64_t count_repeat();
+// body(i) for i in [0, n): on the current device, or on a meta device body(0)
+// counted n times. For loops of alike iterations only.
+template <typename F>
+void for_each_alike(int64_t n, F&& body) {
+  if (n > 1 && Device::current().is_meta()) {
+    const CountRepeat repeat(n);
+    return body(int64_t{0});
+  }
+  for (int64_t i = 0; i < n; ++i) body(i);
+}
+
 // Whether `data` is storage of a meta device (never to be touched).
 bool is_meta(const void* data);
+// A kernel's first line: whether `data` (its output) is a meta device's; then
+// `amount` of `kernel` is counted on the calling thread's current device
+// (which must be that meta device: Error otherwise) and the kernel returns.
+bool counted_on_meta(const void* data, const char* kernel, double amount);
 // The address a meta Buffer's data() starts at (for Buffer).
 void* meta_storage();
 

@@ -41,5 +41,9 @@ class ShapeError : public Error {
 inline void check_shape(bool cond, const std::string& message) {
   if (!cond) throw ShapeError(message);
 }
+// A literal message: no string is built unless it fails (hot paths).
+inline void check_shape(bool cond, const char* message) {
+  if (!cond) throw ShapeError(message);
+}
 
 }  // namespace longctx

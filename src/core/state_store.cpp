@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/device.h"
 #include "core/error.h"
 
 namespace longctx {
@@ -107,7 +108,7 @@ OffloadStore::Ticket StateStore::read(int64_t begin, int64_t n, float* dst) {
   if (n == 0) return 0;
   check_whole_chunks(begin, n);
   if (tier_ != StateTier::disk) {
-    std::copy_n(data() + begin, n, dst);
+    if (!is_meta(dst)) std::copy_n(data() + begin, n, dst);  // a meta device's: counted, never read
     return 0;
   }
   OffloadStore::Ticket last = 0;
@@ -147,7 +148,7 @@ void StateStore::write(int64_t begin, std::span<const float> values) {
   if (n == 0) return;
   check_whole_chunks(begin, n);
   if (tier_ != StateTier::disk) {
-    std::copy_n(values.data(), n, data() + begin);
+    if (!is_meta(data())) std::copy_n(values.data(), n, data() + begin);
     return;
   }
   for (size_t k = first_chunk_at(begin); n > 0; ++k) {

@@ -10,6 +10,7 @@
 // Strategies are stateless between forward and backward: backward receives
 // q, k, v, o, lse again and redoes its communication, so nothing full-sequence
 // outlives a call.
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,11 @@ struct CpOptions {
   // buffered), bounding ring memory to a few chunks instead of whole shards.
   // 0 (the default) picks it from the shard: cp_ring_auto_chunk_tokens.
   int64_t ring_chunk_tokens = 0;
+  // A counted call (a meta device, core/device.h: the planner's) has no
+  // positions to read: the ring takes every rank's chunk bounds from the
+  // positions 0..S-1 laid out this way instead (S = its local tokens x its
+  // ranks), which is what the planner predicts for. Unused on real data.
+  LayoutKind counted_layout = LayoutKind::contiguous;
 };
 
 // The automatic chunk for a ring shard of `local_tokens` tokens: local/16
@@ -64,9 +70,9 @@ struct CpOptions {
 // bench/results/cp_cpu.md), so memory decides.
 int64_t cp_ring_auto_chunk_tokens(int64_t local_tokens);
 
-// The strategy over the mesh's context-parallel group: all_gather, ulysses
-// and ring use mesh.cp() as one group, usp uses mesh.ulysses() for the
-// all-to-all and mesh.ring() for the ring. With cp == 1 every strategy is the
+// The strategy over the mesh's context-parallel group: all_gather and
+// ulysses use mesh.cp() as one group, ring mesh.ring() (all of cp), usp
+// mesh.ulysses() for the all-to-all and mesh.ring() for the ring. With cp == 1 every strategy is the
 // plain kernel. The mesh must outlive the returned object. Head and sequence
 // rules (e.g. ulysses degree vs heads) are checked at each call, with the
 // shapes: ConfigError naming the rule.
@@ -103,36 +109,6 @@ std::unique_ptr<CpAttention> make_cp_attention(CpStrategy strategy, const Mesh& 
 // local_tokens. chunk_tokens == 0: cp_ring_auto_chunk_tokens(local_tokens).
 int64_t cp_ring_chunks(int64_t local_tokens, int64_t chunk_tokens);
 
-// ---- sizes the strategies allocate and send with (the planner asks these) ----
-
-// Position and segment bounds of one ring chunk of one batch row.
-struct RingChunkBounds {
-  int64_t pos_min, pos_max, seg_min, seg_max;
-};
-
-// The ring's chunk plan: each of the P shards of `local_tokens` tokens cut
-// into n = cp_ring_chunks(local_tokens, chunk_tokens) chunks, and, given
-// every rank's chunk bounds, which chunks a q rank needs from a kv rank.
-// RingAttention fills the bounds from the all-gathered positions of each
-// call; the planner from the layout.
-struct RingChunks {
-  RingChunks(int64_t P, int64_t B, int64_t local_tokens, int64_t chunk_tokens);
-  int64_t P = 1, B = 0, n = 0;
-  std::vector<int64_t> begin;            // [n + 1] chunk boundaries (local tokens)
-  std::vector<RingChunkBounds> bounds;   // [P, B, n]
-  int64_t len(int64_t c) const { return begin[c + 1] - begin[c]; }
-  int64_t max_len() const;
-  const RingChunkBounds& at(int64_t rank, int64_t b, int64_t c) const { return bounds[(rank * B + b) * n + c]; }
-  // Whether any q of q_rank may attend chunk c of kv_rank, judged from the
-  // bounds (conservative); a piece nobody needs moves nothing.
-  bool needs(const MaskSpec& mask, int64_t q_rank, int64_t kv_rank, int64_t c) const;
-};
-
-// Bytes of one ring K,V chunk of `len` tokens on the wire: positions
-// (int64), with segment masking segment ids (int32), and K, V in their dtype
-// (element_bytes: 4 fp32, 2 bf16).
-int64_t ring_chunk_bytes(int64_t B, int64_t len, int64_t G, int64_t D, bool segments, int64_t element_bytes);
-
 // One attention call of a strategy on one rank: B sequences of L local
 // tokens, H, G local q and kv heads of dim D (after tp).
 struct CpCallShape {
@@ -148,39 +124,26 @@ struct CpCallShape {
   MaskSpec mask = MaskSpec::causal();
   LayoutKind layout = LayoutKind::contiguous;
 };
-// Peak bytes one call allocates (forward or backward, whichever is larger),
-// tracked as communication and scratch: counted by running the strategy on
-// a meta device over a counting mesh (cp_count.cpp);
-// tests/mpi/test_plan_memory.cpp holds it against the MemoryTracker.
+// One call of a strategy on one cp rank, counted by running it: its real
+// forward and backward on a meta device (core/device.h) over a counting mesh
+// (Mesh::counting), memoised per shape and rank (cp_count.cpp).
+// - workspace: the peak bytes the call allocates (forward or backward,
+//   whichever is larger), tracked as communication and scratch;
+//   tests/mpi/test_plan_memory.cpp holds it against the MemoryTracker;
+// - comm[pass][axis] (pass 0 forward, 1 backward; MeshAxis cp, ulysses,
+//   ring): what it sends and receives, in the communicator's own counters
+//   (the formulas above), the ring's skipped pieces decided by its own
+//   chunk plan over the layout's positions (CpOptions::counted_layout);
+//   tests/mpi/test_plan_comm.cpp holds them against real calls on every rank.
 struct CpWorkspace {
   int64_t bytes = 0;
   std::string what;
 };
-CpWorkspace cp_attention_workspace(const CpCallShape& shape);
-
-// What one call sends and receives on one cp rank, by operation, as the
-// src/comm counters count it (the byte formulas above), with the ring's
-// skipped pieces decided by its own chunk plan (RingChunks::needs).
-struct CpTransfer {
-  CommOp op;     // send, recv, all_gather, all_to_all, reduce_scatter
-  MeshAxis axis;  // cp, ulysses or ring
-  std::string what;  // e.g. "K,V"
-  int64_t calls = 0, bytes_sent = 0, bytes_received = 0;
-  // The ring's sends: each peer's bytes times its ring distance,
-  // min(k, R - k) for the rank k positions away (the links it crosses on a
-  // torus whose ring the ring positions follow), summed. 0 elsewhere.
-  int64_t hop_bytes = 0;
+struct CpCallCount {
+  CpWorkspace workspace;
+  std::array<std::array<CommCounters, kMeshAxes.size()>, 2> comm{};
 };
-class CpCallTraffic {
- public:
-  explicit CpCallTraffic(const CpCallShape& shape);  // builds the ring's chunk plan once
-  std::vector<CpTransfer> transfers(bool backward, int64_t cp_rank) const;
-
- private:
-  CpCallShape s_;
-  int64_t ring_chunks_ = 0;  // chunks per ring shard
-  // [q_rank * R + kv_rank]: chunks of kv_rank that q_rank needs, and their tokens.
-  std::vector<int64_t> chunks_needed_, tokens_needed_;
-};
+const CpCallCount& count_cp_call(const CpCallShape& shape, int64_t cp_rank);
+CpWorkspace cp_attention_workspace(const CpCallShape& shape);  // count_cp_call(shape, 0).workspace
 
 }  // namespace longctx

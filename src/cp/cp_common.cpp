@@ -34,7 +34,7 @@ std::unique_ptr<CpAttention> make_cp_attention(CpStrategy strategy, const Mesh& 
     case CpStrategy::ulysses:
       return std::make_unique<UlyssesAttention>(mesh.cp(), std::make_unique<LocalAttention>());
     case CpStrategy::ring:
-      return std::make_unique<RingAttention>(mesh.cp(), options.ring_chunk_tokens);
+      return std::make_unique<RingAttention>(mesh.ring(), options);  // the whole of cp (ulysses = 1)
     case CpStrategy::usp: {
       // The ulysses all-to-all over the inner axis (mesh.ulysses()) around a
       // ring over the outer one (mesh.ring()); a degree of 1 drops its layer.
@@ -42,7 +42,7 @@ std::unique_ptr<CpAttention> make_cp_attention(CpStrategy strategy, const Mesh& 
       if (mesh.ring().size() == 1)
         inner = std::make_unique<LocalAttention>();
       else
-        inner = std::make_unique<RingAttention>(mesh.ring(), options.ring_chunk_tokens);
+        inner = std::make_unique<RingAttention>(mesh.ring(), options);
       if (mesh.ulysses().size() == 1) return inner;
       return std::make_unique<UlyssesAttention>(mesh.ulysses(), std::move(inner));
     }

@@ -39,24 +39,18 @@
 #include "core/cp_strategy.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "cp/layout.h"
 #include "cp/strategies.h"
 #include "kernels/convert.h"
 
 namespace longctx {
 
-RingChunks::RingChunks(int64_t ranks, int64_t batch, int64_t local_tokens, int64_t chunk_tokens)
-    : P(ranks), B(batch), n(cp_ring_chunks(local_tokens, chunk_tokens)) {
-  for (int64_t c = 0; c <= n; ++c) begin.push_back(c * local_tokens / n);
-  bounds.resize(P * B * n);
-}
-
-int64_t RingChunks::max_len() const {
-  int64_t m = 0;
-  for (int64_t c = 0; c < n; ++c) m = std::max(m, len(c));
-  return m;
-}
-
 namespace {
+
+// Position and segment bounds of one ring chunk of one batch row.
+struct RingChunkBounds {
+  int64_t pos_min, pos_max, seg_min, seg_max;
+};
 
 // Whether any q in `q` may attend any kv in `kv` (conservative).
 bool may_attend(const MaskSpec& m, const RingChunkBounds& q, const RingChunkBounds& kv) {
@@ -73,20 +67,40 @@ bool may_attend(const MaskSpec& m, const RingChunkBounds& q, const RingChunkBoun
   return true;
 }
 
-}  // namespace
+// The chunk plan: each of the P shards of `local_tokens` tokens cut into
+// n = cp_ring_chunks(local_tokens, chunk_tokens) chunks, and, given every
+// rank's chunk bounds, which chunks a q rank needs from a kv rank.
+struct RingChunks {
+  RingChunks(int64_t ranks, int64_t batch, int64_t local_tokens, int64_t chunk_tokens)
+      : P(ranks), B(batch), n(cp_ring_chunks(local_tokens, chunk_tokens)) {
+    for (int64_t c = 0; c <= n; ++c) begin.push_back(c * local_tokens / n);
+    bounds.resize(P * B * n);
+  }
+  int64_t P = 1, B = 0, n = 0;
+  std::vector<int64_t> begin;           // [n + 1] chunk boundaries (local tokens)
+  std::vector<RingChunkBounds> bounds;  // [P, B, n]
+  int64_t len(int64_t c) const { return begin[c + 1] - begin[c]; }
+  int64_t max_len() const {
+    int64_t m = 0;
+    for (int64_t c = 0; c < n; ++c) m = std::max(m, len(c));
+    return m;
+  }
+  const RingChunkBounds& at(int64_t rank, int64_t b, int64_t c) const { return bounds[(rank * B + b) * n + c]; }
+  // Whether any q of q_rank may attend chunk c of kv_rank, judged from the
+  // bounds (conservative); a piece nobody needs moves nothing.
+  bool needs(const MaskSpec& m, int64_t q_rank, int64_t kv_rank, int64_t c) const {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t qc = 0; qc < n; ++qc)
+        if (may_attend(m, at(q_rank, b, qc), at(kv_rank, b, c))) return true;
+    return false;
+  }
+};
 
-bool RingChunks::needs(const MaskSpec& m, int64_t q_rank, int64_t kv_rank, int64_t c) const {
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t qc = 0; qc < n; ++qc)
-      if (may_attend(m, at(q_rank, b, qc), at(kv_rank, b, c))) return true;
-  return false;
-}
-
+// Bytes of one K,V chunk of `len` tokens on the wire: positions (int64),
+// with segment masking segment ids (int32), and K, V in their dtype.
 int64_t ring_chunk_bytes(int64_t B, int64_t len, int64_t G, int64_t D, bool segments, int64_t element_bytes) {
   return B * len * (2 * G * D * element_bytes + 8 + (segments ? 4 : 0));
 }
-
-namespace {
 
 struct Unit {
   int step, chunk;
@@ -100,22 +114,27 @@ struct RingPlan : RingChunks {
   std::vector<Unit> units;  // (step, chunk) order; pieces with nothing to do are absent
 };
 
-RingPlan make_plan(const Communicator& comm, const AttentionArgs& a, const LocalDims& d,
-                   int64_t chunk_tokens) {
-  RingPlan p(comm.size(), d.B, d.L, chunk_tokens);
+RingPlan make_plan(const Communicator& comm, const AttentionArgs& a, const LocalDims& d, const CpOptions& options) {
+  RingPlan p(comm.size(), d.B, d.L, options.ring_chunk_tokens);
   p.r = comm.rank();
   if (p.P * p.n >= 16384)
     throw ConfigError("ring: cp x chunks per shard (" + std::to_string(p.P) + " x " +
                       std::to_string(p.n) + ") must stay below 16384; raise ring_chunk_tokens");
   std::vector<RingChunkBounds> mine(d.B * p.n);  // [B, n]
-  // Counted on a meta device (core/device.h): no positions to read. One
-  // piece stands for all (every piece holds the same buffers: the chunk
-  // slots are sized for the longest chunk), sent and received.
   if (is_meta(a.q_pos)) {
-    p.units = {Unit{1, 0, true, true}};
-    return p;
+    // Counted (core/device.h): no positions to read, and the counting
+    // communicator's all-gather below brings nobody's. Every rank's bounds
+    // from the layout instead (CpOptions::counted_layout): positions increase
+    // along a shard in both layouts, so a chunk's first and last token bound it.
+    const int64_t S = d.L * p.P;
+    for (int64_t r = 0; r < p.P; ++r)
+      for (int64_t b = 0; b < d.B; ++b)
+        for (int64_t c = 0; c < p.n; ++c)
+          p.bounds[(r * d.B + b) * p.n + c] = {ring_shard_index(options.counted_layout, S, p.P, r, p.begin[c]),
+                                               ring_shard_index(options.counted_layout, S, p.P, r, p.begin[c + 1] - 1),
+                                               0, 0};
   }
-  for (int64_t b = 0; b < d.B; ++b)
+  for (int64_t b = 0; b < d.B && !is_meta(a.q_pos); ++b)
     for (int c = 0; c < p.n; ++c) {
       RingChunkBounds rg{INT64_MAX, INT64_MIN, INT64_MAX, INT64_MIN};
       for (int64_t s = p.begin[c]; s < p.begin[c + 1]; ++s) {
@@ -355,7 +374,7 @@ RingAttention::~RingAttention() = default;
 
 void RingAttention::forward(const AttentionArgs& local, const TensorView& o_out, float* lse) {
   LocalDims d = check_local_args(local);
-  RingPlan p = make_plan(comm_, local, d, chunk_tokens_);
+  RingPlan p = make_plan(comm_, local, d, options_);
   ChunkFormat f{d, local.mask.same_segment};
   const size_t cap = f.bytes(p.max_len());
   Buffer send_buf(MemCategory::communication, "ring kv send", cap);
@@ -384,13 +403,17 @@ void RingAttention::forward(const AttentionArgs& local, const TensorView& o_out,
     const int src = (p.r - u.step + p.P) % p.P;
     const int64_t len = p.len(u.chunk);
     const AttentionArgs piece = f.with_chunk(local, len, in.wait(i));
-    for (int64_t b = 0; b < d.B; ++b)
-      for (int qc = 0; qc < p.n; ++qc) {
+    // Counted (core/device.h): one q chunk stands for the piece's others
+    // (each kernel call takes the same scratch; nothing else is counted here).
+    bool counted = false;
+    for (int64_t b = 0; b < d.B && !counted; ++b)
+      for (int qc = 0; qc < p.n && !counted; ++qc) {
         if (!may_attend(local.mask, p.at(p.r, b, qc), p.at(src, b, u.chunk))) continue;
         const int64_t q0 = p.begin[qc], q_len = p.len(qc);
         const TensorView part(o_part.data(), DType::f32, {1, q_len, d.H, d.D});
         attention_forward(slice(piece, d, b, q0, q_len, len), part, lse_part.as<float>());
         attention_merge(token_slice(o, b, q0, q_len), lse + (b * d.L + q0) * d.H, part, lse_part.as<float>());
+        counted = is_meta(o.data);
       }
     i = next;
   }
@@ -407,7 +430,7 @@ void RingAttention::backward_with_delta(const AttentionArgs& local, const Tensor
                                         const TensorView& dq, const TensorView& dk,
                                         const TensorView& dv) {
   LocalDims d = check_local_args(local);
-  RingPlan p = make_plan(comm_, local, d, chunk_tokens_);
+  RingPlan p = make_plan(comm_, local, d, options_);
   ChunkFormat f{d, local.mask.same_segment};
   const int64_t row = 2 * d.G * d.D;  // dk, dv of one token (elements)
   const size_t cap = f.bytes(p.max_len());

@@ -62,8 +62,7 @@ class UlyssesAttention : public CpAttentionImpl {
 
 class RingAttention : public CpAttentionImpl {
  public:
-  RingAttention(const Communicator& comm, int64_t chunk_tokens)
-      : comm_(comm), chunk_tokens_(chunk_tokens) {}
+  RingAttention(const Communicator& comm, const CpOptions& options) : comm_(comm), options_(options) {}
   ~RingAttention() override;
   void forward(const AttentionArgs& local, const TensorView& o, float* lse) override;
   void backward_with_delta(const AttentionArgs& local, const TensorView& dout, const float* lse,
@@ -74,7 +73,7 @@ class RingAttention : public CpAttentionImpl {
   CommWorker& worker();  // started on first use, kept for every later call
 
   const Communicator& comm_;
-  int64_t chunk_tokens_;
+  CpOptions options_;
   std::unique_ptr<CommWorker> worker_;
 };
 
@@ -102,7 +101,7 @@ void copy_heads(const TensorView& t, int64_t b, int64_t s, int64_t h0, int64_t n
 TensorView record_view(char* base, DType dtype, int64_t B, int64_t S, int64_t n, int64_t D, int64_t row_bytes);
 
 // What ulysses sends per token to one rank holding Hu q heads and Gu kv
-// heads (bytes; the one layout of UlyssesAttention and of cp_sizes.cpp):
+// heads (bytes; the one layout of UlyssesAttention):
 //   qkv    forward in:    q, k, v in their dtype (e)
 //   o      forward back:  o in its dtype (e_o), then lse (fp32)
 //   bwd    backward in:   lse, delta (fp32), q, k, v (e), dout (e_dout) at

@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/device.h"
 #include "core/timer.h"
 
 namespace longctx {
@@ -102,6 +103,7 @@ void gemm_in_pieces(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
 void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
+  if (counted_on_meta(C, "gemm", 2.0 * double(M) * double(N) * double(K))) return;
   gemm_in_pieces(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, sgemm);
 }
 
@@ -338,6 +340,7 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   if (M == 0 || N == 0) return;
   check_shape(K > 0 && lda >= (ta ? M : K) && ldb >= (tb ? K : N) && ldc >= N,
               "gemm_bf16: leading dimensions smaller than the rows they hold");
+  if (counted_on_meta(C, "gemm", 2.0 * double(M) * double(N) * double(K))) return;
   if (!use_native() || bf16_gemm_for({ta, tb, M, N, K, lda, ldb, ldc, alpha, beta}).widen)
     return widened_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   gemm_in_pieces(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16_matmul);

@@ -9,6 +9,8 @@
 
 #include "kernels/ops.h"
 
+#include "core/device.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -21,9 +23,9 @@ namespace longctx {
 namespace {
 
 void check_rows(const TensorView& t, int64_t rows, int64_t cols, const char* what) {
-  check_shape(t.rank == 2 && t.dim(0) == rows && t.dim(1) == cols && t.stride[1] == 1,
-              std::string(what) + ": expected [" + std::to_string(rows) + "," +
-                  std::to_string(cols) + "] with contiguous columns, got " + t.shape_string());
+  if (t.rank == 2 && t.dim(0) == rows && t.dim(1) == cols && t.stride[1] == 1) return;  // the message only on failure
+  check_shape(false, std::string(what) + ": expected [" + std::to_string(rows) + "," + std::to_string(cols) +
+                         "] with contiguous columns, got " + t.shape_string());
 }
 
 float* row(const TensorView& t, int64_t r) { return t.f32() + r * t.stride[0]; }
@@ -120,6 +122,7 @@ void rmsnorm_forward(const TensorView& x, const float* w, double eps, const Tens
   const int64_t N = x.dim(0), C = x.dim(1);
   check_rows(x, N, C, "rmsnorm x");
   check_rows(y, N, C, "rmsnorm y");
+  if (counted_on_meta(y.data, "rmsnorm_forward", double(y.numel()))) return;
 #pragma omp parallel
   {
     RowBuffers io(C, 2);
@@ -144,6 +147,7 @@ void rmsnorm_backward(const TensorView& x, const float* w, double eps, const Ten
   check_rows(x, N, C, "rmsnorm x");
   check_rows(dy, N, C, "rmsnorm dy");
   check_rows(dx, N, C, "rmsnorm dx");
+  if (counted_on_meta(dx.data, "rmsnorm_backward", double(dx.numel()))) return;
   dy.f32();  // gradients of the residual stream are fp32
   dx.f32();
   // dw partial sums per fixed chunk of rows (chunks depend on N only, never
@@ -212,6 +216,7 @@ std::vector<double> rope_inv_freq(const RopeParams& p, int64_t head_dim) {
 
 void rope_table(const RopeParams& p, int64_t head_dim, const int64_t* positions, int64_t n,
                 float* cos, float* sin) {
+  if (is_meta(cos)) return;  // counted with the model's RoPE (core/device.h)
   const std::vector<double> inv = rope_inv_freq(p, head_dim);
   const int64_t half = head_dim / 2;
 #pragma omp parallel for schedule(static)
@@ -230,6 +235,7 @@ void rope_apply(const TensorView& x, const float* cos, const float* sin, float s
               "rope: expected [N, H, D] with contiguous even D, got " + x.shape_string());
   const int64_t N = x.dim(0), H = x.dim(1), half = x.dim(2) / 2;
   float* base = x.f32();  // fp32: the model rotates GEMM outputs before any rounding
+  if (counted_on_meta(base, "rope", double(x.numel()))) return;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t) {
     const float* c = cos + t * half;
@@ -258,6 +264,7 @@ void rope_backward(const TensorView& dx, const float* cos, const float* sin) {
 // ---- SwiGLU -------------------------------------------------------------------------
 
 void swiglu_forward(const TensorView& g, const TensorView& u, const TensorView& a) {
+  if (counted_on_meta(a.data, "swiglu_forward", double(a.numel()))) return;
   combine_rows(g, u, a, "swiglu", [](float x, float y) { return x / (1.0f + exp_fast(-x)) * y; });
 }
 
@@ -269,6 +276,7 @@ void swiglu_backward(const TensorView& g, const TensorView& u, const TensorView&
   check_rows(da, N, F, "swiglu da");
   check_rows(dg, N, F, "swiglu dg");
   check_rows(du, N, F, "swiglu du");
+  if (counted_on_meta(dg.data, "swiglu_backward", double(dg.numel()))) return;
 #pragma omp parallel
   {
     // bf16 rows are widened before any is written: dg, du may alias g, u.
@@ -302,6 +310,7 @@ double cross_entropy(const TensorView& logits, const int32_t* targets, const flo
   if (dlogits) check_rows(*dlogits, R, V, "cross_entropy dlogits");
   logits.f32();  // the loss and its gradient are fp32 (logits come from an fp32-output GEMM)
   if (dlogits) dlogits->f32();
+  if (counted_on_meta(logits.data, "cross_entropy", double(logits.numel()))) return 0.0;
   check_ids(targets, R, V, "target");
   // Per-row losses summed in row order afterwards: an OpenMP reduction would
   // add per-thread partials, in an order that depends on the thread count.
@@ -338,6 +347,7 @@ void embedding_forward(const int32_t* tokens, int64_t n, const float* table, int
                        const TensorView& out) {
   const int64_t C = out.dim(1);
   check_rows(out, n, C, "embedding out");
+  if (counted_on_meta(out.data, "residual_add", double(out.numel()))) return;  // priced as an add
   check_ids(tokens, n, vocab, "token");
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < n; ++t) {
@@ -353,6 +363,7 @@ void embedding_backward(const int32_t* tokens, int64_t n, const TensorView& dout
                         int64_t vocab) {
   const int64_t C = dout.dim(1);
   check_rows(dout, n, C, "embedding dout");
+  if (counted_on_meta(dout.data, "residual_add", double(dout.numel()))) return;  // priced as an add
   dout.f32();
   check_ids(tokens, n, vocab, "token");
   // Each thread owns a slice of columns for every token: no races, and the
@@ -375,6 +386,7 @@ void convert(const TensorView& src, const TensorView& dst) {
   const int64_t N = src.dim(0), C = src.dim(1);
   check_rows(src, N, C, "convert src");
   check_rows(dst, N, C, "convert dst");
+  if (counted_on_meta(dst.data, "convert", double(dst.numel()))) return;
 #pragma omp parallel
   {
     RowBuffers io(C, 1);
@@ -390,6 +402,7 @@ void convert(const TensorView& src, const TensorView& dst) {
 }
 
 void residual_add(const TensorView& a, const TensorView& b, const TensorView& out) {
+  if (counted_on_meta(out.data, "residual_add", double(out.numel()))) return;
   combine_rows(a, b, out, "residual_add", [](float x, float y) { return x + y; });
 }
 
@@ -398,6 +411,7 @@ void residual_add(const TensorView& a, const TensorView& b, const TensorView& ou
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
                   const AdamWParams& h) {
   check_shape(h.step >= 1, "adamw: step is 1-based");
+  if (counted_on_meta(param, "optimizer", double(n))) return;
   const float bc1 = 1.0f - static_cast<float>(std::pow(h.beta1, h.step));
   const float bc2 = 1.0f - static_cast<float>(std::pow(h.beta2, h.step));
   const float step_size = h.lr / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
@@ -408,6 +422,37 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
     v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * grad[i] * grad[i];
     param[i] = param[i] * decay - step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + h.eps);
   }
+}
+
+// ---- fp32 vectors -----------------------------------------------------------------
+// Not priced by the planner (its optimizer line covers the gradient's zeroing,
+// norm and clipping): on a meta device they only return.
+
+void fill_f32(float* dst, int64_t n, float value) {
+  if (is_meta(dst)) return;
+  std::fill_n(dst, n, value);
+}
+
+void copy_f32(const float* src, int64_t n, float* dst) {
+  if (is_meta(dst)) return;
+  std::copy_n(src, n, dst);
+}
+
+void add_f32(const float* src, int64_t n, float* dst) {
+  if (is_meta(dst)) return;
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+void scale_f32(float* dst, int64_t n, float factor) {
+  if (is_meta(dst)) return;
+  for (int64_t i = 0; i < n; ++i) dst[i] *= factor;
+}
+
+double sum_of_squares(const float* src, int64_t n) {
+  if (is_meta(src)) return 0.0;
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(src[i]) * src[i];
+  return s;
 }
 
 }  // namespace longctx

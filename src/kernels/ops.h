@@ -104,4 +104,14 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
 void adamw_update_reference(float* param, const float* grad, float* m, float* v, int64_t n,
                             const AdamWParams& h);
 
+// ---- fp32 vectors: the bookkeeping between kernels ----------------------------
+// (zeroed gradients, gathered pieces, sums of squares). Named kernels rather
+// than host loops so that a meta device (core/device.h) skips them like the rest.
+void fill_f32(float* dst, int64_t n, float value);
+void copy_f32(const float* src, int64_t n, float* dst);
+void add_f32(const float* src, int64_t n, float* dst);  // dst += src
+void scale_f32(float* dst, int64_t n, float factor);
+// sum of src[i]^2 in double, in index order (0 on a meta device).
+double sum_of_squares(const float* src, int64_t n);
+
 }  // namespace longctx

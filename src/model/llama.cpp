@@ -5,10 +5,12 @@
 #include "model/llama.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
 #include "comm/mesh.h"
+#include "core/device.h"
 #include "core/timer.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
@@ -281,6 +283,7 @@ void LlamaModel::reshard(std::span<const float> flat, std::span<float> shard) co
 }
 
 void LlamaModel::init(uint64_t seed) {
+  if (Device::current().is_meta()) return;  // counted (core/device.h): no values to make
   // A unit at a time: its full values, of which this rank keeps its block.
   ShardedParameters& store = *impl_->store;
   std::vector<float> values;
@@ -310,7 +313,7 @@ void LlamaModel::init(uint64_t seed) {
 
 void LlamaModel::zero_gradients() {
   const std::span<float> g = impl_->store->grads();
-  std::fill(g.begin(), g.end(), 0.0f);
+  fill_f32(g.data(), static_cast<int64_t>(g.size()), 0.0f);
 }
 
 size_t LlamaModel::peak_activation_bytes() const { return impl_->peak_bytes; }
@@ -321,14 +324,20 @@ const StepProfile& LlamaModel::last_step_profile() const { return impl_->profile
 namespace {
 
 // Adds the seconds of its scope to one StepProfile field.
+// (Not on a meta device: a counted step has no time, and the clock reads
+// would be most of its cost.)
 class ProfileScope {
  public:
-  explicit ProfileScope(double& field) : field_(field) {}
-  ~ProfileScope() { field_ += timer_.seconds(); }
+  explicit ProfileScope(double& field) : field_(Device::current().is_meta() ? nullptr : &field) {
+    if (field_) start_ = std::chrono::steady_clock::now();
+  }
+  ~ProfileScope() {
+    if (field_) *field_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
 
  private:
-  double& field_;
-  Timer timer_;
+  double* field_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 // A chunk of the rank's tokens that a layer's token-wise parts (norms,
@@ -364,9 +373,12 @@ struct Step {
   int64_t Cr;  // residual rows of a chunk (Nr: one chunk)
 
   bool bf16_compute() const { return m.dtype == DType::bf16; }
+  // The chunks of Cr rows, then the shorter rest (counted alike on a meta device: core/device.h).
   template <typename F>
   void for_each_chunk(F&& f) {
-    for (int64_t c0 = 0; c0 < Nr; c0 += Cr) f(Chunk{c0, std::min(Cr, Nr - c0), m.seq_parallel ? m.tp : 1});
+    const int64_t pieces = m.seq_parallel ? m.tp : 1, whole = Nr / Cr, rest = Nr % Cr;
+    for_each_alike(whole, [&](int64_t i) { f(Chunk{i * Cr, Cr, pieces}); });
+    if (rest > 0) f(Chunk{whole * Cr, rest, pieces});
   }
   Chunk all() const { return Chunk{0, Nr, m.seq_parallel ? m.tp : 1}; }
   // Parameter i while its unit is gathered (model/sharded_parameters.h).
@@ -592,8 +604,9 @@ struct Step {
     double total = 0.0;
     const int32_t* targets = b.targets + this->r0;
     const float* weights = b.loss_weights ? b.loss_weights + this->r0 : nullptr;
-    for (int64_t r0 = 0; r0 < Nr; r0 += R) {
-      const int64_t rows = std::min(R, Nr - r0);
+    // Chunks of R rows, then the shorter rest (counted alike on a meta device: core/device.h).
+    const int64_t whole = Nr / R;
+    auto chunk = [&](int64_t r0, int64_t rows) {
       const TensorView x_rows = w.rows(Activation::x, m.L, m.d, r0, rows);
       const TensorView hin = w.rows(Activation::loss_hidden, 0, m.d, 0, rows);
       rmsnorm_forward(x_rows, param(m.final_norm), m.eps, hin);
@@ -601,7 +614,7 @@ struct Step {
       TensorView zv = mat(z, rows, m.V);
       total += cross_entropy(zv, targets + r0, weights ? weights + r0 : nullptr,
                              grad_scale, training ? &zv : nullptr, token_losses ? token_losses + r0 : nullptr);
-      if (!training) continue;
+      if (!training) return;
       const void* dz = z;
       if (bf16_compute()) {
         const TensorView dz16 = w.rows(Activation::loss_d_logits, 0, m.V, 0, rows);
@@ -613,7 +626,9 @@ struct Step {
       matmul(false, false, rows, m.d, m.V, 1.0f, dz, m.V, weight(m.lm_head), m.d, 0.0f, dhin, m.d);
       rmsnorm_backward(x_rows, param(m.final_norm), m.eps, mat(dhin, rows, m.d),
                        w.rows(Activation::d_resid, 0, m.d, r0, rows), grad(m.final_norm));
-    }
+    };
+    for_each_alike(whole, [&](int64_t i) { chunk(i * R, R); });
+    if (Nr % R > 0) chunk(whole * R, Nr % R);
     return total;
   }
 
@@ -870,7 +885,7 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
   };
   if (training && m.seq_parallel && !sharded && m.tp_rank != 0)
     for (const NamedTensor& g : Gr)
-      if (g.split == TpSplit::none) std::fill_n(g.local.f32(), g.local.numel(), 0.0f);
+      if (g.split == TpSplit::none) fill_f32(g.local.f32(), g.local.numel(), 0.0f);
 
   st.gather(embed_unit);
   st.prefetch(layer_unit(0));
@@ -882,7 +897,8 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
   st.release(embed_unit);
   // Offload (training only: evaluation keeps nothing for backward).
   ActivationOffload* off = training ? m.offload.get() : nullptr;
-  for (int64_t l = 0; l < m.L; ++l) {
+  // Layers are alike: a meta device counts one for all (core/device.h).
+  for_each_alike(m.L, [&](int64_t l) {
     publish_step_position(StepPass::forward, l);
     st.gather(layer_unit(l));
     st.prefetch(l + 1 < m.L ? layer_unit(l + 1) : head_unit);
@@ -890,10 +906,10 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
     s.forward_layer(l);
     if (off) off->after_forward(l);
     st.release(layer_unit(l));
-  }
+  });
 
   LossStats out;
-  if (training) std::memset(w.f32(Activation::d_resid), 0, w.size(Activation::d_resid));
+  if (training) fill_f32(w.f32(Activation::d_resid), int64_t(w.size(Activation::d_resid) / 4), 0.0f);
   publish_step_position(StepPass::loss);
   st.gather(head_unit);
   if (tied) st.gather(embed_unit);
@@ -921,7 +937,8 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
   }
   if (!training) return out;
 
-  for (int64_t l = m.L - 1; l >= 0; --l) {
+  for_each_alike(m.L, [&](int64_t i) {
+    const int64_t l = m.L - 1 - i;
     publish_step_position(StepPass::backward, l);
     st.gather(layer_unit(l));
     if (l > 0) st.prefetch(layer_unit(l - 1));
@@ -930,7 +947,7 @@ static LossStats run(LlamaModel::Impl& m, const LlamaConfig& c, const std::vecto
     s.backward_layer(l);
     reduce_unit(layer_unit(l));
     st.release(layer_unit(l));
-  }
+  });
   if (off) off->finish();
   st.begin_gradients(embed_unit);
   s.elementwise([&] {

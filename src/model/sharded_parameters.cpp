@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/device.h"
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace longctx {
 
@@ -124,7 +126,10 @@ std::vector<ShardSegment> ShardedParameters::segments() const {
 }
 
 void ShardedParameters::prefetch(int u) {
-  if (R_ == 1 || resident_[static_cast<size_t>(u)]) return;
+  // Counted (core/device.h): nothing to overlap; gather() counts the unit's
+  // all-gather at its use, one per use as here, and the model's layers stay
+  // alike (each gathers its own unit).
+  if (R_ == 1 || resident_[static_cast<size_t>(u)] || Device::current().is_meta()) return;
   if (prefetching_ >= 0) finish_prefetch();
   auto r = std::make_unique<Resident>();
   const ParameterUnit& unit = units_[static_cast<size_t>(u)];
@@ -175,7 +180,8 @@ void ShardedParameters::gather(int u) {
   if (compute_ == DType::bf16 && !r->compute.data()) {
     r->compute = Buffer(MemCategory::parameters, "FSDP gathered unit (bf16 compute copy)",
                         static_cast<size_t>(unit.block * R_) * sizeof(bf16));
-    round_to_bf16(r->weights.as<float>(), r->compute.as<bf16>(), unit.elements);
+    convert(TensorView(r->weights.data(), DType::f32, {1, unit.elements}),
+            TensorView(r->compute.data(), DType::bf16, {1, unit.elements}));
   }
 }
 
@@ -204,7 +210,7 @@ void ShardedParameters::reduce_gradients(int u) {
   // into our own block first lets the reduce-scatter write straight into it.
   float* mine = r->grads.as<float>() + rank_ * unit.block;
   float* shard = grad_shard_.as<float>() + unit.shard_begin;
-  for (int64_t i = 0; i < unit.block; ++i) mine[i] += shard[i];
+  add_f32(shard, unit.block, mine);
   comm_.reduce_scatter_sum(r->grads.as<float>(), shard, static_cast<size_t>(unit.block));
   r->grads = Buffer();
   if (!r->weights.data()) r.reset();
@@ -228,12 +234,15 @@ void ShardedParameters::reset() {
 
 void ShardedParameters::refresh_compute_copy() {
   if (!compute_copy_.data()) return;
-  const float* master = param_shard_->data();
-  bf16* copy = compute_copy_.as<bf16>();
-  constexpr int64_t kBlock = 1 << 16;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < shard_elements_; i += kBlock)
-    round_to_bf16(master + i, copy + i, std::min(kBlock, shard_elements_ - i));
+  // Rows of 64Ki elements: convert's threads take rows.
+  constexpr int64_t kRow = 1 << 16;
+  const int64_t rows = shard_elements_ / kRow, tail = shard_elements_ % kRow;
+  if (rows > 0)
+    convert(TensorView(param_shard_->data(), DType::f32, {rows, kRow}),
+            TensorView(compute_copy_.data(), DType::bf16, {rows, kRow}));
+  if (tail > 0)
+    convert(TensorView(param_shard_->data() + rows * kRow, DType::f32, {1, tail}),
+            TensorView(compute_copy_.as<bf16>() + rows * kRow, DType::bf16, {1, tail}));
 }
 
 float* ShardedParameters::param(int p) const {

@@ -334,7 +334,7 @@ std::map<std::string, double> measure_elementwise(DType dtype, bool quick) {
       fill_normal(g, 1e-3f, uint32_t(15 + rep));
       Timer t;
       // What AdamW::step runs on its piece: the norm's sum of squares, then the update.
-      volatile double norm = sum_of_squares(g.data(), static_cast<size_t>(P));
+      volatile double norm = sum_of_squares(g.data(), P);
       (void)norm;
       adamw_update(p.data(), g.data(), m.data(), v.data(), P, h);
       best = std::min(best, z + t.seconds());

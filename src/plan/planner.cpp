@@ -17,6 +17,7 @@
 #include "model/llama.h"
 #include "model/offload.h"
 #include "plan/mask_pairs.h"
+#include "plan/step_count.h"
 #include "train/optimizer.h"
 
 namespace longctx {
@@ -43,15 +44,11 @@ struct Shape {
   LlamaConfig model;
   int64_t params_local;  // fp32 parameters of the tp rank (its flat vector)
   // FSDP (src/model/sharded_parameters.h): the shard group's size, this
-  // device's shard of the flat vector (params_local when not sharded), the
-  // ranks that hold the same shard (gradients summed there) and the ranks
-  // that read other tokens (loss sums).
-  int64_t fsdp, shards, shard, replicas, data_ranks;
-  // One rank's block of the embedding, of a layer and of the head (parameter_units).
-  int64_t embed_block, layer_block, head_block;
-  // bf16 compute: weights rounded to their bf16 copy per step (the flat
-  // vector once, or with FSDP each unit at each gather: the layers twice).
-  int64_t rounded_weights;
+  // device's shard of the flat vector (params_local when not sharded) and
+  // the ranks that hold the same shard (gradients summed there).
+  int64_t fsdp, shards, shard, replicas;
+  // One rank's block of the embedding and of a layer (parameter_units).
+  int64_t embed_block, layer_block;
   bool fsdp_over_context;
   StateTier optimizer_tier, parameter_tier;  // *_memory_host_offload, state_offload_target
   OffloadTarget state_target;
@@ -135,12 +132,8 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   LlamaConfig one_layer = m;
   one_layer.num_layers = 1;
   const std::vector<ParameterUnit> units = parameter_units(one_layer, c.tp, s.shards);
-  s.embed_block = units[0].block, s.layer_block = units[1].block, s.head_block = units[2].block;
-  const int64_t tied = m.tie_embeddings ? 1 : 0;
-  s.rounded_weights = s.shards == 1 ? s.shard
-                                    : 2 * s.L * units[1].elements + (1 + tied) * units[0].elements + units[2].elements;
+  s.embed_block = units[0].block, s.layer_block = units[1].block;
   s.replicas = mesh.replicas();
-  s.data_ranks = mesh.data_ranks();
   s.segments = c.packing;
   s.zero1 = c.shard_optimizer_over_data && s.replicas > 1;
   s.piece = s.zero1 ? flat_piece(s.shard, static_cast<int>(s.replicas), static_cast<int>(s.replicas - 1))
@@ -151,10 +144,18 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   return s;
 }
 
-std::vector<CommLine> comm_lines(const std::vector<CpTransfer>& transfers) {
+// One pass of one attention call on one cp rank, as counted (count_cp_call):
+// a line per axis and operation.
+std::vector<CommLine> comm_lines(const CpCallCount& call, bool backward) {
   std::vector<CommLine> out;
-  for (const CpTransfer& t : transfers)
-    out.push_back({t.op, t.axis, t.what, t.calls, t.bytes_sent, t.bytes_received, t.hop_bytes, 0, 0});
+  for (MeshAxis axis : {MeshAxis::cp, MeshAxis::ulysses, MeshAxis::ring})
+    for (int i = 0; i < kNumCommOps; ++i) {
+      const CommOp op = static_cast<CommOp>(i);
+      const CommOpCounters& k = call.comm[backward ? 1 : 0][static_cast<size_t>(axis)][op];
+      if (k.bytes_sent + k.bytes_received > 0)
+        out.push_back({op, axis, std::string(comm_op_name(op)) + "s over " + mesh_axis_name(axis) + " (counted)",
+                       k.calls, k.bytes_sent, k.bytes_received, k.hop_bytes, 0, 0});
+    }
   return out;
 }
 
@@ -365,7 +366,7 @@ std::vector<Projection> projections(const Shape& s) {
           {s.d, s.V, 1, false, s.Nr}};  // LM head
 }
 
-// ---- communication time: transfers (CpCallTraffic, collectives per the src/comm counters) over links --
+// ---- communication time: what the step and its attention calls were counted to move, over links ----------
 
 struct Link {
   double bandwidth, latency;
@@ -387,16 +388,40 @@ Link link_for(const HardwareProfile& hw, CommOp op, int64_t size, int64_t stride
   return {bw, hw.latency};
 }
 
-// One collective over a group of P ranks, `block` bytes per rank, per the
-// counters' conventions; appended `calls` times.
-void add_collective(StrategyPlan& p, const HardwareProfile& hw, CommOp op, MeshAxis axis, int64_t P, int64_t stride, const std::string& what,
-                    int64_t block, int64_t calls) {
-  if (P <= 1 || calls == 0 || block == 0) return;
-  int64_t bytes = op == CommOp::all_reduce ? 2 * block * (P - 1) / P : block * (P - 1);
-  Link link = link_for(hw, op, P, stride);
-  CommLine c{op, axis, what, calls, bytes * calls, bytes * calls, 0, 0, 0};
-  c.seconds = calls * (link.latency * double(P - 1) + double(bytes) / link.bandwidth);
-  p.comm.push_back(c);
+// The rank stride of the groups of `axis` (src/core/mesh_shape.h rank order),
+// for link_for: tp peers are neighbours; a group of the others spans
+// size x stride ranks.
+int64_t group_stride(const Shape& s, MeshAxis axis) {
+  switch (axis) {
+    case MeshAxis::world: case MeshAxis::tp: return 1;
+    case MeshAxis::cp: case MeshAxis::ulysses: case MeshAxis::data: return s.tp;
+    case MeshAxis::ring: return s.tp * s.U;
+    case MeshAxis::shards: return s.fsdp_over_context ? s.tp : s.tp * s.cp;
+    case MeshAxis::replicas: return s.devices / std::max<int64_t>(s.replicas, 1);
+    case MeshAxis::dp: return s.devices / std::max<int64_t>(s.dp, 1);
+  }
+  return 1;
+}
+
+// The step's collectives outside the attention, as the engine issued them
+// (count_step: per axis and operation, in the counters' conventions), timed
+// over the links of their groups: calls x (P - 1) latencies plus the bytes.
+void add_counted_collectives(const Shape& s, const HardwareProfile& hw, const StepCount& counted, StrategyPlan& p) {
+  const MeshShape mesh{int(s.dp), int(s.cp), int(s.U), int(s.tp), int(s.fsdp), s.fsdp_over_context};
+  for (MeshAxis axis : kMeshAxes) {
+    if (axis == MeshAxis::cp || axis == MeshAxis::ulysses || axis == MeshAxis::ring) continue;  // the attention's
+    const int64_t P = mesh.group_size(axis);
+    for (int i = 0; i < kNumCommOps; ++i) {
+      const CommOp op = static_cast<CommOp>(i);
+      const CommOpCounters& k = counted[axis][op];
+      if (P <= 1 || k.bytes_sent + k.bytes_received == 0) continue;
+      const Link link = link_for(hw, op, P, group_stride(s, axis));
+      CommLine c{op, axis, "the step's " + std::string(comm_op_name(op)) + "s over " + mesh_axis_name(axis) + " (counted)",
+                 k.calls, k.bytes_sent, k.bytes_received, 0, 0, 0};
+      c.seconds = double(k.calls) * link.latency * double(P - 1) + double(k.bytes_sent) / link.bandwidth;
+      p.comm.push_back(c);
+    }
+  }
 }
 
 // Adds `calls` repetitions of one attention call's lines, with transfer times.
@@ -426,34 +451,8 @@ void add_attention_calls(const Shape& s, const HardwareProfile& hw, const std::v
 
 // ---- time -----------------------------------------------------------------------------
 
-// Elements (of its operand; parameters for the optimizer) each elementwise
-// kernel processes per device per step (the time model's count of the calls
-// src/model/llama.cpp makes): per layer forward two norms, RoPE on q and k, two
-// residual adds, SwiGLU; backward the norm and SwiGLU again (and the q/k/v
-// norm, RoPE and the out_proj add when recomputed), SwiGLU's and both norms'
-// gradients, RoPE's inverse, the attention norm once more; per step the
-// embedding and its gradient (counted as adds), the final norm and the
-// cross-entropy; per parameter the optimizer step. bf16 compute also rounds
-// (convert): q/k/v and gate/up after their GEMMs (again when recomputed),
-// per layer the gradient operands of backward's GEMMs (dL/dx twice, dO,
-// dq/dk/dv), the loss chunk's dlogits, and the weights' bf16 copy.
-std::vector<std::pair<std::string, double>> elementwise_elements(const Shape& s) {
-  const double N = double(s.N), L = double(s.L), nd = double(s.Nr) * s.d;  // the residual stream's rows
-  const double qkv = s.save.qkv ? 0 : 1, out = s.save.out_proj ? 0 : 1, mlpwi = s.save.mlpwi ? 0 : 1;
-  return {{"rmsnorm_forward", nd * (L * (4 + qkv) + 1)},
-          {"rmsnorm_backward", nd * (2 * L + 1)},
-          {"rope", N * (s.Hl + s.Gl) * s.D * L * (2 + qkv)},
-          {"residual_add", nd * (L * (2 + out) + 2)},
-          {"swiglu_forward", N * s.Fl * 2 * L},
-          {"swiglu_backward", N * s.Fl * L},
-          {"cross_entropy", double(s.Nr) * s.V},
-          {"optimizer", double(s.piece.size)},
-          {"convert", N * L * (s.qkv_cols * (1 + qkv) + 2 * s.Fl * (1 + mlpwi) + 2 * s.d + s.Hl * s.D + s.qkv_cols) +
-                          double(s.Nr) * s.V + double(s.rounded_weights)}};
-}
-
-void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w, DType dtype,
-               int64_t fwd_calls, StrategyPlan& p) {
+void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w, const StepCount& counted,
+               DType dtype, int64_t fwd_calls, StrategyPlan& p) {
   const double peak = hw.peak_flops(dtype);
   const double at_rate = peak * hw.attention_efficiency_at(s.D);
   const double tokens = double(s.N);
@@ -477,9 +476,11 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   p.hardware_flops = mm_model + mm_remat + (fwd_pair * fwd_calls / s.L + bwd_pair) * pairs;
 
   // Elementwise kernels are bound by memory (or, measured, by whatever binds
-  // each): the bytes each moves in the run's dtype over its rate.
+  // each): the bytes each moves in the run's dtype over its rate, for the
+  // elements the step's kernels were asked for (count_step).
   double memory_s = 0;
-  for (const auto& [kernel, elements] : elementwise_elements(s)) {
+  for (const auto& [kernel, elements] : counted.kernels) {
+    if (kernel == "gemm") continue;  // priced per projection above
     const ElementwiseKernel& k = elementwise_kernel(kernel);
     const double bytes = elements * double(k.bytes_per_element(dtype));
     if (bytes == 0) continue;  // not run in this dtype
@@ -525,8 +526,8 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   double gathers = 0;
   for (const CommLine& c : p.comm)
     if (c.axis == MeshAxis::shards && c.op == CommOp::all_gather) gathers += c.seconds;
-  const double uses = double(2 * s.L + 2);
-  const double fsdp_hidden = std::min(gathers * (uses - 1) / uses, p.compute_seconds);
+  const double uses = double(counted[MeshAxis::shards][CommOp::all_gather].calls);
+  const double fsdp_hidden = uses > 0 ? std::min(gathers * (uses - 1) / uses, p.compute_seconds) : 0.0;
   for (CommLine& c : p.comm) {
     if (c.axis == MeshAxis::ring && ring_comm_total > 0) c.hidden_seconds = c.seconds * hidden / ring_comm_total;
     if (c.axis == MeshAxis::shards && c.op == CommOp::all_gather && gathers > 0) c.hidden_seconds = c.seconds * fsdp_hidden / gathers;
@@ -646,10 +647,9 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
   // skip different pieces under causal and windowed masks.
   std::vector<CommLine> fwd_call, bwd_call;
   int64_t busiest = -1;
-  const CpCallTraffic traffic(call_shape(s));
   for (int64_t r = 0; r < s.cp; r += s.U) {  // ulysses ranks of one ring position move the same
-    std::vector<CommLine> f = comm_lines(traffic.transfers(false, r)),
-                          b = comm_lines(traffic.transfers(true, r));
+    const CpCallCount& call = count_cp_call(call_shape(s), r);
+    std::vector<CommLine> f = comm_lines(call, false), b = comm_lines(call, true);
     int64_t bytes = 0;
     for (const CommLine& l : f) bytes += l.bytes_sent * fwd_calls;
     for (const CommLine& l : b) bytes += l.bytes_sent * s.L;
@@ -658,75 +658,10 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
   }
   add_attention_calls(s, hw, fwd_call, fwd_calls, "attention forward", p);
   add_attention_calls(s, hw, bwd_call, s.L, "attention backward", p);
-  // Row-parallel outputs (o, down) are all-reduced over tp in forward, the
-  // column-parallel input gradients (q/k/v, gate/up) in backward; out_proj
-  // again when the policy recomputes it. Sequence parallelism reduce-scatters
-  // them instead (src/model/llama.cpp) and all-gathers the normed input
-  // before each column-parallel GEMM (forward 2 per layer, backward 2, q/k/v
-  // once more when recomputed) and the residual gradient before each
-  // row-parallel backward GEMM (2 per layer).
-  const int64_t tp_calls = s.L * (4 + (s.save.out_proj ? 0 : 1));
-  if (s.sp) {
-    add_collective(p, hw, CommOp::reduce_scatter, MeshAxis::tp, s.tp, 1, "layer outputs and input gradients (fp32)",
-                   s.Nr * s.d * 4, tp_calls);
-    add_collective(p, hw, CommOp::all_gather, MeshAxis::tp, s.tp, 1, "normed layer inputs", s.Nr * s.d * s.act,
-                   s.L * (4 + (s.save.qkv ? 0 : 1)));
-    add_collective(p, hw, CommOp::all_gather, MeshAxis::tp, s.tp, 1, "residual gradients (fp32)", s.Nr * s.d * 4, 2 * s.L);
-    add_collective(p, hw, CommOp::all_reduce, MeshAxis::tp, s.tp, 1, "loss sum (fp64)", 8, 1);
-    // Gradients of the tp-replicated parameters (norms, embedding, LM head),
-    // one call each; a line per tensor size.
-    std::map<int64_t, int64_t> calls_by_elements;
-    for (const ParameterSpec& t : parameter_table(s.model))
-      if (t.split == TpSplit::none) ++calls_by_elements[t.local_elements(s.tp)];
-    // FSDP reduces them per use: the tied embedding twice (loss head, embedding backward).
-    if (s.shards > 1 && s.model.tie_embeddings) ++calls_by_elements[s.model.vocab_size * s.d];
-    for (const auto& [elements, calls] : calls_by_elements)
-      add_collective(p, hw, CommOp::all_reduce, MeshAxis::tp, s.tp, 1,
-                     "gradients of tp-replicated parameters of " + str(elements) + " elements (fp32)", elements * 4,
-                     calls);
-  } else {
-    add_collective(p, hw, CommOp::all_reduce, MeshAxis::tp, s.tp, 1, "layer outputs and input gradients", s.N * s.d * 4,
-                   tp_calls);
-  }
-  // FSDP (src/model/sharded_parameters.h): every unit's blocks all-gathered
-  // before its use (forward: the embedding, each layer, the head, and the
-  // embedding again for a tied LM head; backward: each layer again) and its
-  // gradients reduce-scattered after (the head, each layer, the embedding,
-  // and the embedding's loss-head part too when tied).
-  if (s.shards > 1) {
-    const int64_t embed = s.embed_block * 4, layer = s.layer_block * 4, head = s.head_block * 4;
-    const int64_t tied = s.model.tie_embeddings ? 1 : 0;
-    const int64_t span = s.fsdp_over_context ? s.tp : s.tp * s.cp;  // rank stride of the group
-    add_collective(p, hw, CommOp::all_gather, MeshAxis::shards, s.shards, span, "layer weights (fp32)", layer, 2 * s.L);
-    add_collective(p, hw, CommOp::all_gather, MeshAxis::shards, s.shards, span, "embedding weights (fp32)", embed, 1 + tied);
-    add_collective(p, hw, CommOp::all_gather, MeshAxis::shards, s.shards, span, "head weights (fp32)", head, 1);
-    add_collective(p, hw, CommOp::reduce_scatter, MeshAxis::shards, s.shards, span, "layer gradients (fp32)", layer, s.L);
-    add_collective(p, hw, CommOp::reduce_scatter, MeshAxis::shards, s.shards, span, "embedding gradients (fp32)", embed, 1 + tied);
-    add_collective(p, hw, CommOp::reduce_scatter, MeshAxis::shards, s.shards, span, "head gradients (fp32)", head, 1);
-    add_collective(p, hw, CommOp::all_reduce, MeshAxis::shards, s.shards, span, "gradient norm pieces (fp64)", 8, 1);
-  }
-  // Gradients are summed over every rank holding the same shard (the
-  // replicas): all-reduced, or (ZeRO-1) reduce-scattered in equal blocks, the
-  // remainder all-reduced, and the updated parameter pieces all-gathered the same way.
-  const int64_t rstride = s.devices / std::max<int64_t>(s.replicas, 1);
-  if (s.zero1) {
-    add_collective(p, hw, CommOp::reduce_scatter, MeshAxis::replicas, s.replicas, rstride, "gradient pieces (fp32)", int64_t(s.piece.block) * 4, 1);
-    add_collective(p, hw, CommOp::all_reduce, MeshAxis::replicas, s.replicas, rstride, "gradient tail (fp32)", int64_t(s.piece.tail) * 4, 1);
-    add_collective(p, hw, CommOp::all_gather, MeshAxis::replicas, s.replicas, rstride, "updated parameter pieces (fp32)",
-                   int64_t(s.piece.block) * 4, 1);
-    add_collective(p, hw, CommOp::all_gather, MeshAxis::replicas, s.replicas, rstride, "updated parameter tail (fp32)",
-                   int64_t(s.piece.tail) * 4, 1);
-  } else {
-    add_collective(p, hw, CommOp::all_reduce, MeshAxis::replicas, s.replicas, rstride, "gradients (fp32)", s.shard * 4, 1);
-  }
-  // The trainer's small reductions (src/train/trainer.cpp, optimizer.cpp):
-  // loss and weight sums over every data rank, the squared gradient norm over
-  // tp (and first over the replicas' pieces with ZeRO-1).
-  add_collective(p, hw, CommOp::all_reduce, MeshAxis::data, s.data_ranks, s.tp, "loss sums (2 x fp64)", 16, 1);
-  if (s.zero1) add_collective(p, hw, CommOp::all_reduce, MeshAxis::replicas, s.replicas, rstride, "gradient norm pieces (fp64)", 8, 1);
-  add_collective(p, hw, CommOp::all_reduce, MeshAxis::tp, s.tp, 1, "gradient norm (fp64)", 8, 1);
+  const StepCount counted = count_step(c, devices, s.threads, static_cast<int>(devices - 1));
+  add_counted_collectives(s, hw, counted, p);
   for (const CommLine& line : p.comm) p.comm_bytes_sent += line.bytes_sent;
-  plan_time(s, hw, w, c.dtype, fwd_calls, p);
+  plan_time(s, hw, w, counted, c.dtype, fwd_calls, p);
   return p;
 }
 
@@ -751,46 +686,9 @@ int64_t host_pool_bytes(const StrategyPlan& p) {
          (p.state_offload_target == OffloadTarget::host ? p.state_offload_bytes : 0);
 }
 
-LongestLength longest_length(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o, int64_t granule) {
-  if (granule < 1) throw ConfigError("the length granule must be >= 1 (got " + str(granule) + ")");
-  if (!c.cp_strategy)
-    throw ConfigError("the longest length is searched for one strategy: set context_parallel_strategy (all_gather, "
-                      "ulysses, ring or usp), not auto");
-  LongestLength r;
-  r.granule = granule;
-  auto at = [&](int64_t multiple) {
-    RunConfig k = c;
-    k.max_target_length = multiple * granule;
-    return plan_strategy(k, hw, o);
-  };
-  r.plan = r.next = at(1);
-  // The length rules are divisibility rules: a granule that keeps them keeps them at every multiple.
-  if (!r.plan.valid)
-    throw ConfigError("granule " + str(granule) + " breaks a length rule: " + r.plan.invalid_reason +
-                      "; choose a granule that satisfies it");
-  if (!r.plan.fits) return r;
-  // fits(lo), not fits(hi): double, then bisect.
-  int64_t lo = 1, hi = 2;
-  constexpr int64_t kMaxTokens = int64_t{1} << 50;  // far beyond any device: memory does not grow?
-  while (at(hi).fits) {
-    lo = hi;
-    if (hi > kMaxTokens / granule / 2)
-      throw ConfigError("more than 2^50 tokens fit in " + str(r.plan.device_memory) + " bytes: nothing to search");
-    hi *= 2;
-  }
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    (at(mid).fits ? lo : hi) = mid;
-  }
-  r.length = lo * granule;
-  r.plan = at(lo);
-  r.next = at(lo + 1);
-  return r;
-}
-
 std::vector<CommLine> attention_call_comm(const RunConfig& c, bool backward, int64_t cp_rank) {
   const Shape s = make_shape(c, c.cp * c.tp, threads_of(c, nullptr));
-  return comm_lines(CpCallTraffic(call_shape(s)).transfers(backward, cp_rank));
+  return comm_lines(count_cp_call(call_shape(s), cp_rank), backward);
 }
 
 }  // namespace longctx

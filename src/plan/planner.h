@@ -48,7 +48,7 @@ struct CommLine {
   int64_t calls = 0;
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
-  // Ring sends: bytes x links crossed (CpTransfer::hop_bytes); on a torus
+  // Ring sends: bytes x links crossed (CommOpCounters::hop_bytes); on a torus
   // profile their time follows this instead of bytes_sent.
   int64_t hop_bytes = 0;
   double seconds = 0;         // predicted transfer time

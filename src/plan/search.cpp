@@ -1,7 +1,8 @@
 // The search (recommend): which plan is fastest and fits, over every
 // strategy, cp, tp and remat policy the user left open, each with the memory
 // levers it needs in MaxText's order (memory_ladder); and the report of the
-// configured cp (make_plan). Each plan is plan_strategy's (planner.cpp).
+// configured cp (make_plan); the longest length that fits (longest_length).
+// Each plan is plan_strategy's (planner.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -381,20 +382,22 @@ PlanReport make_plan(const RunConfig& c, const HardwareProfile& hw, const PlanOp
   opts.devices = report.devices;
   report.candidates = plans_at(c, hw, opts, c.cp, c.remat_policy);
   // Advice for what does not fit: sharding the optimizer, the lightest remat,
-  // then the smallest larger cp.
+  // then the smallest larger cp (whether each fits: memory only).
+  PlanOptions memory = opts;
+  memory.memory_only = true;
   for (StrategyPlan& p : report.candidates) {
     if (!p.valid || p.fits) continue;
     if (!c.shard_optimizer_over_data) {
       RunConfig k = with_candidate(c, p.cp, p.strategy, p.ulysses, c.remat_policy);
       k.shard_optimizer_over_data = true;
-      StrategyPlan q = plan_strategy(k, hw, opts);
+      StrategyPlan q = plan_strategy(k, hw, memory);
       if (q.valid && q.fits) {
         p.advice = "fits with shard_optimizer_over_data=true";
         continue;
       }
     }
     for (RematPolicy remat : kRematLadder) {
-      StrategyPlan q = plan_strategy(with_candidate(c, p.cp, p.strategy, p.ulysses, remat), hw, opts);
+      StrategyPlan q = plan_strategy(with_candidate(c, p.cp, p.strategy, p.ulysses, remat), hw, memory);
       if (q.valid && q.fits) {
         p.advice = "fits with remat_policy=" + std::string(name_of(remat));
         break;
@@ -403,7 +406,7 @@ PlanReport make_plan(const RunConfig& c, const HardwareProfile& hw, const PlanOp
     if (!p.advice.empty()) continue;
     for (int64_t cp = p.cp * 2; cp * c.tp <= report.devices; cp *= 2) {
       int64_t U = cp_strategy_info(p.strategy).takes_usp_factor ? p.ulysses : 1;
-      StrategyPlan q = plan_strategy(with_candidate(c, cp, p.strategy, U, c.remat_policy), hw, opts);
+      StrategyPlan q = plan_strategy(with_candidate(c, cp, p.strategy, U, c.remat_policy), hw, memory);
       if (q.valid && q.fits) {
         p.advice = "fits with ici_context_parallelism=" + str(cp);
         break;
@@ -416,6 +419,43 @@ PlanReport make_plan(const RunConfig& c, const HardwareProfile& hw, const PlanOp
   }
   report.recommendation = recommend(c, hw, opts);
   return report;
+}
+
+LongestLength longest_length(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o, int64_t granule) {
+  if (granule < 1) throw ConfigError("the length granule must be >= 1 (got " + str(granule) + ")");
+  if (!c.cp_strategy)
+    throw ConfigError("the longest length is searched for one strategy: set context_parallel_strategy (all_gather, "
+                      "ulysses, ring or usp), not auto");
+  LongestLength r;
+  r.granule = granule;
+  auto at = [&](int64_t multiple) {
+    RunConfig k = c;
+    k.max_target_length = multiple * granule;
+    return plan_strategy(k, hw, o);
+  };
+  r.plan = r.next = at(1);
+  // The length rules are divisibility rules: a granule that keeps them keeps them at every multiple.
+  if (!r.plan.valid)
+    throw ConfigError("granule " + str(granule) + " breaks a length rule: " + r.plan.invalid_reason +
+                      "; choose a granule that satisfies it");
+  if (!r.plan.fits) return r;
+  // fits(lo), not fits(hi): double, then bisect.
+  int64_t lo = 1, hi = 2;
+  constexpr int64_t kMaxTokens = int64_t{1} << 50;  // far beyond any device: memory does not grow?
+  while (at(hi).fits) {
+    lo = hi;
+    if (hi > kMaxTokens / granule / 2)
+      throw ConfigError("more than 2^50 tokens fit in " + str(r.plan.device_memory) + " bytes: nothing to search");
+    hi *= 2;
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (at(mid).fits ? lo : hi) = mid;
+  }
+  r.length = lo * granule;
+  r.plan = at(lo);
+  r.next = at(lo + 1);
+  return r;
 }
 
 }  // namespace longctx

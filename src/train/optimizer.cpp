@@ -20,12 +20,6 @@ double learning_rate_at(const RunConfig& c, int64_t step) {
   return final_lr + (peak - final_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
 }
 
-double sum_of_squares(const float* g, size_t n) {
-  double s = 0.0;
-  for (size_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * g[i];
-  return s;
-}
-
 FlatPiece flat_piece(size_t n, int replicas, int rank) {
   FlatPiece p;
   const size_t R = static_cast<size_t>(std::max(replicas, 1)), r = static_cast<size_t>(rank);
@@ -81,7 +75,7 @@ void AdamW::reduce_gradients(LlamaModel& model, double loss_sums[2]) {
   if (sharded_) {
     staging_ = Buffer(MemCategory::communication, "zero1 gradient/parameter piece", piece_.block * sizeof(float));
     reps.reduce_scatter_sum(grads.data(), staging_.as<float>(), piece_.block);
-    std::copy_n(staging_.as<float>(), piece_.block, grads.data() + piece_.begin);
+    copy_f32(staging_.as<float>(), static_cast<int64_t>(piece_.block), grads.data() + piece_.begin);
     if (piece_.tail > 0) reps.all_reduce_sum(grads.data() + grads.size() - piece_.tail, piece_.tail);
   } else if (reps.size() > 1) {
     reps.all_reduce_sum(grads.data(), grads.size());
@@ -97,7 +91,7 @@ double AdamW::gradient_norm(const LlamaModel& model) const {
   for (const Segment& s : segments_) {
     // A replicated tensor is identical on every tp rank: count it on one.
     if (model.gradients()[s.param].split == TpSplit::none && tp_rank != 0) continue;
-    sum_sq += sum_of_squares(g + s.begin, s.size);
+    sum_sq += sum_of_squares(g + s.begin, static_cast<int64_t>(s.size));
   }
   if (sharded_) mesh_.replicas().all_reduce_sum(&sum_sq, 1);
   if (model.shards() > 1) mesh_.shards().all_reduce_sum(&sum_sq, 1);  // FSDP: the other shards
@@ -108,8 +102,7 @@ double AdamW::gradient_norm(const LlamaModel& model) const {
 void AdamW::step(LlamaModel& model, double lr, double norm) {
   if (clip_ > 0 && norm > clip_) {
     const float scale = static_cast<float>(clip_ / norm);
-    float* g = model.flat_gradients().data() + piece_.begin;
-    for (size_t i = 0; i < piece_.size; ++i) g[i] *= scale;
+    scale_f32(model.flat_gradients().data() + piece_.begin, static_cast<int64_t>(piece_.size), scale);
   }
   update(model, lr);
   if (sharded_) gather_pieces(model);
@@ -119,13 +112,13 @@ void AdamW::step(LlamaModel& model, double lr, double norm) {
 void AdamW::gather_pieces(LlamaModel& model) {
   const Communicator& reps = mesh_.replicas();
   std::span<float> params = model.flat_parameters();
-  std::copy_n(params.data() + piece_.begin, piece_.block, staging_.as<float>());
+  copy_f32(params.data() + piece_.begin, static_cast<int64_t>(piece_.block), staging_.as<float>());
   reps.all_gather(staging_.as<float>(), params.data(), piece_.block * sizeof(float));
   if (piece_.tail > 0) {
     std::vector<float> tails(piece_.tail * static_cast<size_t>(reps.size()));
     float* mine = params.data() + params.size() - piece_.tail;
     reps.all_gather(mine, tails.data(), piece_.tail * sizeof(float));
-    std::copy_n(tails.data() + (tails.size() - piece_.tail), piece_.tail, mine);  // the last replica's
+    copy_f32(tails.data() + (tails.size() - piece_.tail), static_cast<int64_t>(piece_.tail), mine);  // the last replica's
   }
   staging_ = Buffer();
 }

@@ -24,10 +24,6 @@ class Mesh;
 // cosine_learning_rate_final_fraction * peak at `steps`. step is 0-based.
 double learning_rate_at(const RunConfig& config, int64_t step);
 
-// Sum of g[i]^2 in double: the gradient norm's arithmetic (also what
-// `longctx plan --measure` times as the optimizer kernel, src/plan/measure.cpp).
-double sum_of_squares(const float* g, size_t n);
-
 // The piece of the flat parameter vector (LlamaModel::flat_parameters) that
 // replica `rank` of `replicas` owns under shard_optimizer_over_data (ZeRO-1):
 // pieces of floor(n / replicas) elements in replica order, the last one also

@@ -3,7 +3,8 @@
 // src/cp/cp_attention.h, recomputed here from the shapes (and, for ring, from
 // an exact pair-by-pair scan of which (rank, chunk) pieces the mask touches),
 // in fp32 and in bf16 (e = 4 or 2 bytes per activation element; LSE, delta
-// and the fp32 gradients stay 4), and equal CpCallTraffic's prediction.
+// and the fp32 gradients stay 4), and equal what the planner counts on a meta
+// device (count_cp_call).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -201,9 +202,10 @@ TEST(CpBytes, SlidingWindowSkipsRingSteps) {
   }
 }
 
-// CpCallTraffic (what the planner counts) against the counters of one
-// forward + backward, per operation, for every strategy in fp32 and bf16.
-TEST(CpBytes, CallTrafficPredictsTheCounters) {
+// The counted call (count_cp_call: what the planner reads, from one rank on a
+// meta device) against the counters of one real forward + backward on every
+// rank, per operation, for every strategy in fp32 and bf16.
+TEST(CpBytes, CountedCallEqualsTheRealCounters) {
   const int P = world_size();
   struct Strategy {
     CpStrategy strategy;
@@ -224,20 +226,16 @@ TEST(CpBytes, CallTrafficPredictsTheCounters) {
         shape.ring_chunk_tokens = c.options.ring_chunk_tokens;
         shape.element_bytes = dtype_size(dtype);
         shape.mask = c.mask;
-        CpCallTraffic traffic(shape);
+        shape.layout = c.layout;
         CommCounters predicted;
-        for (bool backward : {false, true})
-          for (const CpTransfer& t : traffic.transfers(backward, mesh.cp_rank()))
-            for (CommOp op : {CommOp::send, CommOp::recv, CommOp::all_gather, CommOp::all_to_all,
-                              CommOp::reduce_scatter})
-              if (op == t.op) {
-                predicted[op].bytes_sent += t.bytes_sent;
-                predicted[op].bytes_received += t.bytes_received;
-              }
+        for (const auto& pass : count_cp_call(shape, mesh.cp_rank()).comm)
+          for (const CommCounters& axis : pass) predicted += axis;
         for (CommOp op : {CommOp::send, CommOp::recv, CommOp::all_gather, CommOp::all_to_all, CommOp::reduce_scatter}) {
           EXPECT_EQ(r.counters[op].bytes_sent, predicted[op].bytes_sent)
               << name_of(st.strategy) << " " << name_of(dtype) << " " << mask << " " << comm_op_name(op);
           EXPECT_EQ(r.counters[op].bytes_received, predicted[op].bytes_received)
+              << name_of(st.strategy) << " " << name_of(dtype) << " " << mask << " " << comm_op_name(op);
+          EXPECT_EQ(r.counters[op].calls, predicted[op].calls)
               << name_of(st.strategy) << " " << name_of(dtype) << " " << mask << " " << comm_op_name(op);
         }
       }

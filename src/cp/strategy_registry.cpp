@@ -1,5 +1,8 @@
-// The table of context-parallel strategies (cp_strategy.h): one descriptor
-// each, in the order the planner lists them. Comm-free: no MPI, no kernels.
+// The registry of context-parallel strategies (core/cp_strategy.h): one
+// descriptor each, beside their classes, in the order the planner lists them.
+// It includes core headers only (no MPI, no kernels), so that config
+// validation in core can ask it, and the fuzzed config reader links it
+// (tests/fuzz/CMakeLists.txt) without the rest of src/cp.
 #include "core/cp_strategy.h"
 
 #include "core/error.h"

@@ -1,0 +1,75 @@
+#include "plan/step_count.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "comm/mesh.h"
+#include "core/device.h"
+#include "model/llama.h"
+#include "train/optimizer.h"
+#include "train/trainer.h"
+
+namespace longctx {
+
+namespace {
+
+StepCount run_step(const RunConfig& c, const MeshShape& shape, int64_t threads, int rank) {
+  const std::unique_ptr<Device> meta = Device::make_meta(static_cast<int>(threads));
+  const DeviceScope on_meta(*meta);
+  const Mesh mesh = Mesh::counting(shape, rank);
+  LlamaModel model(c.model, model_options_from_config(c, mesh));
+  AdamW optimizer(model, c, mesh);
+
+  // The batch's arrays: counted like the rest, never read.
+  const int64_t B = c.per_device_batch_size, L = c.max_target_length / c.cp, N = B * L;
+  const Buffer tokens(MemCategory::activations, "tokens", N * 4), targets(MemCategory::activations, "targets", N * 4);
+  const Buffer positions(MemCategory::activations, "positions", N * 8);
+  const Buffer segments(MemCategory::activations, "segments", c.packing ? N * 4 : 0);
+  Batch batch;
+  batch.batch = B;
+  batch.seq_local = L;
+  batch.tokens = tokens.as<int32_t>();
+  batch.targets = targets.as<int32_t>();
+  batch.positions = positions.as<int64_t>();
+  if (c.packing) batch.segments = segments.as<int32_t>();
+
+  // What Trainer::train_step runs.
+  model.zero_gradients();
+  const LossStats local = model.forward_backward(batch, 1.0f);
+  double loss_sums[2] = {local.loss_sum, local.weight_sum};
+  optimizer.reduce_gradients(model, loss_sums);
+  optimizer.step(model, learning_rate_at(c, 0), optimizer.gradient_norm(model));
+
+  StepCount out;
+  for (MeshAxis a : kMeshAxes) out.axes[static_cast<size_t>(a)] = mesh.axis(a).counters();
+  out.kernels = meta->counted();
+  return out;
+}
+
+}  // namespace
+
+StepCount count_step(const RunConfig& config, int64_t devices, int64_t threads, int rank) {
+  RunConfig c = config;
+  const MeshShape shape = c.mesh_shape(devices);
+  c.dp = shape.dp;
+  c.fsdp = shape.fsdp;
+  c.optimizer_memory_host_offload = c.parameter_memory_host_offload = false;  // no host pool, no spill files
+  c.remat_custom_offload = CustomOffload{};
+  // The search asks for the same step under many levers that change no
+  // count (offload rungs, state tiers): run each once.
+  const std::string key = c.to_yaml() + "\n# " + std::to_string(threads) + " threads, rank " + std::to_string(rank);
+  static std::mutex mu;
+  static std::map<std::string, StepCount> counted;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = counted.find(key);
+    if (it != counted.end()) return it->second;
+  }
+  StepCount step = run_step(c, shape, threads, rank);
+  std::lock_guard<std::mutex> lock(mu);
+  return counted.emplace(key, std::move(step)).first->second;
+}
+
+}  // namespace longctx

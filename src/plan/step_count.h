@@ -1,0 +1,36 @@
+#pragma once
+// One training step of one rank, counted by running it: the engine's own
+// forward, backward, gradient reduction and update (src/model, src/train)
+// on a meta device (core/device.h) over a counting mesh (Mesh::counting),
+// so the planner reads what the engine does instead of re-listing it:
+// - every collective, per mesh axis and operation, in the communicator's
+//   own byte conventions (src/comm/communicator.h);
+// - what each kernel was asked to do (Device::counted: elements per
+//   elementwise kernel, FLOPs of the GEMMs).
+// Activation offload and state tiers move bytes, not collectives or kernel
+// work: the counted step keeps everything on the (meta) device.
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "comm/communicator.h"
+#include "core/config.h"
+#include "core/mesh_shape.h"
+
+namespace longctx {
+
+struct StepCount {
+  // Indexed by MeshAxis. The attention's own axes (cp, ulysses, ring) are
+  // counted too; the planner takes them per call from count_cp_call
+  // instead, on every ring rank, for the busiest.
+  std::array<CommCounters, kMeshAxes.size()> axes{};
+  std::map<std::string, double> kernels;
+  const CommCounters& operator[](MeshAxis a) const { return axes[static_cast<size_t>(a)]; }
+};
+
+// `config` on `devices` devices (its data axes resolved from them), as world
+// rank `rank`, with `threads` kernel threads (per-thread scratch).
+StepCount count_step(const RunConfig& config, int64_t devices, int64_t threads, int rank);
+
+}  // namespace longctx
