@@ -2,11 +2,9 @@
 // and segments) and attends with its own queries; backward reduce-scatters
 // the full-sequence dK, dV back to their owners. K, V travel in their own
 // dtype (bf16: half the bytes); dK, dV are reduce-scattered in fp32.
-#include <cstring>
 
 #include "comm/mesh.h"
 #include "core/cp_strategy.h"
-#include "core/device.h"
 #include "core/error.h"
 #include "cp/strategies.h"
 
@@ -24,13 +22,8 @@ struct GatheredKv {
 GatheredKv gather_kv(const Communicator& comm, const AttentionArgs& a, const LocalDims& d) {
   const size_t row = 2 * d.G * d.D * d.e;
   Buffer local(MemCategory::communication, "all_gather kv local", d.B * d.L * row);  // [B, L, 2, G, D]
-  if (!is_meta(local.data()))  // a meta device's buffers are counted, never touched (core/device.h)
-    for (int64_t b = 0; b < d.B; ++b)
-      for (int64_t s = 0; s < d.L; ++s) {
-        char* dst = local.as<char>() + (b * d.L + s) * row;
-        copy_heads(a.k, b, s, 0, d.G, dst);
-        copy_heads(a.v, b, s, 0, d.G, dst + row / 2);
-      }
+  copy_view(a.k, record_view(local.as<char>(), d.dtype, d.B, d.L, d.G, d.D, row));
+  copy_view(a.v, record_view(local.as<char>() + row / 2, d.dtype, d.B, d.L, d.G, d.D, row));
   GatheredKv out;
   out.kv = gather_tokens(comm, local.data(), d.B, d.L, row, "all_gather kv");
   out.pos = gather_tokens(comm, a.q_pos, d.B, d.L, sizeof(int64_t), "all_gather positions");
@@ -77,15 +70,9 @@ void AllGatherAttention::backward_with_delta(const AttentionArgs& local, const T
   Buffer blocks = batch_major_to_rank_major(std::move(dkv_full), P, d.B, d.L, row * sizeof(float));  // [P, B, L, 2GD]
   Buffer mine(MemCategory::communication, "all_gather dkv local", d.B * d.L * row * sizeof(float));  // [B, L, 2GD]
   comm_.reduce_scatter_sum(blocks.as<float>(), mine.as<float>(), d.B * d.L * row);
-  const float* m = mine.as<float>();
-  if (is_meta(m)) return;
-  for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t s = 0; s < d.L; ++s)
-      for (int64_t gh = 0; gh < d.G; ++gh) {
-        const float* src = m + (b * d.L + s) * row;
-        std::memcpy(dk.at<float>({b, s, gh}), src + gh * d.D, d.D * sizeof(float));
-        std::memcpy(dv.at<float>({b, s, gh}), src + (d.G + gh) * d.D, d.D * sizeof(float));
-      }
+  char* m = mine.as<char>();
+  copy_view(record_view(m, DType::f32, d.B, d.L, d.G, d.D, row * 4), dk);
+  copy_view(record_view(m + d.G * d.D * 4, DType::f32, d.B, d.L, d.G, d.D, row * 4), dv);
 }
 
 }  // namespace longctx

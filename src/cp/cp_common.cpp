@@ -1,6 +1,5 @@
 // The factory, LocalAttention, and helpers shared by the strategies.
 #include <algorithm>
-#include <cstring>
 
 #include "comm/mesh.h"
 #include "core/cp_strategy.h"
@@ -104,18 +103,16 @@ LocalDims check_local_args(const AttentionArgs& a) {
   return d;
 }
 
-void zero_view(const TensorView& v) {
-  check_shape(v.rank == 4 && v.dtype == DType::f32 && v.stride[3] == 1, "zero_view: fp32 [B,S,H,D]");
-  if (is_meta(v.data)) return;
-  for (int64_t b = 0; b < v.dim(0); ++b)
-    for (int64_t s = 0; s < v.dim(1); ++s)
-      for (int64_t h = 0; h < v.dim(2); ++h)
-        std::memset(v.at<float>({b, s, h}), 0, v.dim(3) * sizeof(float));
+TensorView head_slice(const TensorView& t, int64_t h0, int64_t n) {
+  check_shape(t.rank == 4 && h0 >= 0 && h0 + n <= t.dim(2), "cp attention: head slice outside the view");
+  return TensorView::strided(element_ptr(t, {0, 0, h0}), t.dtype, {t.dim(0), t.dim(1), n, t.dim(3)},
+                             {t.stride[0], t.stride[1], t.stride[2], t.stride[3]});
 }
 
-void copy_heads(const TensorView& t, int64_t b, int64_t s, int64_t h0, int64_t n, char* dst) {
-  const size_t bytes = t.dim(3) * dtype_size(t.dtype);
-  for (int64_t h = 0; h < n; ++h) std::memcpy(dst + h * bytes, element_ptr(t, {b, s, h0 + h}), bytes);
+TensorView token_slice(const TensorView& t, int64_t t0, int64_t n) {
+  check_shape(t.rank == 4 && t0 >= 0 && t0 + n <= t.dim(1), "cp attention: token slice outside the view");
+  return TensorView::strided(element_ptr(t, {0, t0}), t.dtype, {t.dim(0), n, t.dim(2), t.dim(3)},
+                             {t.stride[0], t.stride[1], t.stride[2], t.stride[3]});
 }
 
 TensorView record_view(char* base, DType dtype, int64_t B, int64_t S, int64_t n, int64_t D, int64_t row_bytes) {
@@ -130,12 +127,8 @@ namespace {
 Buffer transpose_blocks(Buffer in, int64_t X, int64_t Y, size_t row_bytes, MemCategory category) {
   if (X == 1 || Y == 1) return in;
   Buffer out(category, "cp transpose", in.size());
-  if (is_meta(in.data())) return out;
-  const char* src = in.as<char>();
-  char* dst = out.as<char>();
-  for (int64_t x = 0; x < X; ++x)
-    for (int64_t y = 0; y < Y; ++y)
-      std::memcpy(dst + (y * X + x) * row_bytes, src + (x * Y + y) * row_bytes, row_bytes);
+  const int64_t row = int64_t(row_bytes);
+  for (int64_t x = 0; x < X; ++x) copy_rows(in.as<char>() + x * Y * row, row, out.as<char>() + x * row, X * row, Y, row);
   return out;
 }
 

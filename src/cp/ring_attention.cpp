@@ -32,7 +32,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstring>
 #include <functional>
 
 #include "comm/mesh.h"
@@ -165,18 +164,12 @@ struct ChunkFormat {
   int64_t kv_row() const { return 2 * d.G * d.D * d.e; }  // bytes of one token's K, V
   char* kv_at(char* chunk, int64_t len) const { return chunk + d.B * len * (8 + (segments ? 4 : 0)); }
   void pack(const AttentionArgs& a, int64_t begin, int64_t len, char* dst) const {
-    if (is_meta(dst)) return;  // counted (core/device.h)
-    int64_t* pos = reinterpret_cast<int64_t*>(dst);
-    int32_t* seg = reinterpret_cast<int32_t*>(pos + d.B * len);
     char* kv = kv_at(dst, len);
-    for (int64_t b = 0; b < d.B; ++b)
-      for (int64_t s = 0; s < len; ++s) {
-        char* t = kv + (b * len + s) * kv_row();
-        copy_heads(a.k, b, begin + s, 0, d.G, t);
-        copy_heads(a.v, b, begin + s, 0, d.G, t + kv_row() / 2);
-        pos[b * len + s] = a.kv_pos[b * d.L + begin + s];
-        if (segments) seg[b * len + s] = a.kv_seg[b * d.L + begin + s];
-      }
+    copy_view(token_slice(a.k, begin, len), record_view(kv, d.dtype, d.B, len, d.G, d.D, kv_row()));
+    copy_view(token_slice(a.v, begin, len), record_view(kv + kv_row() / 2, d.dtype, d.B, len, d.G, d.D, kv_row()));
+    // Each batch row's positions (and segment ids) of the chunk, rows of len tokens.
+    copy_rows(a.kv_pos + begin, d.L * 8, dst, len * 8, d.B, len * 8);
+    if (segments) copy_rows(a.kv_seg + begin, d.L * 4, dst + d.B * len * 8, len * 4, d.B, len * 4);
   }
   // The local args with K, V, positions and segments replaced by a received chunk.
   AttentionArgs with_chunk(const AttentionArgs& a, int64_t len, char* src) const {
@@ -251,23 +244,9 @@ struct ReturnStream {
     return false;
   }
   void add(int c) const {
-    if (is_meta(buf)) return;  // counted (core/device.h)
-    const int64_t len = p.len(c), row = 2 * d.G * d.D * d.e;
-    std::vector<float> g(2 * d.G * d.D);  // one token's dK, dV, widened
-    for (int64_t b = 0; b < d.B; ++b)
-      for (int64_t t = 0; t < len; ++t) {
-        load_f32(buf + (b * len + t) * row, d.dtype, g.data(), 2 * d.G * d.D);
-        for (int64_t h = 0; h < d.G; ++h) {
-          float* k = dk.at<float>({b, p.begin[c] + t, h});
-          float* v = dv.at<float>({b, p.begin[c] + t, h});
-          const float* gk = g.data() + h * d.D;
-          const float* gv = gk + d.G * d.D;
-          for (int64_t x = 0; x < d.D; ++x) {
-            k[x] += gk[x];
-            v[x] += gv[x];
-          }
-        }
-      }
+    const int64_t len = p.len(c), row = 2 * d.G * d.D * d.e;  // [B, len, 2, G, D] in the dtype of k, v
+    add_view(record_view(buf, d.dtype, d.B, len, d.G, d.D, row), token_slice(dk, p.begin[c], len));
+    add_view(record_view(buf + row / 2, d.dtype, d.B, len, d.G, d.D, row), token_slice(dv, p.begin[c], len));
   }
 };
 
@@ -341,7 +320,7 @@ struct PieceReceiver {
 
 // Tokens [t0, t0 + len) of batch row b of a [B, S, heads, D] view, as a
 // [1, len, heads, D] view.
-TensorView token_slice(const TensorView& t, int64_t b, int64_t t0, int64_t len) {
+TensorView row_tokens(const TensorView& t, int64_t b, int64_t t0, int64_t len) {
   return TensorView::strided(element_ptr(t, {b, t0}), t.dtype, {1, len, t.dim(2), t.dim(3)},
                              {t.stride[0], t.stride[1], t.stride[2], 1});
 }
@@ -351,9 +330,9 @@ TensorView token_slice(const TensorView& t, int64_t b, int64_t t0, int64_t len) 
 AttentionArgs slice(const AttentionArgs& c, const LocalDims& d, int64_t b, int64_t q0, int64_t q_len,
                     int64_t kv_len) {
   AttentionArgs s = c;
-  s.q = token_slice(c.q, b, q0, q_len);
-  s.k = token_slice(c.k, b, 0, kv_len);
-  s.v = token_slice(c.v, b, 0, kv_len);
+  s.q = row_tokens(c.q, b, q0, q_len);
+  s.k = row_tokens(c.k, b, 0, kv_len);
+  s.v = row_tokens(c.v, b, 0, kv_len);
   s.q_pos = c.q_pos + b * d.L + q0;
   s.kv_pos = c.kv_pos + b * kv_len;
   if (c.mask.same_segment) {
@@ -412,17 +391,13 @@ void RingAttention::forward(const AttentionArgs& local, const TensorView& o_out,
         const int64_t q0 = p.begin[qc], q_len = p.len(qc);
         const TensorView part(o_part.data(), DType::f32, {1, q_len, d.H, d.D});
         attention_forward(slice(piece, d, b, q0, q_len, len), part, lse_part.as<float>());
-        attention_merge(token_slice(o, b, q0, q_len), lse + (b * d.L + q0) * d.H, part, lse_part.as<float>());
+        attention_merge(row_tokens(o, b, q0, q_len), lse + (b * d.L + q0) * d.H, part, lse_part.as<float>());
         counted = is_meta(o.data);
       }
     i = next;
   }
   streams.finish(comm_, CommOp::send);
-  if (o_out.dtype == DType::f32 || is_meta(o.data)) return;
-  for (int64_t b = 0; b < d.B; ++b)  // rounded to O's dtype once
-    for (int64_t t = 0; t < d.L; ++t)
-      for (int64_t h = 0; h < d.H; ++h)
-        store_f32(o.at<float>({b, t, h}), element_ptr(o_out, {b, t, h}), o_out.dtype, d.D);
+  if (o_out.dtype != DType::f32) copy_view(o, o_out);  // rounded to O's dtype once
 }
 
 void RingAttention::backward_with_delta(const AttentionArgs& local, const TensorView& dout,
@@ -468,7 +443,7 @@ void RingAttention::backward_with_delta(const AttentionArgs& local, const Tensor
     char* piece = in.wait(i);
     comm_.wait(part_req);
     float* g = part.as<float>();
-    if (!is_meta(g)) std::memset(g, 0, d.B * len * row * 4);
+    fill_f32(g, d.B * len * row, 0.0f);
     attention_backward(
         f.with_chunk(local, len, piece), dout, lse, delta, dq,
         TensorView::strided(g, DType::f32, {d.B, len, d.G, d.D}, {len * row, row, d.D, 1}),
@@ -476,7 +451,7 @@ void RingAttention::backward_with_delta(const AttentionArgs& local, const Tensor
     void* wire = g;
     if (d.e != 4) {
       wire = part_wire.data();
-      if (!is_meta(g)) store_f32(g, wire, d.dtype, d.B * len * row);
+      copy_view(TensorView(g, DType::f32, {d.B * len * row}), TensorView(wire, d.dtype, {d.B * len * row}));
     }
     part_req = comm_.isend(wire, d.B * len * row * d.e, (p.r - u.step + p.P) % p.P, grad_tag(p, u));
     i = next;

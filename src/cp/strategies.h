@@ -9,6 +9,7 @@
 #include "comm/communicator.h"
 #include "core/memory.h"
 #include "cp/cp_attention.h"
+#include "kernels/ops.h"
 
 namespace longctx {
 
@@ -89,12 +90,11 @@ struct LocalDims {
 // dim contiguous.
 LocalDims check_local_args(const AttentionArgs& a);
 
-// Zeroes a (possibly strided) fp32 view.
-void zero_view(const TensorView& v);
-
-// n heads from h0 of token (b, s) of a [B, S, heads, D] view of any dtype:
-// [n, D] contiguous at dst, in the view's dtype.
-void copy_heads(const TensorView& t, int64_t b, int64_t s, int64_t h0, int64_t n, char* dst);
+// Heads [h0, h0 + n) of a [B, S, heads, D] view, and tokens [t0, t0 + n)
+// of one: views into it (the strategies' moves are kernels over views,
+// kernels/ops.h copy_view, add_view, zero_view, copy_rows).
+TensorView head_slice(const TensorView& t, int64_t h0, int64_t n);
+TensorView token_slice(const TensorView& t, int64_t t0, int64_t n);
 
 // [B, S, n, D] of `dtype` over records of `row_bytes` bytes per token
 // starting at `base` (row_bytes a multiple of the element size).

@@ -11,14 +11,11 @@
 // GQA: rank j receives q heads [j*Hu, (j+1)*Hu). Its kv heads are
 // [j*G/P, (j+1)*G/P) when P divides G (split), or the single kv head j/(P/G)
 // when G divides P (replicated on P/G ranks; their gradients are summed).
-#include <cstring>
 
 #include "comm/mesh.h"
 #include "core/cp_strategy.h"
-#include "core/device.h"
 #include "core/error.h"
 #include "cp/strategies.h"
-#include "kernels/convert.h"
 
 namespace longctx {
 
@@ -46,18 +43,14 @@ void UlyssesAttention::forward(const AttentionArgs& local, const TensorView& o, 
   const int64_t S = P * d.L, D = d.D, Hu = hs.Hu, Gu = hs.Gu, e = d.e;
   const UlyssesRecords rec = ulysses_records(Hu, Gu, D, e, dtype_size(o.dtype), 4);
 
-  // A meta device's buffers are counted, never touched (core/device.h).
-  const bool counted = is_meta(local.q.data);
   Buffer send(MemCategory::communication, "ulysses qkv send", P * d.B * d.L * rec.qkv);  // [P, B, L, qkv]
-  if (!counted)
-    for (int j = 0; j < P; ++j)
-      for (int64_t b = 0; b < d.B; ++b)
-        for (int64_t s = 0; s < d.L; ++s) {
-          char* dst = send.as<char>() + ((j * d.B + b) * d.L + s) * rec.qkv;
-          copy_heads(local.q, b, s, j * Hu, Hu, dst);
-          copy_heads(local.k, b, s, hs.kv_head(j), Gu, dst + Hu * D * e);
-          copy_heads(local.v, b, s, hs.kv_head(j), Gu, dst + (Hu + Gu) * D * e);
-        }
+  for (int j = 0; j < P; ++j) {
+    char* block = send.as<char>() + j * d.B * d.L * rec.qkv;
+    copy_view(head_slice(local.q, j * Hu, Hu), record_view(block, d.dtype, d.B, d.L, Hu, D, rec.qkv));
+    copy_view(head_slice(local.k, hs.kv_head(j), Gu), record_view(block + Hu * D * e, d.dtype, d.B, d.L, Gu, D, rec.qkv));
+    copy_view(head_slice(local.v, hs.kv_head(j), Gu),
+              record_view(block + (Hu + Gu) * D * e, d.dtype, d.B, d.L, Gu, D, rec.qkv));
+  }
   Buffer recv(MemCategory::communication, "ulysses qkv", send.size());
   comm_.all_to_all(send.data(), recv.data(), d.B * d.L * rec.qkv);
   send = Buffer();
@@ -80,23 +73,15 @@ void UlyssesAttention::forward(const AttentionArgs& local, const TensorView& o, 
   Buffer lse_h(MemCategory::scratch, "ulysses lse", d.B * S * Hu * 4);  // [B, S, Hu]
   inner_->forward(heads, record_view(out.as<char>(), o.dtype, d.B, S, Hu, D, rec.o), lse_h.as<float>());
   qkv = Buffer();
-  if (!counted)
-    for (int64_t t = 0; t < d.B * S; ++t)
-      std::memcpy(out.as<char>() + t * rec.o + o_bytes, lse_h.as<float>() + t * Hu, Hu * 4);
+  copy_rows(lse_h.data(), Hu * 4, out.as<char>() + o_bytes, rec.o, d.B * S, Hu * 4);  // LSE into the records
   Buffer back = batch_major_to_rank_major(std::move(out), P, d.B, d.L, rec.o);  // [P, B, L, o]
   Buffer mine(MemCategory::communication, "ulysses o back", back.size());
   comm_.all_to_all(back.data(), mine.data(), d.B * d.L * rec.o);
-  const size_t o_row = D * dtype_size(o.dtype);
-  if (!counted)
-    for (int j = 0; j < P; ++j)
-      for (int64_t b = 0; b < d.B; ++b)
-        for (int64_t s = 0; s < d.L; ++s) {
-          const char* src = mine.as<char>() + ((j * d.B + b) * d.L + s) * rec.o;
-          for (int64_t h = 0; h < Hu; ++h) {
-            std::memcpy(element_ptr(o, {b, s, j * Hu + h}), src + h * o_row, o_row);
-            std::memcpy(lse + (b * d.L + s) * d.H + j * Hu + h, src + o_bytes + h * 4, 4);
-          }
-        }
+  for (int j = 0; j < P; ++j) {
+    char* block = mine.as<char>() + j * d.B * d.L * rec.o;
+    copy_view(record_view(block, o.dtype, d.B, d.L, Hu, D, rec.o), head_slice(o, j * Hu, Hu));
+    copy_rows(block + o_bytes, rec.o, lse + j * Hu, d.H * 4, d.B * d.L, Hu * 4);
+  }
 }
 
 void UlyssesAttention::backward_with_delta(const AttentionArgs& local, const TensorView& dout,
@@ -110,22 +95,19 @@ void UlyssesAttention::backward_with_delta(const AttentionArgs& local, const Ten
   // lse, delta, q, k, v, dout of one token for one rank.
   const UlyssesRecords rec = ulysses_records(Hu, Gu, D, e, 4, dtype_size(dout.dtype));
 
-  // A meta device's buffers are counted, never touched (core/device.h).
-  const bool counted = is_meta(local.q.data);
   Buffer send(MemCategory::communication, "ulysses bwd send", P * d.B * d.L * rec.bwd);  // [P, B, L, bwd]
-  if (!counted)
-    for (int j = 0; j < P; ++j)
-      for (int64_t b = 0; b < d.B; ++b)
-        for (int64_t s = 0; s < d.L; ++s) {
-          char* dst = send.as<char>() + ((j * d.B + b) * d.L + s) * rec.bwd;
-          const int64_t row = (b * d.L + s) * d.H + j * Hu;
-          std::memcpy(dst, lse + row, Hu * 4);
-          std::memcpy(dst + Hu * 4, delta + row, Hu * 4);
-          copy_heads(local.q, b, s, j * Hu, Hu, dst + rec.bwd_q);
-          copy_heads(local.k, b, s, hs.kv_head(j), Gu, dst + rec.bwd_q + Hu * D * e);
-          copy_heads(local.v, b, s, hs.kv_head(j), Gu, dst + rec.bwd_q + (Hu + Gu) * D * e);
-          copy_heads(dout, b, s, j * Hu, Hu, dst + rec.bwd_dout);
-        }
+  for (int j = 0; j < P; ++j) {
+    char* block = send.as<char>() + j * d.B * d.L * rec.bwd;
+    copy_rows(lse + j * Hu, d.H * 4, block, rec.bwd, d.B * d.L, Hu * 4);
+    copy_rows(delta + j * Hu, d.H * 4, block + Hu * 4, rec.bwd, d.B * d.L, Hu * 4);
+    auto at = [&](int64_t offset, DType t, int64_t heads) {
+      return record_view(block + offset, t, d.B, d.L, heads, D, rec.bwd);
+    };
+    copy_view(head_slice(local.q, j * Hu, Hu), at(rec.bwd_q, d.dtype, Hu));
+    copy_view(head_slice(local.k, hs.kv_head(j), Gu), at(rec.bwd_q + Hu * D * e, d.dtype, Gu));
+    copy_view(head_slice(local.v, hs.kv_head(j), Gu), at(rec.bwd_q + (Hu + Gu) * D * e, d.dtype, Gu));
+    copy_view(head_slice(dout, j * Hu, Hu), at(rec.bwd_dout, dout.dtype, Hu));
+  }
   Buffer recv(MemCategory::communication, "ulysses bwd", send.size());
   comm_.all_to_all(send.data(), recv.data(), d.B * d.L * rec.bwd);
   send = Buffer();
@@ -143,11 +125,8 @@ void UlyssesAttention::backward_with_delta(const AttentionArgs& local, const Ten
   heads.q_seg = heads.kv_seg = local.mask.same_segment ? seg.as<int32_t>() : nullptr;
   Buffer lse_h(MemCategory::scratch, "ulysses lse", d.B * S * Hu * 4);  // [B, S, Hu]
   Buffer delta_h(MemCategory::scratch, "ulysses delta", d.B * S * Hu * 4);
-  if (!counted)
-    for (int64_t t = 0; t < d.B * S; ++t) {
-      std::memcpy(lse_h.as<float>() + t * Hu, base + t * rec.bwd, Hu * 4);
-      std::memcpy(delta_h.as<float>() + t * Hu, base + t * rec.bwd + Hu * 4, Hu * 4);
-    }
+  copy_rows(base, rec.bwd, lse_h.data(), Hu * 4, d.B * S, Hu * 4);
+  copy_rows(base + Hu * 4, rec.bwd, delta_h.data(), Hu * 4, d.B * S, Hu * 4);
 
   // dq, dk, dv (fp32) of every token for this rank's heads: [B, S, (Hu + 2Gu) * D].
   const int64_t grec = (Hu + 2 * Gu) * D;
@@ -165,24 +144,15 @@ void UlyssesAttention::backward_with_delta(const AttentionArgs& local, const Ten
   // Replicated kv heads come back from several ranks: sum them.
   zero_view(dk);
   zero_view(dv);
-  if (!counted)
-    for (int j = 0; j < P; ++j)
-      for (int64_t b = 0; b < d.B; ++b)
-        for (int64_t s = 0; s < d.L; ++s) {
-          const float* src = mine.as<float>() + ((j * d.B + b) * d.L + s) * grec;
-          for (int64_t h = 0; h < Hu; ++h)
-            std::memcpy(dq.at<float>({b, s, j * Hu + h}), src + h * D, D * 4);
-          for (int64_t g = 0; g < Gu; ++g) {
-            float* k = dk.at<float>({b, s, hs.kv_head(j) + g});
-            float* v = dv.at<float>({b, s, hs.kv_head(j) + g});
-            const float* sk = src + (Hu + g) * D;
-            const float* sv = src + (Hu + Gu + g) * D;
-            for (int64_t x = 0; x < D; ++x) {
-              k[x] += sk[x];
-              v[x] += sv[x];
-            }
-          }
-        }
+  for (int j = 0; j < P; ++j) {
+    char* block = mine.as<char>() + j * d.B * d.L * grec * 4;
+    auto at = [&](int64_t first, int64_t heads) {
+      return record_view(block + first * D * 4, DType::f32, d.B, d.L, heads, D, grec * 4);
+    };
+    copy_view(at(0, Hu), head_slice(dq, j * Hu, Hu));
+    add_view(at(Hu, Gu), head_slice(dk, hs.kv_head(j), Gu));
+    add_view(at(Hu + Gu, Gu), head_slice(dv, hs.kv_head(j), Gu));
+  }
 }
 
 }  // namespace longctx

@@ -10,12 +10,15 @@
 #include "kernels/ops.h"
 
 #include "core/device.h"
+#include "kernels/convert.h"
 
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 namespace longctx {
@@ -422,6 +425,77 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
     v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * grad[i] * grad[i];
     param[i] = param[i] * decay - step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + h.eps);
   }
+}
+
+// ---- Views ------------------------------------------------------------------------
+
+namespace {
+
+// f(src row, dst row, n) for every innermost row of two same-shaped views.
+template <typename F>
+void for_each_row(const TensorView& src, const TensorView& dst, const char* what, F&& f) {
+  check_shape(src.rank == dst.rank && src.rank >= 1 && src.rank <= 4 && src.shape == dst.shape &&
+                  src.stride[src.rank - 1] == 1 && dst.stride[dst.rank - 1] == 1,
+              std::string(what) + ": views of one shape (rank 1-4, contiguous last dim), got " + src.shape_string() +
+                  " and " + dst.shape_string());
+  // The dims above the row (up to 3), right-aligned into three loops.
+  std::array<int64_t, 3> n{1, 1, 1}, ss{0, 0, 0}, ds{0, 0, 0};
+  const int lead = src.rank - 1;
+  for (int i = 0; i < lead; ++i) {
+    n[3 - lead + i] = src.shape[i];
+    ss[3 - lead + i] = src.stride[i];
+    ds[3 - lead + i] = dst.stride[i];
+  }
+  const int64_t es = int64_t(dtype_size(src.dtype)), ed = int64_t(dtype_size(dst.dtype)), len = src.shape[lead];
+  for (int64_t i = 0; i < n[0]; ++i)
+    for (int64_t j = 0; j < n[1]; ++j)
+      for (int64_t k = 0; k < n[2]; ++k) {
+        const int64_t so = i * ss[0] + j * ss[1] + k * ss[2], dof = i * ds[0] + j * ds[1] + k * ds[2];
+        f(static_cast<const char*>(src.data) + so * es, static_cast<char*>(dst.data) + dof * ed, len);
+      }
+}
+
+}  // namespace
+
+void copy_view(const TensorView& src, const TensorView& dst) {
+  if (is_meta(dst.data)) return;
+  for_each_row(src, dst, "copy_view", [&](const char* s, char* d, int64_t n) {
+    if (src.dtype == dst.dtype)
+      std::memcpy(d, s, size_t(n) * dtype_size(src.dtype));
+    else if (dst.dtype == DType::f32)
+      load_f32(s, src.dtype, reinterpret_cast<float*>(d), n);
+    else
+      store_f32(reinterpret_cast<const float*>(s), d, dst.dtype, n);
+  });
+}
+
+void add_view(const TensorView& src, const TensorView& dst) {
+  check_shape(dst.dtype == DType::f32, "add_view: the destination accumulates in fp32");
+  if (is_meta(dst.data)) return;
+  std::vector<float> row;
+  for_each_row(src, dst, "add_view", [&](const char* s, char* d, int64_t n) {
+    const float* in = reinterpret_cast<const float*>(s);
+    if (src.dtype != DType::f32) {
+      row.resize(size_t(n));
+      load_f32(s, src.dtype, row.data(), n);
+      in = row.data();
+    }
+    float* out = reinterpret_cast<float*>(d);
+    for (int64_t x = 0; x < n; ++x) out[x] += in[x];
+  });
+}
+
+void zero_view(const TensorView& dst) {
+  check_shape(dst.dtype == DType::f32, "zero_view: fp32");
+  if (is_meta(dst.data)) return;
+  for_each_row(dst, dst, "zero_view", [](const char*, char* d, int64_t n) { std::memset(d, 0, size_t(n) * 4); });
+}
+
+void copy_rows(const void* src, int64_t src_stride, void* dst, int64_t dst_stride, int64_t rows, int64_t row_bytes) {
+  if (is_meta(dst)) return;
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<char*>(dst) + r * dst_stride, static_cast<const char*>(src) + r * src_stride,
+                size_t(row_bytes));
 }
 
 // ---- fp32 vectors -----------------------------------------------------------------

@@ -104,6 +104,21 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
 void adamw_update_reference(float* param, const float* grad, float* m, float* v, int64_t n,
                             const AdamWParams& h);
 
+// ---- Views: the moves between kernels --------------------------------------------
+// (cp/'s wire records, head slices and token reorders.) Views of rank 1 to 4
+// with a contiguous last dim, any other strides. Named kernels rather than
+// host loops in cp/: a meta device (core/device.h) skips them, and a device
+// backend implements them once.
+// dst = src, same shape; fp32 or bf16 each (fp32 -> bf16 rounds, bf16 -> fp32 widens).
+void copy_view(const TensorView& src, const TensorView& dst);
+// dst += src; dst fp32, src fp32 or bf16 (widened).
+void add_view(const TensorView& src, const TensorView& dst);
+// dst = 0 (fp32).
+void zero_view(const TensorView& dst);
+// `rows` rows of `row_bytes` bytes, `src_stride` and `dst_stride` bytes
+// apart: what is not fp32 or bf16 (positions, segment ids) or whole records.
+void copy_rows(const void* src, int64_t src_stride, void* dst, int64_t dst_stride, int64_t rows, int64_t row_bytes);
+
 // ---- fp32 vectors: the bookkeeping between kernels ----------------------------
 // (zeroed gradients, gathered pieces, sums of squares). Named kernels rather
 // than host loops so that a meta device (core/device.h) skips them like the rest.
