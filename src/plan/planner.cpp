@@ -39,6 +39,7 @@ struct Shape {
   DType dtype;    // the compute dtype (activations, GEMM operands)
   MaskSpec mask;
   LayoutKind layout;
+  MeshShape mesh;  // on these devices: its groups' sizes (src/core/mesh_shape.h)
   SaveSet save;
   OffloadTarget offload_target;
   LlamaConfig model;
@@ -99,7 +100,7 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.R = c.cp / s.U;
   s.devices = devices;
   // The mesh on these devices (src/core/mesh_shape.h owns its groups).
-  const MeshShape mesh = c.mesh_shape(devices);
+  const MeshShape mesh = s.mesh = c.mesh_shape(devices);
   s.fsdp = mesh.fsdp;
   s.dp = mesh.dp;
   const LlamaConfig& m = c.model;
@@ -407,10 +408,9 @@ int64_t group_stride(const Shape& s, MeshAxis axis) {
 // (count_step: per axis and operation, in the counters' conventions), timed
 // over the links of their groups: calls x (P - 1) latencies plus the bytes.
 void add_counted_collectives(const Shape& s, const HardwareProfile& hw, const StepCount& counted, StrategyPlan& p) {
-  const MeshShape mesh{int(s.dp), int(s.cp), int(s.U), int(s.tp), int(s.fsdp), s.fsdp_over_context};
   for (MeshAxis axis : kMeshAxes) {
     if (axis == MeshAxis::cp || axis == MeshAxis::ulysses || axis == MeshAxis::ring) continue;  // the attention's
-    const int64_t P = mesh.group_size(axis);
+    const int64_t P = s.mesh.group_size(axis);
     for (int i = 0; i < kNumCommOps; ++i) {
       const CommOp op = static_cast<CommOp>(i);
       const CommOpCounters& k = counted[axis][op];
@@ -428,10 +428,8 @@ void add_counted_collectives(const Shape& s, const HardwareProfile& hw, const St
 void add_attention_calls(const Shape& s, const HardwareProfile& hw, const std::vector<CommLine>& call,
                          int64_t calls, const std::string& pass, StrategyPlan& p) {
   for (const CommLine& c : call) {
-    // Group sizes and rank strides per axis (src/comm/mesh.h rank order).
-    int64_t P = c.axis == MeshAxis::ulysses ? s.U : c.axis == MeshAxis::ring ? s.R : s.cp;
-    int64_t stride = c.axis == MeshAxis::ring ? s.tp * s.U : s.tp;
-    Link link = link_for(hw, c.op, P, stride);
+    const int64_t P = s.mesh.group_size(c.axis);
+    const Link link = link_for(hw, c.op, P, group_stride(s, c.axis));
     CommLine line = c;
     line.what = pass + ": " + c.what;
     line.calls = c.calls * calls;
