@@ -989,9 +989,10 @@ void forward_dot(const AttentionArgs& a, const TensorView& o, float* lse, Attent
           const int64_t x = i - i_first, i0 = i * g.bq, rows = std::min(g.bq, g.Sq - i0);
           const int64_t panels = panels_of(rows, P);
           float* acc = acc_all + x * g.bq * g.D;
-          k.scores(qp_all + x * g.bq * Dd, panels, kc, cols, Dd, g.scale * kLog2e, s, s_panel);
+          k.scores(qp_all + x * g.bq * Dd, panels, kc, cols, Dd, s, s_panel);
           mask_panels(f, a, g, kind, b, i0, rows, j0, cols, s, counts);
-          k.softmax_to_pairs(s, panels, cols, s_panel, k.kv_align, m_all + x * g.bq, l_all + x * g.bq, alpha, p2);
+          k.softmax_to_pairs(s, panels, cols, s_panel, g.scale * kLog2e, k.kv_align, m_all + x * g.bq,
+                             l_all + x * g.bq, alpha, p2);
           k.pv(p2, panels, cols, s_panel, vp, g.D, alpha, acc);
         }
       }
@@ -1082,10 +1083,11 @@ void backward_dot(const AttentionArgs& a, const TensorView& dout, const float* l
             const TileKind kind = map.kind(b, i, j);
             if (kind == TileKind::empty) continue;
             const int64_t x = j - j_first, j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
-            k.scores(qp, panels, k_rows + x * g.bk * Dd, cols, Dd, g.scale * kLog2e, s, s_panel);  // S^T, base 2
+            k.scores(qp, panels, k_rows + x * g.bk * Dd, cols, Dd, s, s_panel);  // S^T = K Q^T, unscaled
             mask_panels(f, a, g, kind, b, i0, rows, j0, cols, s, counts);
-            k.scores(dop, panels, v_rows + x * g.bk * Dd, cols, Dd, 1.0f, dp, s_panel);  // dP^T = V dO^T
-            k.softmax_grad_to_bf16(s, dp, panels, cols, s_panel, lse2, delta_i, g.scale, k.kv_align, pa, ds2, dsa);
+            k.scores(dop, panels, v_rows + x * g.bk * Dd, cols, Dd, dp, s_panel);  // dP^T = V dO^T
+            k.softmax_grad_to_bf16(s, dp, panels, cols, s_panel, g.scale * kLog2e, lse2, delta_i, g.scale, k.kv_align,
+                                   pa, ds2, dsa);
             k.panel_t_times(pa, rows, cols, s_panel, dor2, ld, dv_all + x * g.bk * ld);   // dV += P^T dO
             k.panel_t_times(dsa, rows, cols, s_panel, qr2, ld, dk_all + x * g.bk * ld);   // dK += scale dS^T Q
             k.pv(ds2, panels, cols, s_panel, k_packed + x * packed, g.D, ones, dq_p);      // dQ^T += scale K^T dS^T

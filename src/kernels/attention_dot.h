@@ -41,17 +41,19 @@ struct DotTileKernels {
   void (*pack_kv)(const bf16* x, int64_t ld_x, int64_t cols, int64_t D, bf16* packed);
   // fp32's softmax (fp32->softmax and softmax_grad: the same arithmetic), P
   // and dS rounded to bf16 (to nearest even) as they are written, zero past
-  // cols up to cols rounded to kv_align. The forward's: s (scores, base 2),
-  // m, l, alpha as fp32->softmax; P into p2.
-  void (*softmax_to_pairs)(const float* s, int64_t panels, int64_t cols, int64_t s_panel, int64_t kv_align, float* m,
-                           float* l, float* alpha, bf16* p2);
-  // The backward's: P = 2^(s - lse2) into a (pa), dS = scale P (dp - delta) into p2 (ds2) and a (dsa).
+  // cols up to cols rounded to kv_align. The scores come unscaled; the
+  // softmax multiplies by scale (base 2) as it reads them, so that no pass
+  // of its own rescales s (on AMX that pass was 40% of the scores' time;
+  // the product is the same fp32 value either way). The forward's: m, l,
+  // alpha as fp32->softmax; P into p2.
+  void (*softmax_to_pairs)(const float* s, int64_t panels, int64_t cols, int64_t s_panel, float scale,
+                           int64_t kv_align, float* m, float* l, float* alpha, bf16* p2);
+  // The backward's: P = 2^(s_scale s - lse2) into a (pa), dS = scale P (dp - delta) into p2 (ds2) and a (dsa).
   void (*softmax_grad_to_bf16)(const float* s, const float* dp, int64_t panels, int64_t cols, int64_t s_panel,
-                               const float* lse2, const float* delta, float scale, int64_t kv_align, bf16* pa,
-                               bf16* ds2, bf16* dsa);
-  // s[p][c][j] = scale sum_d k[c][d] qp[p][d][j], c < cols (kv_align rows computed).
-  void (*scores)(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t Dd, float scale, float* s,
-                 int64_t s_panel);
+                               float s_scale, const float* lse2, const float* delta, float scale, int64_t kv_align,
+                               bf16* pa, bf16* ds2, bf16* dsa);
+  // s[p][c][j] = sum_d k[c][d] qp[p][d][j], c < cols (kv_align rows computed).
+  void (*scores)(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t Dd, float* s, int64_t s_panel);
   // acc[p][d][j] = alpha[j] acc[p][d][j] + sum_c packed(c, d) p2[p][c][j].
   void (*pv)(const bf16* p2, int64_t panels, int64_t cols, int64_t p_panel, const bf16* packed, int64_t D,
              const float* alpha, float* acc);

@@ -33,39 +33,41 @@ constexpr int64_t up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 // (16 lanes of two kv rows into 16 pairs). Outputs are zero past cols up to
 // up(cols, kv_align).
 
-// The forward's online softmax of s [panels][cols][P] (scores, base 2) into p2.
+// The forward's online softmax of scale s [panels][cols][P] (base 2) into p2.
 template <class V, class C>
-void softmax_to_pairs(const float* s, int64_t panels, int64_t cols, int64_t s_panel, int64_t kv_align, float* m,
-                      float* l, float* alpha, bf16* p2) {
+void softmax_to_pairs(const float* s, int64_t panels, int64_t cols, int64_t s_panel, float scale, int64_t kv_align,
+                      float* m, float* l, float* alpha, bf16* p2) {
   constexpr int64_t P = kDotPanel, W = V::W;
   static_assert(W == 16 && P == 2 * W);
   using R = typename V::R;
+  const R sc = V::set1(scale);
   const int64_t padded = up(cols, kv_align);
   alignas(64) float e[2][W];
   for (int64_t p = 0; p < panels; ++p) {
     uint32_t* pairs = reinterpret_cast<uint32_t*>(p2) + p * s_panel / 2;  // [kv/2][P]
     for (int64_t h = 0; h < P; h += W) {  // W q rows at a time, down the tile's columns
       const float* col = s + p * s_panel + h;
+      const auto score = [&](int64_t c) { return V::mul(V::load(col + c * P), sc); };
       const int64_t row = p * P + h;
       const R m_old = V::load(m + row);
       R mx[4] = {m_old, m_old, m_old, m_old};  // four independent chains
       int64_t c = 0;
       for (; c + 4 <= cols; c += 4)
-        for (int x = 0; x < 4; ++x) mx[x] = V::max(mx[x], V::load(col + (c + x) * P));
-      for (; c < cols; ++c) mx[0] = V::max(mx[0], V::load(col + c * P));
+        for (int x = 0; x < 4; ++x) mx[x] = V::max(mx[x], score(c + x));
+      for (; c < cols; ++c) mx[0] = V::max(mx[0], score(c));
       const R m_new = V::max(V::max(mx[0], mx[1]), V::max(mx[2], mx[3]));
       const R shift = V::zero_where_neg_inf(m_new);  // rows with nothing allowed yet: 0, alpha 0
       R sum0 = V::zero(), sum1 = V::zero();
       for (c = 0; c + 2 <= cols; c += 2) {
-        const R e0 = V::exp2_bf16(V::sub(V::load(col + c * P), shift));
-        const R e1 = V::exp2_bf16(V::sub(V::load(col + (c + 1) * P), shift));
+        const R e0 = V::exp2_bf16(V::sub(score(c), shift));
+        const R e1 = V::exp2_bf16(V::sub(score(c + 1), shift));
         sum0 = V::add(sum0, e0);
         sum1 = V::add(sum1, e1);
         V::store(e[0], e0), V::store(e[1], e1);
         C::pairs16(e[0], e[1], pairs + (c / 2) * P + h);
       }
       if (c < cols) {
-        const R e0 = V::exp2_bf16(V::sub(V::load(col + c * P), shift));
+        const R e0 = V::exp2_bf16(V::sub(score(c), shift));
         sum0 = V::add(sum0, e0);
         V::store(e[0], e0), V::store(e[1], V::zero());
         C::pairs16(e[0], e[1], pairs + (c / 2) * P + h);
@@ -80,16 +82,16 @@ void softmax_to_pairs(const float* s, int64_t panels, int64_t cols, int64_t s_pa
   }
 }
 
-// The backward's P = 2^(s - lse2) into pa and dS = scale P (dp - delta) into
+// The backward's P = 2^(s_scale s - lse2) into pa and dS = scale P (dp - delta) into
 // ds2 (pairs) and dsa (plain), from s and dp [panels][cols][P].
 template <class V, class C>
 void softmax_grad_to_bf16(const float* s, const float* dp, int64_t panels, int64_t cols, int64_t s_panel,
-                          const float* lse2, const float* delta, float scale, int64_t kv_align, bf16* pa, bf16* ds2,
-                          bf16* dsa) {
+                          float s_scale, const float* lse2, const float* delta, float scale, int64_t kv_align,
+                          bf16* pa, bf16* ds2, bf16* dsa) {
   constexpr int64_t P = kDotPanel, W = V::W;
   static_assert(W == 16 && P == 2 * W);
   using R = typename V::R;
-  const R sc = V::set1(scale);
+  const R sc = V::set1(scale), ssc = V::set1(s_scale);
   const int64_t padded = up(cols, kv_align);
   alignas(64) float pr[2][P], ds[2][P];  // two kv rows of the panel's 32 lanes
   for (int64_t p = 0; p < panels; ++p) {
@@ -106,7 +108,7 @@ void softmax_grad_to_bf16(const float* s, const float* dp, int64_t panels, int64
             continue;
           }
           const int64_t at = p * s_panel + (c + x) * P + half * W;
-          const R e = V::exp2_bf16(V::sub(V::load(s + at), l[half]));
+          const R e = V::exp2_bf16(V::sub(V::mul(V::load(s + at), ssc), l[half]));
           V::store(pr[x] + half * W, e);
           V::store(ds[x] + half * W, V::mul(V::mul(e, V::sub(V::load(dp + at), dl[half])), sc));
         }
@@ -159,10 +161,8 @@ inline void dot_rows(typename L::R (&acc)[MR][2], const bf16* a, int64_t a_row, 
 }
 
 template <class L>
-void scores(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t Dd, float scale, float* s,
-            int64_t s_panel) {
+void scores(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t Dd, float* s, int64_t s_panel) {
   using R = typename L::R;
-  const R sc = L::set1(scale);
   for (int64_t p = 0; p < panels; ++p)
     for_row_blocks<L::kRows, L::kRows>(cols, 0, [&]<int MR>(int64_t c0) {
       R acc[MR][2];
@@ -170,8 +170,8 @@ void scores(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t
       dot_rows<L, MR>(acc, k + c0 * Dd, Dd, 2, qp + p * Dd * P, 2 * P, Dd / 2);
       float* out = s + p * s_panel + c0 * P;
       for (int i = 0; i < MR; ++i) {
-        L::store(out + i * P, L::mul(acc[i][0], sc));
-        L::store(out + i * P + 16, L::mul(acc[i][1], sc));
+        L::store(out + i * P, acc[i][0]);
+        L::store(out + i * P + 16, acc[i][1]);
       }
     });
 }
@@ -250,19 +250,21 @@ namespace tiles {
 constexpr int64_t P = kDotPanel;
 constexpr int64_t kAlign = 32;  // a tile's depth in bf16; 16 rows, 16 fp32 columns
 
-// packed [up(D, 16)][cols32]: V^T (or K^T), zero padded.
-inline int64_t packed_elements(int64_t cols, int64_t D) { return up(D, 16) * up(cols, kAlign); }
+// packed [up(D, 32)][cols32]: V^T (or K^T), zero padded (pv takes 32 d rows at a time).
+inline int64_t packed_elements(int64_t cols, int64_t D) { return up(D, 32) * up(cols, kAlign); }
 inline void pack_kv(const bf16* x, int64_t ld_x, int64_t cols, int64_t D, bf16* packed) {
-  const int64_t c32 = up(cols, kAlign);
-  std::fill(packed, packed + packed_elements(cols, D), bf16());
-  for (int64_t c = 0; c < cols; ++c)
-    for (int64_t d = 0; d < D; ++d) packed[d * c32 + c] = x[c * ld_x + d];
+  const int64_t c32 = up(cols, kAlign), d32 = up(D, 32);
+  for (int64_t d = 0; d < d32; ++d) {  // row by row of the output: sequential stores, no separate zero pass
+    bf16* out = packed + d * c32;
+    if (d < D)
+      for (int64_t c = 0; c < cols; ++c) out[c] = x[c * ld_x + d];
+    std::fill(out + (d < D ? cols : 0), out + c32, bf16());
+  }
 }
 
 // S^T for 32 kv rows at a time against a panel's 32 lanes: four C tiles.
 template <class T>
-void scores(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t Dd, float scale, float* s,
-            int64_t s_panel) {
+void scores(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t Dd, float* s, int64_t s_panel) {
   T::configure();
   const int64_t c32 = up(cols, kAlign);
   for (int64_t p = 0; p < panels; ++p)
@@ -279,12 +281,13 @@ void scores(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t
       float* out = s + p * s_panel + c0 * P;
       T::template store<0>(out, P * 4), T::template store<1>(out + 16, P * 4);
       T::template store<2>(out + 16 * P, P * 4), T::template store<3>(out + 16 * P + 16, P * 4);
-      for (int64_t x = 0; x < 32 * P; ++x) out[x] *= scale;
     }
   T::release();
 }
 
-// O^T (or dQ^T) 16 columns of d at a time, both halves of the panel's lanes.
+// O^T (or dQ^T) 32 columns of d at a time, both halves of the panel's lanes:
+// four independent accumulators, so that a product's latency hides behind
+// the other three (with two, pv ran at the tiles' latency).
 template <class T>
 void pv(const bf16* p2, int64_t panels, int64_t cols, int64_t p_panel, const bf16* packed, int64_t D,
         const float* alpha, float* acc) {
@@ -296,25 +299,28 @@ void pv(const bf16* p2, int64_t panels, int64_t cols, int64_t p_panel, const bf1
       for (int64_t j = 0; j < P; ++j) acc[(p * D + d) * P + j] *= a[j];
   }
   T::configure();
-  float tail[16 * P];  // the last d block's rows when D is not a multiple of 16
+  float tail[32 * P];  // the last d block's rows when D is not a multiple of 32
   for (int64_t p = 0; p < panels; ++p)
-    for (int64_t d0 = 0; d0 < D; d0 += 16) {
-      const bool whole = d0 + 16 <= D;
+    for (int64_t d0 = 0; d0 < D; d0 += 32) {
+      const bool whole = d0 + 32 <= D;
       float* at = acc + (p * D + d0) * P;
       if (!whole) {
-        std::fill(tail, tail + 16 * P, 0.0f);
+        std::fill(tail, tail + 32 * P, 0.0f);
         std::memcpy(tail, at, (D - d0) * P * sizeof(float));
       }
       float* c = whole ? at : tail;
       T::template load<0>(c, P * 4), T::template load<1>(c + 16, P * 4);
+      T::template load<2>(c + 16 * P, P * 4), T::template load<3>(c + 16 * P + 16, P * 4);
       for (int64_t c0 = 0; c0 < c32; c0 += kAlign) {
         T::template load<4>(packed + d0 * c32 + c0, c32 * 2);
+        T::template load<5>(packed + (d0 + 16) * c32 + c0, c32 * 2);
         const bf16* b = p2 + p * p_panel + (c0 / 2) * P * 2;
         T::template load<6>(b, P * 4);
         T::template load<7>(b + 32, P * 4);
-        T::template dp<0, 4, 6>(), T::template dp<1, 4, 7>();
+        T::template dp<0, 4, 6>(), T::template dp<1, 4, 7>(), T::template dp<2, 5, 6>(), T::template dp<3, 5, 7>();
       }
       T::template store<0>(c, P * 4), T::template store<1>(c + 16, P * 4);
+      T::template store<2>(c + 16 * P, P * 4), T::template store<3>(c + 16 * P + 16, P * 4);
       if (!whole) std::memcpy(at, tail, (D - d0) * P * sizeof(float));
     }
   T::release();
@@ -345,9 +351,11 @@ void panel_t_times(const bf16* a, int64_t rows, int64_t cols, int64_t a_panel, c
   T::release();
 }
 
+// pack: pack_kv, or an ISA's own that writes the same bytes.
 template <class T, class C, class V>
-constexpr DotTileKernels kernels_of(const char* isa, const FusedTileKernels* fp32) {
-  return {isa,           fp32,      kAlign,      kAlign, &packed_elements, &pack_kv, &softmax_to_pairs<V, C>,
+constexpr DotTileKernels kernels_of(const char* isa, const FusedTileKernels* fp32,
+                                    void (*pack)(const bf16*, int64_t, int64_t, int64_t, bf16*) = &pack_kv) {
+  return {isa,           fp32,      kAlign,      kAlign, &packed_elements, pack, &softmax_to_pairs<V, C>,
           &softmax_grad_to_bf16<V, C>, &scores<T>, &pv<T>, &panel_t_times<T>};
 }
 

@@ -41,12 +41,6 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   return num / den;
 }
 
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
-  return m;
-}
-
 // Zigzag order of S positions over `ranks` ranks: rank r holds chunks r and
 // 2 ranks - 1 - r (src/cp/layout.h); the ranks' pieces are concatenated.
 std::vector<int64_t> zigzag_positions(int64_t S, int64_t ranks) {
@@ -1229,8 +1223,9 @@ TEST(AttentionBf16, PathsTheCpuLacksAreRefusedByName) {
   EXPECT_NE(bogus.status, 0);
   EXPECT_NE(bogus.output.find("LONGCTX_BF16_ATTENTION=bogus: not a bf16 attention path"), std::string::npos)
       << bogus.output;
-  if (!attention_dot_tiles_supported())  // in process too, where this CPU lacks them
+  if (!attention_dot_tiles_supported()) {  // in process too, where this CPU lacks them
     EXPECT_THROW(set_attention_tile_path(AttentionTilePath::bf16_dot), ShapeError);
+  }
 }
 
 // The dot kernels' short exp2 (PortableLanes::exp2_bf16, the twin of
@@ -1254,4 +1249,31 @@ TEST(DotSoftmax, ShortExp2IsWithinItsStatedErrorAndExactAtTheEdges) {
   EXPECT_EQ(L::exp2_bf16(L::set1(-1e30f)).v[0], 0.0f);
   EXPECT_EQ(L::exp2_bf16(L::set1(0.0f)).v[0], 0.99999928f);  // the polynomial's constant term
   EXPECT_TRUE(std::isnan(L::exp2_bf16(L::set1(std::numeric_limits<float>::quiet_NaN())).v[0]));
+}
+
+// The AMX kernels pack V^T and K^T with AVX-512 shuffles (pack_kv_avx512,
+// attention_dot_amx.cpp); the portable tile twin writes the same layout
+// with plain loops. Byte for byte, padding included, at head dims and
+// lengths off every block size. Each buffer starts from a different fill,
+// so a byte either one leaves unwritten shows. Runs only where the CPU has
+// AMX (the bounds tests run the kernels through it there too).
+TEST(DotTiles, TheAmxPackWritesThePortableTwinsBytes) {
+  const attn::DotTileKernels* amx = attn::dot_tile_kernels_amx();
+  if (!amx) GTEST_SKIP() << "SKIPPED LOUDLY: this CPU has no AMX-BF16; the portable twin's pack is tested everywhere";
+  const attn::DotTileKernels* twin = attn::dot_tile_kernels_portable_tiles();
+  std::mt19937 gen(13);
+  std::uniform_int_distribution<uint16_t> bits(0, 0xffff);
+  for (int64_t cols : {1, 2, 31, 33, 64, 130})
+    for (int64_t D : {8, 17, 64, 72, 128}) {
+      SCOPED_TRACE("cols " + std::to_string(cols) + ", D " + std::to_string(D));
+      const int64_t ld = D + 3;  // rows wider than D: the pack reads only D of each
+      std::vector<bf16> x(size_t(cols * ld));
+      for (bf16& v : x) v = std::bit_cast<bf16>(bits(gen));
+      ASSERT_EQ(amx->packed_elements(cols, D), twin->packed_elements(cols, D));
+      std::vector<bf16> got(size_t(amx->packed_elements(cols, D)), std::bit_cast<bf16>(uint16_t(0x7fc1)));
+      std::vector<bf16> want(got.size(), std::bit_cast<bf16>(uint16_t(0x7fc2)));
+      amx->pack_kv(x.data(), ld, cols, D, got.data());
+      twin->pack_kv(x.data(), ld, cols, D, want.data());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(bf16)), 0);
+    }
 }
