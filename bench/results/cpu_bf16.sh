@@ -43,8 +43,10 @@ for dtype in bf16 fp32; do
 done
 echo
 if python3 -c 'import torch' 2>/dev/null; then
-  python3 bench/peers/attention_peer.py --dtypes bf16 --threads "$(IFS=,; echo "${threads[*]}")"
-  python3 bench/peers/model_peer.py --threads "$(IFS=,; echo "${threads[*]}")" --steps 2
+  for s in "--seq 16384 --heads 8 --kv-heads 2 --head-dim 64" "--seq 8192 --heads 8 --kv-heads 8 --head-dim 128"; do
+    python3 bench/peers/attention_peer.py --dtypes bf16 $s --threads "$(IFS=,; echo "${threads[*]}")"
+  done
+  python3 bench/peers/model_peer.py --threads 2 --dtypes bf16 --steps 2  # the floor: bf16, 2 threads
 else
   echo "## PyTorch peers: SKIPPED (no python3 with torch on this machine)"
 fi

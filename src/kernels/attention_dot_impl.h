@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "kernels/attention_dot.h"
 
@@ -22,10 +23,11 @@ namespace {
 
 constexpr int64_t up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-// The softmax of the fused kernels (fused_impl::softmax and softmax_grad:
-// the same arithmetic in the same order, V their vector type of 16 lanes,
-// but exp2 to degree 4, V::exp2_bf16: P and dS are rounded to bf16 next, and
-// the polynomial's error is u/1400 of that rounding) with P and dS written
+// The softmax of the fused kernels (fused_impl::softmax and softmax_grad,
+// V their vector type of 16 lanes; the forward's running max is lazy,
+// kLazyMax, and scale s - shift one fmadd), with exp2 to degree 4,
+// V::exp2_bf16 (P and dS are rounded to bf16 next, and the polynomial's
+// error is u/1400 of that rounding), and with P and dS written
 // straight as bf16 operands of the next products: the fp32 P and dS are
 // never stored, and no pass reads them back to round them (that pass and the
 // stores were 6% of the kernels' time; the short exp2 another 4-8%).
@@ -40,43 +42,66 @@ void softmax_to_pairs(const float* s, int64_t panels, int64_t cols, int64_t s_pa
   constexpr int64_t P = kDotPanel, W = V::W;
   static_assert(W == 16 && P == 2 * W);
   using R = typename V::R;
-  const R sc = V::set1(scale);
+  const R sc = V::set1(scale), none = V::set1(-std::numeric_limits<float>::infinity());
   const int64_t padded = up(cols, kv_align);
   alignas(64) float e[2][W];
   for (int64_t p = 0; p < panels; ++p) {
     uint32_t* pairs = reinterpret_cast<uint32_t*>(p2) + p * s_panel / 2;  // [kv/2][P]
     for (int64_t h = 0; h < P; h += W) {  // W q rows at a time, down the tile's columns
       const float* col = s + p * s_panel + h;
-      const auto score = [&](int64_t c) { return V::mul(V::load(col + c * P), sc); };
       const int64_t row = p * P + h;
+      // P = 2^(scale s - shift) into the pairs; the sum of P, and the max of
+      // the unscaled scores, scaled once (scale > 0 and rounding is
+      // monotonic: the max of the scaled scores, bit for bit).
+      const auto exp_pass = [&](R shift, R& sum, R& top) {
+        const R neg_shift = V::sub(V::zero(), shift);
+        R sum0 = V::zero(), sum1 = V::zero(), mx0 = none, mx1 = none;
+        int64_t c = 0;
+        for (; c + 2 <= cols; c += 2) {
+          const R s0 = V::load(col + c * P), s1 = V::load(col + (c + 1) * P);
+          mx0 = V::max(mx0, s0), mx1 = V::max(mx1, s1);
+          const R e0 = V::exp2_bf16(V::fmadd(s0, sc, neg_shift)), e1 = V::exp2_bf16(V::fmadd(s1, sc, neg_shift));
+          sum0 = V::add(sum0, e0), sum1 = V::add(sum1, e1);
+          V::store(e[0], e0), V::store(e[1], e1);
+          C::pairs16(e[0], e[1], pairs + (c / 2) * P + h);
+        }
+        if (c < cols) {
+          const R s0 = V::load(col + c * P);
+          mx0 = V::max(mx0, s0);
+          const R e0 = V::exp2_bf16(V::fmadd(s0, sc, neg_shift));
+          sum0 = V::add(sum0, e0);
+          V::store(e[0], e0), V::store(e[1], V::zero());
+          C::pairs16(e[0], e[1], pairs + (c / 2) * P + h);
+          c += 2;
+        }
+        for (; c < padded; c += 2) std::fill(pairs + (c / 2) * P + h, pairs + (c / 2) * P + h + W, 0u);
+        sum = V::add(sum0, sum1), top = V::mul(V::max(mx0, mx1), sc);
+      };
       const R m_old = V::load(m + row);
-      R mx[4] = {m_old, m_old, m_old, m_old};  // four independent chains
+      R sum, top;
+      // One pass where every row has a running max and none rose by more
+      // than kLazyMax (attention_dot.h; NaN rises by nothing: it reaches the
+      // output through P).
+      if (!V::any_less(m_old, V::set1(std::numeric_limits<float>::lowest()))) {
+        exp_pass(m_old, sum, top);
+        if (!V::any_less(V::add(m_old, V::set1(kLazyMax)), top)) {
+          V::store(alpha + row, V::set1(1.0f));
+          V::store(l + row, V::add(V::load(l + row), sum));
+          continue;
+        }
+      }
+      // Else the max first (four independent chains), then the pass shifted by it.
+      R mx[4] = {none, none, none, none};
       int64_t c = 0;
       for (; c + 4 <= cols; c += 4)
-        for (int x = 0; x < 4; ++x) mx[x] = V::max(mx[x], score(c + x));
-      for (; c < cols; ++c) mx[0] = V::max(mx[0], score(c));
-      const R m_new = V::max(V::max(mx[0], mx[1]), V::max(mx[2], mx[3]));
+        for (int x = 0; x < 4; ++x) mx[x] = V::max(mx[x], V::load(col + (c + x) * P));
+      for (; c < cols; ++c) mx[0] = V::max(mx[0], V::load(col + c * P));
+      const R m_new = V::max(m_old, V::mul(V::max(V::max(mx[0], mx[1]), V::max(mx[2], mx[3])), sc));
       const R shift = V::zero_where_neg_inf(m_new);  // rows with nothing allowed yet: 0, alpha 0
-      R sum0 = V::zero(), sum1 = V::zero();
-      for (c = 0; c + 2 <= cols; c += 2) {
-        const R e0 = V::exp2_bf16(V::sub(score(c), shift));
-        const R e1 = V::exp2_bf16(V::sub(score(c + 1), shift));
-        sum0 = V::add(sum0, e0);
-        sum1 = V::add(sum1, e1);
-        V::store(e[0], e0), V::store(e[1], e1);
-        C::pairs16(e[0], e[1], pairs + (c / 2) * P + h);
-      }
-      if (c < cols) {
-        const R e0 = V::exp2_bf16(V::sub(score(c), shift));
-        sum0 = V::add(sum0, e0);
-        V::store(e[0], e0), V::store(e[1], V::zero());
-        C::pairs16(e[0], e[1], pairs + (c / 2) * P + h);
-        c += 2;
-      }
-      for (; c < padded; c += 2) std::fill(pairs + (c / 2) * P + h, pairs + (c / 2) * P + h + W, 0u);
+      exp_pass(shift, sum, top);
       const R a = V::exp2_bf16(V::sub(m_old, shift));
       V::store(alpha + row, a);
-      V::store(l + row, V::fmadd(V::load(l + row), a, V::add(sum0, sum1)));
+      V::store(l + row, V::fmadd(V::load(l + row), a, sum));
       V::store(m + row, m_new);
     }
   }

@@ -29,6 +29,8 @@ struct Avx512 {
   static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
   static R fmadd(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
   static R max(R a, R b) { return _mm512_max_ps(a, b); }
+  // Whether a < b in any lane (false where either is NaN).
+  static bool any_less(R a, R b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ) != 0; }
   // avx2::exp2_ps's arithmetic, 16 lanes: the same result in every lane.
   static R exp2(R x) {
     const R lo = set1(-126.0f);

@@ -39,6 +39,12 @@ struct PortableLanes {
   static R mul(R a, R b) { return each([&](int i) { return a.v[i] * b.v[i]; }); }
   static R fmadd(R a, R b, R c) { return each([&](int i) { return std::fma(a.v[i], b.v[i], c.v[i]); }); }
   static R max(R a, R b) { return each([&](int i) { return a.v[i] > b.v[i] ? a.v[i] : b.v[i]; }); }
+  // Whether a < b in any lane (false where either is NaN).
+  static bool any_less(R a, R b) {
+    for (int i = 0; i < W; ++i)
+      if (a.v[i] < b.v[i]) return true;
+    return false;
+  }
   static R exp2(R x) {  // avx2::exp2_ps, lane by lane
     return each([&](int i) {
       const float lo = -126.0f, c = x.v[i];

@@ -74,6 +74,10 @@ struct Problem {
   std::vector<int64_t> q_pos, kv_pos;  // [Sq], [Skv] (same for every batch row)
   std::vector<int32_t> q_seg, kv_seg;  // empty unless mask.same_segment
   uint32_t seed = 1;
+  // Nonzero: q . k rises by about this much (base 2, scaled) per 128 kv
+  // rows (kAttentionTile), through d = 0 of q (all 32) and k (growing with
+  // the kv row), so that a row's max moves from kv block to kv block.
+  float score_rise = 0.0f;
 
   // Filled by init().
   std::vector<int64_t> q_pos_b, kv_pos_b;
@@ -106,6 +110,14 @@ struct Problem {
     k = random_vec(B * Skv * kv_row(), seed + 1, 1.5f);
     v = random_vec(B * Skv * kv_row(), seed + 2);
     dout = random_vec(B * Sq * q_row(), seed + 3);
+    if (score_rise != 0.0f) {
+      const double per_row = score_rise / (kAttentionTile * 32.0 * std::log2(std::exp(1.0)) / std::sqrt(double(D)));
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t i = 0; i < Sq * H; ++i) q[b * Sq * q_row() + (i / H) * q_row() + (i % H) * D] = 32.0f;
+        for (int64_t j = 0; j < Skv * G; ++j)
+          k[b * Skv * kv_row() + (j / G) * kv_row() + (j % G) * D] = float(per_row * double(j / G));
+      }
+    }
   }
   AttentionArgs args(KernelImpl impl = KernelImpl::fast) {
     AttentionArgs a;
@@ -796,6 +808,19 @@ TEST(AttentionBf16, QueryAndKvLengthsDifferWithinTheDerivedBounds) {
     }
 }
 
+// The dot path's forward keeps a row's running max until the scores rise
+// above it by more than kLazyMax (2^8): scores that rise less than that per
+// kv block (P above 1, one pass), more (the max moves, two passes), and
+// fall (the first block's max holds), across blocks and lengths off them.
+TEST(AttentionBf16, ScoresRisingAndFallingAcrossKvBlocksWithinTheDerivedBounds) {
+  for (float rise : {3.0f, 12.0f, -12.0f})
+    for (const char* m : {"causal", "full"}) {
+      Problem p = self_attention(300, 2, 1, 64, MaskSpec::parse(m));
+      p.score_rise = rise;
+      expect_bf16_within_bounds(p, std::string(m) + ", scores rising by " + std::to_string(rise) + " per kv block");
+    }
+}
+
 // The fused kernels' blocking: q rows in panels of 16 (AVX2) or 32
 // (AVX-512), the last one padded; kv rows and head dims in register blocks
 // of 6 or 8, the last one shorter; so lengths and head dims that are
@@ -1276,4 +1301,65 @@ TEST(DotTiles, TheAmxPackWritesThePortableTwinsBytes) {
       twin->pack_kv(x.data(), ld, cols, D, want.data());
       EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(bf16)), 0);
     }
+}
+
+// The dot forward's softmax (softmax_to_pairs) across tiles whose scores
+// jump far past the running max, and by less than kLazyMax, with a row that
+// has nothing allowed in the first tile, on every dot kernel set this CPU
+// runs and the portable twins. After each tile, against float64: the max
+// never above the scores seen and at most kLazyMax below them; l 2^m is
+// the mass of every score seen; P = 2^(s - m), at most 2^kLazyMax (a max
+// that never moved would overflow here); alpha = 2^(m_before - m_after).
+TEST(DotSoftmax, TheRunningMaxTrailsByAtMostTheLazyMarginAndPNeverOverflows) {
+  std::vector<const attn::DotTileKernels*> sets = {attn::dot_tile_kernels_portable_lanes(),
+                                                   attn::dot_tile_kernels_portable_tiles()};
+  for (const attn::DotTileKernels* k : {attn::dot_tile_kernels_avx512bf16(), attn::dot_tile_kernels_amx()})
+    if (k) sets.push_back(k);
+  constexpr int64_t P = attn::kDotPanel, cols = 45;  // an odd count, off every alignment
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const attn::DotTileKernels* k : sets) {
+    SCOPED_TRACE(k->isa);
+    const int64_t s_panel = attn::round_up(cols, k->kv_align) * P;
+    std::vector<float> s(s_panel), m(P, -std::numeric_limits<float>::infinity()), l(P, 0.0f), alpha(P);
+    std::vector<bf16> p2(s_panel);
+    std::vector<double> top(P, -inf), mass(P, 0.0);  // mass: sum of 2^(score - top)
+    std::mt19937 gen(5);
+    std::normal_distribution<float> noise(0.0f, 1.0f);
+    for (double base : {0.0, 100.0, 103.0, 203.0, 150.0}) {  // +100, +3 (within the margin), +100, -53
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t j = 0; j < P; ++j)
+          s[c * P + j] = base == 0.0 && j == 0 ? -std::numeric_limits<float>::infinity()
+                                               : float(base + 0.25 * double(j)) + noise(gen);
+      const std::vector<float> m_before = m;
+      k->softmax_to_pairs(s.data(), 1, cols, s_panel, 1.0f, k->kv_align, m.data(), l.data(), alpha.data(),
+                          p2.data());
+      for (int64_t j = 0; j < P; ++j) {
+        SCOPED_TRACE("tiles to " + std::to_string(base) + ", row " + std::to_string(j));
+        double tile_top = -inf;
+        for (int64_t c = 0; c < cols; ++c) tile_top = std::max(tile_top, double(s[c * P + j]));
+        const double new_top = std::max(top[j], tile_top);
+        if (new_top == -inf) {  // nothing allowed yet: the row stays empty
+          EXPECT_EQ(m[j], -std::numeric_limits<float>::infinity());
+          EXPECT_EQ(l[j], 0.0f);
+          continue;
+        }
+        mass[j] = (top[j] == -inf ? 0.0 : mass[j] * std::exp2(top[j] - new_top));
+        for (int64_t c = 0; c < cols; ++c) mass[j] += std::exp2(double(s[c * P + j]) - new_top);
+        top[j] = new_top;
+        EXPECT_LE(m[j], top[j]);
+        EXPECT_GE(m[j], top[j] - attn::kLazyMax);
+        EXPECT_NEAR(double(l[j]) * std::exp2(double(m[j]) - top[j]) / mass[j], 1.0, 1e-4);
+        if (m_before[j] != -std::numeric_limits<float>::infinity()) {
+          const double rescale = std::exp2(double(m_before[j]) - m[j]);
+          EXPECT_NEAR(alpha[j], rescale, 1e-5 * rescale);
+        }
+        for (int64_t c = 0; c < cols; ++c) {
+          const double want = std::exp2(double(s[c * P + j]) - m[j]);
+          const double got = double(float(p2[(c / 2) * 2 * P + 2 * j + c % 2]));
+          EXPECT_LE(got, std::exp2(attn::kLazyMax));
+          EXPECT_NEAR(got, want, want * 0x1p-8 + 1e-30) << "kv row " << c;
+        }
+      }
+    }
+  }
 }
