@@ -43,6 +43,7 @@ std::atomic<bool> g_thread_count_independent{false};
 }  // namespace
 
 void set_gemm_thread_count_independent(bool on) { g_thread_count_independent = on; }
+bool gemm_thread_count_independent() { return g_thread_count_independent; }
 
 namespace {
 

@@ -15,6 +15,7 @@ namespace longctx {
 // its shape, so results are bit-identical at any thread count (src/kernels/gemm.cpp);
 // for gemm_f32 and gemm_bf16 alike.
 void set_gemm_thread_count_independent(bool on);
+bool gemm_thread_count_independent();
 
 void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,

@@ -29,7 +29,7 @@ std::vector<PositionBucket> position_buckets(int64_t seq_len, int64_t first) {
 }
 
 EvalResult evaluate(const RunConfig& c, const Mesh& mesh) {
-  apply_system_settings(c);
+  const SystemSettings settings(c);
   RunConfig data_config = c;
   if (!c.eval_dataset_path.empty()) data_config.dataset_path = c.eval_dataset_path;
   const Dataset data(load_corpus(data_config), c.max_target_length, c.packing);

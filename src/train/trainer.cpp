@@ -88,12 +88,25 @@ ModelOptions model_options_from_config(const RunConfig& c, const Mesh& mesh) {
   return o;
 }
 
-void apply_system_settings(const RunConfig& c) {
+SystemSettings::SystemSettings(const RunConfig& c)
+    : threads_(omp_get_max_threads()),
+      gemm_thread_count_independent_(gemm_thread_count_independent()),
+      device_budget_(MemoryTracker::global().budget()),
+      host_budget_(MemoryTracker::global().host_budget()),
+      collective_timeout_seconds_(collective_timeout_seconds()) {
   if (c.num_threads > 0) omp_set_num_threads(static_cast<int>(c.num_threads));
   set_gemm_thread_count_independent(c.deterministic_across_thread_counts);
   MemoryTracker::global().set_budget(static_cast<size_t>(c.device_memory_budget));
   MemoryTracker::global().set_host_budget(static_cast<size_t>(c.host_memory_budget));
   set_collective_timeout_seconds(static_cast<double>(c.collective_timeout_seconds));
+}
+
+SystemSettings::~SystemSettings() {
+  omp_set_num_threads(threads_);
+  set_gemm_thread_count_independent(gemm_thread_count_independent_);
+  MemoryTracker::global().set_budget(device_budget_);
+  MemoryTracker::global().set_host_budget(host_budget_);
+  set_collective_timeout_seconds(collective_timeout_seconds_);
 }
 
 // ---- start-up checks ---------------------------------------------------------------
@@ -202,9 +215,8 @@ void check_checkpoint_dir(const std::string& dir, const Communicator& world) {
 
 }  // namespace
 
-Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), mesh_(mesh) {
+Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), mesh_(mesh), settings_(config_) {
   const RunConfig& c = config_;
-  apply_system_settings(c);
   const MeshShape want = c.mesh_shape(), got = mesh_.shape();
   if (want.dp != got.dp || want.fsdp != got.fsdp || want.cp != got.cp || want.ulysses != got.ulysses ||
       want.tp != got.tp || want.fsdp_over_context != got.fsdp_over_context)

@@ -34,10 +34,25 @@
 namespace longctx {
 
 ModelOptions model_options_from_config(const RunConfig& config, const Mesh& mesh);
-// The config's system settings for this process: num_threads, the
-// thread-count-independent GEMMs, device_memory_budget and
-// collective_timeout_seconds (the Trainer and evaluate() call it).
-void apply_system_settings(const RunConfig& config);
+// The config's process-wide switches: num_threads, the thread-count-
+// independent GEMMs, device_memory_budget, host_memory_budget and
+// collective_timeout_seconds. Whoever runs a config owns one (the Trainer,
+// evaluate()): set while it lives, and the values from before it back when
+// it ends, so that runs one after another in a process (tests, a sweep)
+// never inherit each other's switches.
+class SystemSettings {
+ public:
+  explicit SystemSettings(const RunConfig& config);
+  ~SystemSettings();
+  SystemSettings(const SystemSettings&) = delete;
+  SystemSettings& operator=(const SystemSettings&) = delete;
+
+ private:
+  int threads_;
+  bool gemm_thread_count_independent_;
+  size_t device_budget_, host_budget_;
+  double collective_timeout_seconds_;
+};
 
 // Graceful stop. The train command installs handlers for SIGTERM, SIGINT
 // and SIGUSR1: the first one makes Trainer::run finish the current step on
@@ -53,7 +68,7 @@ class Trainer {
  public:
   // Builds data, model (seeded init, or the weights of load_parameters_path,
   // whose config.json apply_hf_model_config has applied) and optimizer;
-  // applies the system settings. Does not resume: run() does, or call
+  // holds the system settings (SystemSettings) while it lives. Does not resume: run() does, or call
   // resume() yourself (a checkpoint then replaces the loaded weights).
   // `mesh` must outlive the Trainer and match the config's shape.
   Trainer(const RunConfig& config, const Mesh& mesh);
@@ -90,6 +105,7 @@ class Trainer {
   bool is_logger() const;
   RunConfig config_;
   const Mesh& mesh_;
+  SystemSettings settings_;  // before every member it sizes (threads, budgets)
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<CpLayout> layout_;
   MaskSpec mask_;

@@ -8,7 +8,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include <omp.h>
+
+#include "comm/communicator.h"
 #include "core/memory.h"
+#include "kernels/gemm.h"
 #include "train/trainer.h"
 #include "temp_dir.h"
 #include "train_run.h"
@@ -233,5 +237,32 @@ TEST(Train, DeviceMemoryBudgetIsEnforced) {
   TempDir t;
   RunConfig c = tiny(t.path, {{"device_memory_budget", int64_t(64 * 1024)}});
   EXPECT_THROW(Trainer(c, one_rank()), OutOfMemoryError);
-  MemoryTracker::global().set_budget(0);
+  EXPECT_EQ(MemoryTracker::global().budget(), 0u) << "a trainer that failed to build left its budget behind";
+}
+
+// A run's process-wide switches live as long as whoever runs it (the
+// Trainer, evaluate()): set while it lives, the values from before it back
+// after, so that runs one after another in a process inherit nothing.
+TEST(Train, SystemSettingsHoldWhileTheirOwnerLivesAndAreRestoredAfter) {
+  TempDir t;
+  RunConfig c = tiny(t.path, {{"num_threads", int64_t(1)},
+                              {"device_memory_budget", int64_t(1) << 40},
+                              {"host_memory_budget", int64_t(1) << 39},
+                              {"collective_timeout_seconds", int64_t(123)},
+                              {"deterministic_across_thread_counts", true}});
+  omp_set_num_threads(2);
+  const double timeout_before = collective_timeout_seconds();
+  {
+    const Trainer trainer(c, one_rank());
+    EXPECT_EQ(omp_get_max_threads(), 1);
+    EXPECT_TRUE(gemm_thread_count_independent());
+    EXPECT_EQ(MemoryTracker::global().budget(), size_t(1) << 40);
+    EXPECT_EQ(MemoryTracker::global().host_budget(), size_t(1) << 39);
+    EXPECT_EQ(collective_timeout_seconds(), 123.0);
+  }
+  EXPECT_EQ(omp_get_max_threads(), 2);
+  EXPECT_FALSE(gemm_thread_count_independent());
+  EXPECT_EQ(MemoryTracker::global().budget(), 0u);
+  EXPECT_EQ(MemoryTracker::global().host_budget(), 0u);
+  EXPECT_EQ(collective_timeout_seconds(), timeout_before);
 }
