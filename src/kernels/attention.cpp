@@ -1126,6 +1126,11 @@ Bf16Choice measure_bf16_choice() {
                       have + ")");
   }
   if (candidates.size() == 1) return {candidates[0].first, "the only bf16 path on this CPU"};
+  // On the CPU, whatever device the first caller is on: the planner's first
+  // bf16 attention call runs on a meta device (core/device.h), whose scratch
+  // is never backed (the kernels measured here would touch it) and whose
+  // peak must not count this measurement.
+  const DeviceScope on_cpu(Device::cpu());
   constexpr int64_t S = 2048, H = 2, D = 64;  // 1024 tokens told dot from native by 7%, the model by 35%
   std::vector<bf16> q(S * H * D), k(S * H * D), v(S * H * D), o(S * H * D), dout(S * H * D);
   std::vector<float> lse(S * H), delta(S * H), dq(S * H * D), dk(S * H * D), dv(S * H * D);
