@@ -172,10 +172,14 @@ void print_memory(const StrategyPlan& p) {
   }
   if (p.state_offload_bytes > 0) {
     const bool disk = p.state_offload_target == OffloadTarget::disk;
-    std::printf("   state in %s (not device memory): %s; moved per step %s %s: %s, %s hidden\n",
-                disk ? "disk spill files" : "host memory", human_bytes(double(p.state_offload_bytes)).c_str(),
-                disk ? "to and from disk" : "over the host link", human_bytes(double(p.state_offload_moved_bytes)).c_str(),
-                seconds(p.state_offload_seconds).c_str(), seconds(p.state_offload_hidden_seconds).c_str());
+    std::printf("   state in %s (not device memory): %s; moved per step %s %s", disk ? "disk spill files" : "host memory",
+                human_bytes(double(p.state_offload_bytes)).c_str(), disk ? "to and from disk" : "over the host link",
+                human_bytes(double(p.state_offload_moved_bytes)).c_str());
+    if (p.state_offload_bandwidth > 0)
+      std::printf(": %s, %s hidden\n", seconds(p.state_offload_seconds).c_str(),
+                  seconds(p.state_offload_hidden_seconds).c_str());
+    else
+      std::printf(": the profile has no %s bandwidth, time not counted\n", disk ? "disk" : "host_link");
     for (const OffloadLine& m : p.state_offload)
       std::printf("   %-14s %-58s %12s\n", name_of(p.state_offload_target), m.name.c_str(), human_bytes(double(m.bytes)).c_str());
   }

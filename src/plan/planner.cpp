@@ -536,7 +536,8 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   // CPU backend the host pool is RAM and nothing moves) or to disk.
   const bool disk = s.state_target == OffloadTarget::disk;
   const double state_bandwidth = disk ? hw.disk_bandwidth : hw.host_link_bandwidth;
-  if (state_bandwidth > 0) {
+  p.state_offload_bandwidth = state_bandwidth;
+  {  // the bytes whatever the profile knows; their time where it has the bandwidth
     const int64_t moments = s.optimizer_tier != StateTier::device ? 2 * kAdamWMoments * int64_t(s.piece.size) * 4 : 0;
     // Parameters: every unit's block in for the forward, each layer's again
     // for the backward (and the tied embedding's for the loss head), read
@@ -550,8 +551,10 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
     }
     const int64_t hidden_bytes = gather_reads + (disk ? 0 : update);
     p.state_offload_moved_bytes = moments + gather_reads + update;
-    p.state_offload_seconds = double(p.state_offload_moved_bytes) / state_bandwidth;
-    p.state_offload_hidden_seconds = std::min(double(hidden_bytes) / state_bandwidth, p.compute_seconds);
+    if (state_bandwidth > 0) {
+      p.state_offload_seconds = double(p.state_offload_moved_bytes) / state_bandwidth;
+      p.state_offload_hidden_seconds = std::min(double(hidden_bytes) / state_bandwidth, p.compute_seconds);
+    }
   }
   plan_offload_time(s, hw, p);
   p.step_seconds = p.compute_seconds + p.comm_seconds - hidden + p.offload_seconds - p.offload_hidden_seconds +

@@ -96,6 +96,7 @@ struct StrategyPlan {
   std::vector<OffloadLine> state_offload;  // in state_offload_target
   int64_t state_offload_bytes = 0;
   int64_t state_offload_moved_bytes = 0;
+  double state_offload_bandwidth = 0;  // 0: the profile has none (time not counted)
   double state_offload_seconds = 0, state_offload_hidden_seconds = 0;
 
   // Per device per step.

@@ -327,5 +327,22 @@ TEST(PlanTime, TorusRingSendsCostBytesTimesHops) {
   EXPECT_EQ(sends, 2);  // forward (K,V) and backward (K,V, and dK,dV back), as counted per pass
 }
 
+// The optimizer state offloaded to the host moves its moments over the host
+// link every step: those bytes are the config's, whatever the profile
+// knows; the time is the bytes over the link's bandwidth, and none where
+// the profile has no host link (then the report says the time is not
+// counted).
+TEST(PlanTime, OffloadedStateBytesDoNotDependOnTheProfilesBandwidth) {
+  RunConfig c = small_config("causal", 512, "full");
+  c.optimizer_memory_host_offload = true;
+  HardwareProfile without = round_profile(), with = round_profile();
+  with.host_link_bandwidth = 1e9;
+  const StrategyPlan a = plan(c, without), b = plan(c, with);
+  ASSERT_GT(b.state_offload_moved_bytes, 0);
+  EXPECT_EQ(a.state_offload_moved_bytes, b.state_offload_moved_bytes);
+  EXPECT_EQ(a.state_offload_seconds, 0.0);
+  EXPECT_DOUBLE_EQ(b.state_offload_seconds, double(b.state_offload_moved_bytes) / 1e9);
+}
+
 }  // namespace
 }  // namespace longctx
