@@ -140,7 +140,9 @@ json to_json(const StrategyPlan& p) {
     json st = json::array();
     for (const OffloadLine& m : p.state_offload) st.push_back({{"name", m.name}, {"bytes", m.bytes}});
     j["state_offload"] = {{"target", name_of(p.state_offload_target)}, {"memory", st}, {"bytes", p.state_offload_bytes},
-                          {"moved_bytes_per_step", p.state_offload_moved_bytes}, {"seconds", p.state_offload_seconds},
+                          {"moved_bytes_per_step", p.state_offload_moved_bytes},
+                          {"bandwidth", p.state_offload_bandwidth},  // 0: the profile has none, seconds not counted
+                          {"seconds", p.state_offload_seconds},
                           {"hidden_seconds", p.state_offload_hidden_seconds}};
   }
   if (!p.advice.empty()) j["advice"] = p.advice;

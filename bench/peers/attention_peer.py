@@ -60,6 +60,9 @@ def sdpa(a):
     def now():
         return time.process_time() / threads if a.clock == "cpu" else time.perf_counter()
 
+    def attend():  # one K, V head per query head
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
     def attend_gqa():  # PyTorch's own grouped-query attention
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
@@ -69,7 +72,7 @@ def sdpa(a):
                                               is_causal=True)
 
     # Grouped-query attention: whichever of PyTorch's two ways is faster here.
-    ways = {"": attend_repeated} if a.kv_heads == a.heads else {", enable_gqa": attend_gqa,
+    ways = {"": attend} if a.kv_heads == a.heads else {", enable_gqa": attend_gqa,
                                                                ", K/V repeat_interleave": attend_repeated}
     best = None
     for name, attend in ways.items():
@@ -94,6 +97,8 @@ def sdpa(a):
 def main():
     a = parse_args(sys.argv[1:])
     a.kv_heads = a.kv_heads or a.heads
+    if a.heads % a.kv_heads:
+        sys.exit(f"attention_peer: --heads {a.heads} must be a multiple of --kv-heads {a.kv_heads}")
     if a.sdpa:
         return sdpa(a)
     build, python = start(a.build, "attention_peer.py")

@@ -338,6 +338,10 @@ Geometry geometry(const AttentionArgs& a) {
               "attention: mask needs segment ids but none were given");
   g.group = g.H / g.G;
   g.scale = a.scale != 0.0f ? a.scale : static_cast<float>(1.0 / std::sqrt(double(g.D)));
+  // The bf16_dot kernels scale the scores after the mask and take the max of
+  // the unscaled scores (attention_dot.h): both need scale > 0.
+  check_shape(g.scale > 0.0f && std::isfinite(g.scale),
+              "attention: scale must be positive and finite (got " + std::to_string(g.scale) + ")");
   g.bq = g.bk = kAttentionTile;
   g.nq = (g.Sq + g.bq - 1) / g.bq, g.nk = (g.Skv + g.bk - 1) / g.bk;
   return g;

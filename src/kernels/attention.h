@@ -31,7 +31,7 @@ struct AttentionArgs {
   const int32_t* q_seg = nullptr;  // required iff mask.same_segment
   const int32_t* kv_seg = nullptr;
   MaskSpec mask;
-  float scale = 0.0f;  // 0 means 1/sqrt(D)
+  float scale = 0.0f;  // 0 means 1/sqrt(D); else > 0 and finite
   KernelImpl impl = KernelImpl::fast;
 };
 

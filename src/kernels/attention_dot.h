@@ -13,7 +13,7 @@
 // rows per panel; Dd = the head dim rounded up to d_align, zero-padded):
 //   qp  [panels][Dd/2][P][2]  Q (or dO) panels, pairs of d side by side
 //   k   [cols][Dd]            K (or V) row-major, for S^T = K Q^T (dP^T = V dO^T)
-//   s   [panels][cols][P]     fp32 scores (as the fused kernels')
+//   s   [panels][cols][P]     fp32 scores, unscaled (the fused kernels' layout)
 //   p2  [panels][kv/2][P][2]  P or dS, pairs of kv side by side (zero past cols,
 //                             up to cols rounded to 32)
 //   a   [panels][cols][P]     P or dS, plain (rows past the block zero)
@@ -52,7 +52,7 @@ struct DotTileKernels {
   // softmax multiplies by scale (base 2) as it reads them, so that no pass
   // of its own rescales s (on AMX that pass was 40% of the scores' time).
   // The forward's: m, l,
-  // alpha as fp32->softmax (alpha exactly 1 where the max held); P into p2.
+  // alpha as fp32->softmax (exactly 1 where the one pass ran, kLazyMax); P into p2.
   void (*softmax_to_pairs)(const float* s, int64_t panels, int64_t cols, int64_t s_panel, float scale,
                            int64_t kv_align, float* m, float* l, float* alpha, bf16* p2);
   // The backward's: P = 2^(s_scale s - lse2) into a (pa), dS = scale P (dp - delta) into p2 (ds2) and a (dsa).

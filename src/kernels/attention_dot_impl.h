@@ -81,7 +81,7 @@ void softmax_to_pairs(const float* s, int64_t panels, int64_t cols, int64_t s_pa
       R sum, top;
       // One pass where every row has a running max and none rose by more
       // than kLazyMax (attention_dot.h; NaN rises by nothing: it reaches the
-      // output through P).
+      // output through P). Where one rose more, that pass found the max.
       if (!V::any_less(m_old, V::set1(std::numeric_limits<float>::lowest()))) {
         exp_pass(m_old, sum, top);
         if (!V::any_less(V::add(m_old, V::set1(kLazyMax)), top)) {
@@ -89,14 +89,16 @@ void softmax_to_pairs(const float* s, int64_t panels, int64_t cols, int64_t s_pa
           V::store(l + row, V::add(V::load(l + row), sum));
           continue;
         }
+      } else {  // a row with no running max yet: the max first (four independent chains)
+        R mx[4] = {none, none, none, none};
+        int64_t c = 0;
+        for (; c + 4 <= cols; c += 4)
+          for (int x = 0; x < 4; ++x) mx[x] = V::max(mx[x], V::load(col + (c + x) * P));
+        for (; c < cols; ++c) mx[0] = V::max(mx[0], V::load(col + c * P));
+        top = V::mul(V::max(V::max(mx[0], mx[1]), V::max(mx[2], mx[3])), sc);
       }
-      // Else the max first (four independent chains), then the pass shifted by it.
-      R mx[4] = {none, none, none, none};
-      int64_t c = 0;
-      for (; c + 4 <= cols; c += 4)
-        for (int x = 0; x < 4; ++x) mx[x] = V::max(mx[x], V::load(col + (c + x) * P));
-      for (; c < cols; ++c) mx[0] = V::max(mx[0], V::load(col + c * P));
-      const R m_new = V::max(m_old, V::mul(V::max(V::max(mx[0], mx[1]), V::max(mx[2], mx[3])), sc));
+      // The pass shifted by the new max.
+      const R m_new = V::max(m_old, top);
       const R shift = V::zero_where_neg_inf(m_new);  // rows with nothing allowed yet: 0, alpha 0
       exp_pass(shift, sum, top);
       const R a = V::exp2_bf16(V::sub(m_old, shift));

@@ -94,11 +94,11 @@ SystemSettings::SystemSettings(const RunConfig& c)
       device_budget_(MemoryTracker::global().budget()),
       host_budget_(MemoryTracker::global().host_budget()),
       collective_timeout_seconds_(collective_timeout_seconds()) {
+  set_collective_timeout_seconds(static_cast<double>(c.collective_timeout_seconds));  // first: the one that can throw
   if (c.num_threads > 0) omp_set_num_threads(static_cast<int>(c.num_threads));
   set_gemm_thread_count_independent(c.deterministic_across_thread_counts);
   MemoryTracker::global().set_budget(static_cast<size_t>(c.device_memory_budget));
   MemoryTracker::global().set_host_budget(static_cast<size_t>(c.host_memory_budget));
-  set_collective_timeout_seconds(static_cast<double>(c.collective_timeout_seconds));
 }
 
 SystemSettings::~SystemSettings() {

@@ -608,6 +608,12 @@ TEST(Attention, RejectsShapesItCannotRun) {
   std::vector<float> o2(s.q.size()), lse2(s.Sq * s.H);
   EXPECT_THROW(attention_forward(no_segments, s.qview(o2), lse2.data()), ShapeError);
 
+  for (float scale : {-0.5f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    AttentionArgs scaled = s.args();
+    scaled.mask = MaskSpec::causal(), scaled.scale = scale;
+    EXPECT_THROW(attention_forward(scaled, s.qview(o2), lse2.data()), ShapeError) << scale;
+  }
+
   AttentionArgs strided_head = s.args();  // head dim with stride 2
   strided_head.q.stride[3] = 2;
   EXPECT_THROW(attention_forward(strided_head, s.qview(o2), lse2.data()), ShapeError);
@@ -1309,7 +1315,9 @@ TEST(DotTiles, TheAmxPackWritesThePortableTwinsBytes) {
 // runs and the portable twins. After each tile, against float64: the max
 // never above the scores seen and at most kLazyMax below them; l 2^m is
 // the mass of every score seen; P = 2^(s - m), at most 2^kLazyMax (a max
-// that never moved would overflow here); alpha = 2^(m_before - m_after).
+// that never moved would pass 2^100 here); alpha = 2^(m_before - m_after),
+// and exactly 1 with the max unmoved where the scores rose by less than the
+// margin (the one pass ran).
 TEST(DotSoftmax, TheRunningMaxTrailsByAtMostTheLazyMarginAndPNeverOverflows) {
   std::vector<const attn::DotTileKernels*> sets = {attn::dot_tile_kernels_portable_lanes(),
                                                    attn::dot_tile_kernels_portable_tiles()};
@@ -1352,6 +1360,10 @@ TEST(DotSoftmax, TheRunningMaxTrailsByAtMostTheLazyMarginAndPNeverOverflows) {
         if (m_before[j] != -std::numeric_limits<float>::infinity()) {
           const double rescale = std::exp2(double(m_before[j]) - m[j]);
           EXPECT_NEAR(alpha[j], rescale, 1e-5 * rescale);
+        }
+        if (base == 103.0) {  // +3 over the tile before: within the margin, one pass
+          EXPECT_EQ(alpha[j], 1.0f);
+          EXPECT_EQ(m[j], m_before[j]);
         }
         for (int64_t c = 0; c < cols; ++c) {
           const double want = std::exp2(double(s[c * P + j]) - m[j]);

@@ -250,8 +250,11 @@ TEST(Train, SystemSettingsHoldWhileTheirOwnerLivesAndAreRestoredAfter) {
                               {"host_memory_budget", int64_t(1) << 39},
                               {"collective_timeout_seconds", int64_t(123)},
                               {"deterministic_across_thread_counts", true}});
+  const int threads_outside = omp_get_max_threads();
   omp_set_num_threads(2);
   const double timeout_before = collective_timeout_seconds();
+  const bool gemm_before = gemm_thread_count_independent();
+  const size_t budget_before = MemoryTracker::global().budget(), host_before = MemoryTracker::global().host_budget();
   {
     const Trainer trainer(c, one_rank());
     EXPECT_EQ(omp_get_max_threads(), 1);
@@ -261,8 +264,9 @@ TEST(Train, SystemSettingsHoldWhileTheirOwnerLivesAndAreRestoredAfter) {
     EXPECT_EQ(collective_timeout_seconds(), 123.0);
   }
   EXPECT_EQ(omp_get_max_threads(), 2);
-  EXPECT_FALSE(gemm_thread_count_independent());
-  EXPECT_EQ(MemoryTracker::global().budget(), 0u);
-  EXPECT_EQ(MemoryTracker::global().host_budget(), 0u);
+  EXPECT_EQ(gemm_thread_count_independent(), gemm_before);
+  EXPECT_EQ(MemoryTracker::global().budget(), budget_before);
+  EXPECT_EQ(MemoryTracker::global().host_budget(), host_before);
   EXPECT_EQ(collective_timeout_seconds(), timeout_before);
+  omp_set_num_threads(threads_outside);
 }
