@@ -46,13 +46,13 @@ struct DotTileKernels {
   int64_t (*packed_elements)(int64_t cols, int64_t D);
   // packed from row-major x [cols][D] (row stride ld_x).
   void (*pack_kv)(const bf16* x, int64_t ld_x, int64_t cols, int64_t D, bf16* packed);
-  // fp32's softmax (fp32->softmax and softmax_grad; the forward's max lazy, kLazyMax), P
-  // and dS rounded to bf16 (to nearest even) as they are written, zero past
-  // cols up to cols rounded to kv_align. The scores come unscaled; the
-  // softmax multiplies by scale (base 2) as it reads them, so that no pass
-  // of its own rescales s (on AMX that pass was 40% of the scores' time).
-  // The forward's: m, l,
-  // alpha as fp32->softmax (exactly 1 where the one pass ran, kLazyMax); P into p2.
+  // fp32's softmax (fp32->softmax and softmax_grad; the forward's max is
+  // lazy, kLazyMax), P and dS rounded to bf16 (to nearest even) as they are
+  // written, zero past cols up to cols rounded to kv_align. The scores come
+  // unscaled; the softmax multiplies by scale (base 2) as it reads them, so
+  // that no pass of its own rescales s (on AMX that pass was 40% of the
+  // scores' time). The forward's: m, l, alpha as fp32->softmax (alpha
+  // exactly 1 where the one pass ran); P into p2.
   void (*softmax_to_pairs)(const float* s, int64_t panels, int64_t cols, int64_t s_panel, float scale,
                            int64_t kv_align, float* m, float* l, float* alpha, bf16* p2);
   // The backward's: P = 2^(s_scale s - lse2) into a (pa), dS = scale P (dp - delta) into p2 (ds2) and a (dsa).

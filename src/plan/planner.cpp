@@ -537,24 +537,23 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   const bool disk = s.state_target == OffloadTarget::disk;
   const double state_bandwidth = disk ? hw.disk_bandwidth : hw.host_link_bandwidth;
   p.state_offload_bandwidth = state_bandwidth;
-  {  // the bytes whatever the profile knows; their time where it has the bandwidth
-    const int64_t moments = s.optimizer_tier != StateTier::device ? 2 * kAdamWMoments * int64_t(s.piece.size) * 4 : 0;
-    // Parameters: every unit's block in for the forward, each layer's again
-    // for the backward (and the tied embedding's for the loss head), read
-    // with the unit's prefetch (hidden like the all-gathers); the updated
-    // shard out (a device backend's host copy: hidden too; on disk the
-    // update reads the shard in and writes it out, exposed).
-    int64_t gather_reads = 0, update = 0;
-    if (s.parameter_tier != StateTier::device) {
-      gather_reads = (s.shard + s.L * s.layer_block + (s.model.tie_embeddings ? s.embed_block : 0)) * 4;
-      update = (disk ? 2 : 1) * s.shard * 4;
-    }
-    const int64_t hidden_bytes = gather_reads + (disk ? 0 : update);
-    p.state_offload_moved_bytes = moments + gather_reads + update;
-    if (state_bandwidth > 0) {
-      p.state_offload_seconds = double(p.state_offload_moved_bytes) / state_bandwidth;
-      p.state_offload_hidden_seconds = std::min(double(hidden_bytes) / state_bandwidth, p.compute_seconds);
-    }
+  // The bytes whatever the profile knows; their time where it has the bandwidth.
+  const int64_t moments = s.optimizer_tier != StateTier::device ? 2 * kAdamWMoments * int64_t(s.piece.size) * 4 : 0;
+  // Parameters: every unit's block in for the forward, each layer's again
+  // for the backward (and the tied embedding's for the loss head), read
+  // with the unit's prefetch (hidden like the all-gathers); the updated
+  // shard out (a device backend's host copy: hidden too; on disk the
+  // update reads the shard in and writes it out, exposed).
+  int64_t gather_reads = 0, update = 0;
+  if (s.parameter_tier != StateTier::device) {
+    gather_reads = (s.shard + s.L * s.layer_block + (s.model.tie_embeddings ? s.embed_block : 0)) * 4;
+    update = (disk ? 2 : 1) * s.shard * 4;
+  }
+  const int64_t hidden_bytes = gather_reads + (disk ? 0 : update);
+  p.state_offload_moved_bytes = moments + gather_reads + update;
+  if (state_bandwidth > 0) {
+    p.state_offload_seconds = double(p.state_offload_moved_bytes) / state_bandwidth;
+    p.state_offload_hidden_seconds = std::min(double(hidden_bytes) / state_bandwidth, p.compute_seconds);
   }
   plan_offload_time(s, hw, p);
   p.step_seconds = p.compute_seconds + p.comm_seconds - hidden + p.offload_seconds - p.offload_hidden_seconds +

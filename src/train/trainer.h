@@ -68,8 +68,9 @@ class Trainer {
  public:
   // Builds data, model (seeded init, or the weights of load_parameters_path,
   // whose config.json apply_hf_model_config has applied) and optimizer;
-  // holds the system settings (SystemSettings) while it lives. Does not resume: run() does, or call
-  // resume() yourself (a checkpoint then replaces the loaded weights).
+  // holds the system settings (SystemSettings) while it lives. Does not
+  // resume: run() does, or call resume() yourself (a checkpoint then
+  // replaces the loaded weights).
   // `mesh` must outlive the Trainer and match the config's shape.
   Trainer(const RunConfig& config, const Mesh& mesh);
   ~Trainer();

@@ -1325,6 +1325,14 @@ TEST(DotSoftmax, TheRunningMaxTrailsByAtMostTheLazyMarginAndPNeverOverflows) {
     if (k) sets.push_back(k);
   constexpr int64_t P = attn::kDotPanel, cols = 45;  // an odd count, off every alignment
   const double inf = std::numeric_limits<double>::infinity();
+  // The bounds, from the precisions: 2^x from an fp32 argument x (one
+  // rounding, u32 = 2^-24 of |x|, so ln 2 u32 |x| relative in 2^x) by the
+  // short polynomial (kExp2Bf16Error relative); P rounded to bf16 (u_bf16);
+  // a tile's sum of at most cols fp32 terms (cols u32) and each tile's
+  // rescale of l by alpha, over every tile so far.
+  constexpr double u32 = 0x1p-24, u_bf16 = 0x1p-8;  // unit roundoffs: 24 and 8 significant bits
+  const auto exp2_error = [&](double x) { return attn::kExp2Bf16Error + std::log(2.0) * u32 * std::abs(x); };
+  int tiles = 0;
   for (const attn::DotTileKernels* k : sets) {
     SCOPED_TRACE(k->isa);
     const int64_t s_panel = attn::round_up(cols, k->kv_align) * P;
@@ -1333,7 +1341,9 @@ TEST(DotSoftmax, TheRunningMaxTrailsByAtMostTheLazyMarginAndPNeverOverflows) {
     std::vector<double> top(P, -inf), mass(P, 0.0);  // mass: sum of 2^(score - top)
     std::mt19937 gen(5);
     std::normal_distribution<float> noise(0.0f, 1.0f);
+    tiles = 0;
     for (double base : {0.0, 100.0, 103.0, 203.0, 150.0}) {  // +100, +3 (within the margin), +100, -53
+      ++tiles;
       for (int64_t c = 0; c < cols; ++c)
         for (int64_t j = 0; j < P; ++j)
           s[c * P + j] = base == 0.0 && j == 0 ? -std::numeric_limits<float>::infinity()
@@ -1356,11 +1366,15 @@ TEST(DotSoftmax, TheRunningMaxTrailsByAtMostTheLazyMarginAndPNeverOverflows) {
         top[j] = new_top;
         EXPECT_LE(m[j], top[j]);
         EXPECT_GE(m[j], top[j] - attn::kLazyMax);
-        EXPECT_NEAR(double(l[j]) * std::exp2(double(m[j]) - top[j]) / mass[j], 1.0, 1e-4);
+        double widest = 0;  // the largest |argument| of 2^x in this row so far: P's and alpha's
+        for (int64_t c = 0; c < cols; ++c) widest = std::max(widest, std::abs(double(s[c * P + j]) - m[j]));
         if (m_before[j] != -std::numeric_limits<float>::infinity()) {
           const double rescale = std::exp2(double(m_before[j]) - m[j]);
-          EXPECT_NEAR(alpha[j], rescale, 1e-5 * rescale);
+          EXPECT_NEAR(alpha[j], rescale, rescale * (exp2_error(double(m_before[j]) - m[j]) + u32));
+          widest = std::max(widest, std::abs(double(m_before[j]) - m[j]));
         }
+        EXPECT_NEAR(double(l[j]) * std::exp2(double(m[j]) - top[j]) / mass[j], 1.0,
+                    tiles * (cols * u32 + 2 * exp2_error(widest) + 2 * u32));
         if (base == 103.0) {  // +3 over the tile before: within the margin, one pass
           EXPECT_EQ(alpha[j], 1.0f);
           EXPECT_EQ(m[j], m_before[j]);
@@ -1369,7 +1383,8 @@ TEST(DotSoftmax, TheRunningMaxTrailsByAtMostTheLazyMarginAndPNeverOverflows) {
           const double want = std::exp2(double(s[c * P + j]) - m[j]);
           const double got = double(float(p2[(c / 2) * 2 * P + 2 * j + c % 2]));
           EXPECT_LE(got, std::exp2(attn::kLazyMax));
-          EXPECT_NEAR(got, want, want * 0x1p-8 + 1e-30) << "kv row " << c;
+          const double x = double(s[c * P + j]) - m[j];
+          EXPECT_NEAR(got, want, want * (u_bf16 + exp2_error(x)) * (1 + u_bf16)) << "kv row " << c;
         }
       }
     }
