@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <sys/mman.h>
 #include <new>
 
 #include "core/device.h"
@@ -98,6 +99,26 @@ std::string MemoryTracker::report() const {
   return out;
 }
 
+namespace {
+// Large buffers on 2 MiB pages where Linux offers them (transparent huge
+// pages in "madvise" mode, as Debian ships them, give them only to ranges
+// that ask). A kernel that walks a head's rows of a [B, S, heads, D]
+// activation strides 2 KiB or more per row, a new 4 KiB page every row or
+// two: with 4 KiB pages every such row cost a TLB miss, and under a
+// hypervisor a two-level page walk (on an AMX Xeon VM the bf16 attention's
+// forward and backward ran 4-6% faster on 2 MiB pages).
+constexpr size_t kHugePage = size_t(2) << 20;
+void* host_allocate(size_t bytes) {
+  void* p = nullptr;
+  const size_t alignment = bytes >= 2 * kHugePage ? kHugePage : 64;
+  if (posix_memalign(&p, alignment, bytes) != 0) return nullptr;
+#ifdef MADV_HUGEPAGE
+  if (alignment == kHugePage) madvise(p, bytes / kHugePage * kHugePage, MADV_HUGEPAGE);  // advice: may be refused
+#endif
+  return p;
+}
+}  // namespace
+
 Buffer::Buffer(MemCategory category, const std::string& name, size_t bytes)
     : bytes_(bytes), category_(category) {
   if (bytes == 0) return;
@@ -108,8 +129,8 @@ Buffer::Buffer(MemCategory category, const std::string& name, size_t bytes)
     data_ = meta_storage();
     return;
   }
-  size_t rounded = (bytes + 63) / 64 * 64;
-  data_ = std::aligned_alloc(64, rounded);
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  data_ = host_allocate(rounded);
   if (!data_) {
     device.tracker().on_release(category, bytes);
     throw OutOfMemoryError("host allocation of " + format_bytes(bytes) + " for '" + name +

@@ -102,6 +102,9 @@ struct PortableConvert {
     for (int i = 0; i < 16; ++i)
       out[i] = bf16::round_bits(std::bit_cast<uint32_t>(lo[i])) | uint32_t(bf16::round_bits(std::bit_cast<uint32_t>(hi[i]))) << 16;
   }
+  static void pairs16(const Lanes16::R& lo, const Lanes16::R& hi, uint32_t* out) {
+    pairs16(lo.v, hi.v, out);
+  }
 };
 
 constexpr DotTileKernels kPortableLanes = lanes::kernels_of<PortableDotLanes, PortableConvert, Lanes16>("portable lanes (AVX512-BF16's twin)", &kPortableFp32);
@@ -111,6 +114,9 @@ constexpr DotTileKernels kPortableTiles = tiles::kernels_of<PortableTiles, Porta
 inline uint16_t bits_at(const void* x, DType dtype, int64_t i) {
   if (dtype == DType::bf16) return static_cast<const bf16*>(x)[i].bits;
   return bf16::round_bits(std::bit_cast<uint32_t>(static_cast<const float*>(x)[i]));
+}
+inline const char* bytes_at(const void* x, DType dtype, int64_t i) {
+  return static_cast<const char*>(x) + i * int64_t(dtype_size(dtype));
 }
 
 }  // namespace
@@ -129,7 +135,9 @@ void dot_rows_to_panels(const void* x, DType dtype, int64_t ld_x, int64_t rows, 
   std::vector<uint16_t> row(round_up(D, 2) + 1, 0);
   uint32_t* panels = reinterpret_cast<uint32_t*>(qp);  // pairs of d: [panels][Dd/2][P]
   uint32_t* pairs = reinterpret_cast<uint32_t*>(b2);   // pairs of rows: [rows/2][ld]
+  const int64_t row_bytes = D * int64_t(dtype_size(dtype));
   for (int64_t r = 0; r < rows; ++r) {
+    if (r + kPrefetchRows < rows) prefetch_row(bytes_at(x, dtype, (r + kPrefetchRows) * ld_x), row_bytes);
     for (int64_t d = 0; d < D; ++d) row[d] = bits_at(x, dtype, r * ld_x + d);
     uint32_t* panel = panels + (r / P) * (Dd / 2) * P + r % P;
     for (int64_t t = 0; t < (D + 1) / 2; ++t) panel[t * P] = uint32_t(row[2 * t]) | uint32_t(row[2 * t + 1]) << 16;
@@ -142,9 +150,10 @@ void dot_rows_to_panels(const void* x, DType dtype, int64_t ld_x, int64_t rows, 
 
 void dot_rows(const void* x, DType dtype, int64_t ld_x, int64_t cols, int64_t D, int64_t Dd, int64_t kv_align,
               bf16* k) {
-  const int64_t padded = round_up(cols, kv_align);
+  const int64_t padded = round_up(cols, kv_align), row_bytes = D * int64_t(dtype_size(dtype));
   uint16_t* out = reinterpret_cast<uint16_t*>(k);
   for (int64_t c = 0; c < padded; ++c) {
+    if (c + kPrefetchRows < cols) prefetch_row(bytes_at(x, dtype, (c + kPrefetchRows) * ld_x), row_bytes);
     uint16_t* row = out + c * Dd;
     int64_t d = 0;
     if (c < cols && dtype == DType::bf16) {

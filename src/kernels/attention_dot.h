@@ -19,7 +19,10 @@
 //   a   [panels][cols][P]     P or dS, plain (rows past the block zero)
 //   b2  [rows/2][ld][2]       Q or dO, pairs of q rows side by side (ld: multiple of P)
 //   packed                    V (forward) or K (backward, for dQ), as pack_kv
-//                             writes it: its ISA's operand of pv
+//                             writes it: its ISA's operand of pv. The packs of
+//                             consecutive blocks of 32k rows, one after the
+//                             other, are the pack of all their rows (the
+//                             forward's kv runs take them in one pv call)
 //   acc [panels][D][P]        fp32 running output (or dQ), transposed
 #include <cstdint>
 

@@ -13,6 +13,7 @@
 
 #include "kernels/attention_dot_impl.h"
 #include "kernels/avx512_lanes.h"
+#include "kernels/convert.h"
 #include "kernels/gemm.h"
 
 namespace longctx::attn {
@@ -83,7 +84,7 @@ LONGCTX_AMX_DP(2, 5, 6)
 LONGCTX_AMX_DP(3, 5, 7)
 #undef LONGCTX_AMX_DP
 
-// tiles::pack_kv's bytes (V^T, or K^T: [up(D, 32)][cols32], zero padded)
+// tiles::pack_kv's bytes (V^T, or K^T: [cols32 / 32][up(D, 32)][32], zero padded)
 // on AVX-512: the scalar transpose was 8-9% of the forward. Two kv rows
 // interleave into 16 bf16 pairs (32-bit words, [kv pair][d]); a 16 x 16
 // transpose of those words gives 16 d rows of 32 kv columns each.
@@ -111,7 +112,8 @@ inline void transpose_16x16_epi32(__m512i (&r)[16]) {
 
 void pack_kv_avx512(const bf16* x, int64_t ld_x, int64_t cols, int64_t D, bf16* packed) {
   const int64_t c32 = round_up(cols, tiles::kAlign), d32 = round_up(D, 32);
-  for (int64_t c0 = 0; c0 < c32; c0 += 32)
+  for (int64_t c0 = 0; c0 < c32; c0 += 32) {
+    for (int64_t c = c0 + 32; c < std::min(cols, c0 + 64); ++c) prefetch_row(x + c * ld_x, D * 2);  // convert.h
     for (int64_t d0 = 0; d0 < d32; d0 += 16) {
       const __mmask16 in_d = d0 >= D ? 0 : D - d0 >= 16 ? 0xffff : __mmask16((1u << (D - d0)) - 1);
       __m512i r[16];
@@ -123,8 +125,9 @@ void pack_kv_avx512(const bf16* x, int64_t ld_x, int64_t cols, int64_t D, bf16* 
         r[i] = _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
       }
       transpose_16x16_epi32(r);
-      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(packed + (d0 + i) * c32 + c0, r[i]);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(packed + c0 * d32 + (d0 + i) * 32, r[i]);
     }
+  }
 }
 
 // Linux hands out the AMX tile data only on request (arch_prctl, once per

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "kernels/attention_dot.h"
+#include "kernels/convert.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -32,8 +33,8 @@ constexpr int64_t up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 // never stored, and no pass reads them back to round them (that pass and the
 // stores were 6% of the kernels' time; the short exp2 another 4-8%).
 // C converts: plain32 (32 floats to 32 bf16, to nearest even) and pairs16
-// (16 lanes of two kv rows into 16 pairs). Outputs are zero past cols up to
-// up(cols, kv_align).
+// (16 lanes of two kv rows into 16 pairs; from memory or from V's
+// registers). Outputs are zero past cols up to up(cols, kv_align).
 
 // The forward's online softmax of scale s [panels][cols][P] (base 2) into p2.
 template <class V, class C>
@@ -44,7 +45,6 @@ void softmax_to_pairs(const float* s, int64_t panels, int64_t cols, int64_t s_pa
   using R = typename V::R;
   const R sc = V::set1(scale), none = V::set1(-std::numeric_limits<float>::infinity());
   const int64_t padded = up(cols, kv_align);
-  alignas(64) float e[2][W];
   for (int64_t p = 0; p < panels; ++p) {
     uint32_t* pairs = reinterpret_cast<uint32_t*>(p2) + p * s_panel / 2;  // [kv/2][P]
     for (int64_t h = 0; h < P; h += W) {  // W q rows at a time, down the tile's columns
@@ -62,16 +62,14 @@ void softmax_to_pairs(const float* s, int64_t panels, int64_t cols, int64_t s_pa
           mx0 = V::max(mx0, s0), mx1 = V::max(mx1, s1);
           const R e0 = V::exp2_bf16(V::fmadd(s0, sc, neg_shift)), e1 = V::exp2_bf16(V::fmadd(s1, sc, neg_shift));
           sum0 = V::add(sum0, e0), sum1 = V::add(sum1, e1);
-          V::store(e[0], e0), V::store(e[1], e1);
-          C::pairs16(e[0], e[1], pairs + (c / 2) * P + h);
+          C::pairs16(e0, e1, pairs + (c / 2) * P + h);
         }
         if (c < cols) {
           const R s0 = V::load(col + c * P);
           mx0 = V::max(mx0, s0);
           const R e0 = V::exp2_bf16(V::fmadd(s0, sc, neg_shift));
           sum0 = V::add(sum0, e0);
-          V::store(e[0], e0), V::store(e[1], V::zero());
-          C::pairs16(e[0], e[1], pairs + (c / 2) * P + h);
+          C::pairs16(e0, V::zero(), pairs + (c / 2) * P + h);
           c += 2;
         }
         for (; c < padded; c += 2) std::fill(pairs + (c / 2) * P + h, pairs + (c / 2) * P + h + W, 0u);
@@ -209,6 +207,8 @@ inline void pack_kv(const bf16* x, int64_t ld_x, int64_t cols, int64_t D, bf16* 
   const uint16_t* in = reinterpret_cast<const uint16_t*>(x);
   uint32_t* out = reinterpret_cast<uint32_t*>(packed);
   for (int64_t c = 0; c < cols; c += 2) {  // rows c, c + 1 interleaved (the missing last one zero)
+    for (int64_t ahead = c + kPrefetchRows; ahead < std::min(cols, c + kPrefetchRows + 2); ++ahead)
+      prefetch_row(in + ahead * ld_x, D * 2);
     const uint16_t* lo = in + c * ld_x;
     const uint16_t* hi = c + 1 < cols ? lo + ld_x : nullptr;
     for (int64_t d = 0; d < D; ++d) out[(c / 2) * D + d] = uint32_t(lo[d]) | (hi ? uint32_t(hi[d]) << 16 : 0u);
@@ -277,16 +277,18 @@ namespace tiles {
 constexpr int64_t P = kDotPanel;
 constexpr int64_t kAlign = 32;  // a tile's depth in bf16; 16 rows, 16 fp32 columns
 
-// packed [up(D, 32)][cols32]: V^T (or K^T), zero padded (pv takes 32 d rows at a time).
+// packed [cols32 / 32][up(D, 32)][32]: V^T (or K^T) in groups of 32 kv
+// columns, zero padded (pv takes 32 d rows at a time). Groups outermost so
+// that the packs of consecutive kv blocks (multiples of 32 columns) are one
+// pack of all their columns, which pv takes in one call.
 inline int64_t packed_elements(int64_t cols, int64_t D) { return up(D, 32) * up(cols, kAlign); }
 inline void pack_kv(const bf16* x, int64_t ld_x, int64_t cols, int64_t D, bf16* packed) {
   const int64_t c32 = up(cols, kAlign), d32 = up(D, 32);
-  for (int64_t d = 0; d < d32; ++d) {  // row by row of the output: sequential stores, no separate zero pass
-    bf16* out = packed + d * c32;
-    if (d < D)
-      for (int64_t c = 0; c < cols; ++c) out[c] = x[c * ld_x + d];
-    std::fill(out + (d < D ? cols : 0), out + c32, bf16());
-  }
+  for (int64_t c0 = 0; c0 < c32; c0 += 32)
+    for (int64_t d = 0; d < d32; ++d) {  // sequential stores, no separate zero pass
+      bf16* out = packed + c0 * d32 + d * 32;
+      for (int64_t c = 0; c < 32; ++c) out[c] = d < D && c0 + c < cols ? x[(c0 + c) * ld_x + d] : bf16();
+    }
 }
 
 // S^T for 32 kv rows at a time against a panel's 32 lanes: four C tiles.
@@ -326,6 +328,7 @@ void pv(const bf16* p2, int64_t panels, int64_t cols, int64_t p_panel, const bf1
       for (int64_t j = 0; j < P; ++j) acc[(p * D + d) * P + j] *= a[j];
   }
   T::configure();
+  const int64_t d32 = up(D, 32);
   float tail[32 * P];  // the last d block's rows when D is not a multiple of 32
   for (int64_t p = 0; p < panels; ++p)
     for (int64_t d0 = 0; d0 < D; d0 += 32) {
@@ -339,8 +342,8 @@ void pv(const bf16* p2, int64_t panels, int64_t cols, int64_t p_panel, const bf1
       T::template load<0>(c, P * 4), T::template load<1>(c + 16, P * 4);
       T::template load<2>(c + 16 * P, P * 4), T::template load<3>(c + 16 * P + 16, P * 4);
       for (int64_t c0 = 0; c0 < c32; c0 += kAlign) {
-        T::template load<4>(packed + d0 * c32 + c0, c32 * 2);
-        T::template load<5>(packed + (d0 + 16) * c32 + c0, c32 * 2);
+        T::template load<4>(packed + c0 * d32 + d0 * 32, 64);
+        T::template load<5>(packed + c0 * d32 + (d0 + 16) * 32, 64);
         const bf16* b = p2 + p * p_panel + (c0 / 2) * P * 2;
         T::template load<6>(b, P * 4);
         T::template load<7>(b + 32, P * 4);
@@ -396,7 +399,10 @@ struct Avx512Bf16Convert {
     _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x)));
   }
   static void pairs16(const float* lo, const float* hi, uint32_t* out) {
-    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(hi), _mm512_loadu_ps(lo));  // lo 0..15, hi 0..15
+    pairs16(_mm512_loadu_ps(lo), _mm512_loadu_ps(hi), out);
+  }
+  static void pairs16(__m512 lo, __m512 hi, uint32_t* out) {
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // lo 0..15, hi 0..15
     const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     _mm512_storeu_si512(out, _mm512_permutexvar_epi16(order, both));

@@ -1309,6 +1309,37 @@ TEST(DotTiles, TheAmxPackWritesThePortableTwinsBytes) {
     }
 }
 
+// The bf16_dot forward packs V one kv block at a time and hands a run of
+// consecutive blocks to one pv call (attention.cpp, kDotKvRun): the packs of
+// consecutive row blocks, placed one after the other, must be the pack of all
+// their rows. On every dot kernel set this CPU runs and the twins: blocks of
+// 128 (a tile) and 32 rows, then a short last block, against the pack of all
+// rows at once, padding included; a layout whose blocks interleave (the tile
+// layout before its kv groups went outermost) fails it.
+TEST(DotTiles, PacksOfConsecutiveKvBlocksAreThePackOfAllTheirRows) {
+  std::vector<const attn::DotTileKernels*> sets = {attn::dot_tile_kernels_portable_lanes(),
+                                                   attn::dot_tile_kernels_portable_tiles()};
+  for (const attn::DotTileKernels* k : {attn::dot_tile_kernels_avx512bf16(), attn::dot_tile_kernels_amx()})
+    if (k) sets.push_back(k);
+  std::mt19937 gen(17);
+  std::uniform_int_distribution<uint16_t> bits(0, 0xffff);
+  for (const attn::DotTileKernels* k : sets)
+    for (int64_t block : {int64_t{128}, int64_t{32}})
+      for (int64_t D : {8, 64, 72, 128}) {
+        SCOPED_TRACE(std::string(k->isa) + ", blocks of " + std::to_string(block) + ", D " + std::to_string(D));
+        const int64_t cols = 2 * block + 45, ld = D + 3;
+        std::vector<bf16> x(size_t(cols * ld));
+        for (bf16& v : x) v = std::bit_cast<bf16>(bits(gen));
+        std::vector<bf16> whole(size_t(k->packed_elements(cols, D)), std::bit_cast<bf16>(uint16_t(0x7fc1)));
+        std::vector<bf16> blocks(whole.size(), std::bit_cast<bf16>(uint16_t(0x7fc2)));
+        k->pack_kv(x.data(), ld, cols, D, whole.data());
+        for (int64_t c0 = 0; c0 < cols; c0 += block)
+          k->pack_kv(x.data() + c0 * ld, ld, std::min(block, cols - c0), D,
+                     blocks.data() + (c0 / block) * k->packed_elements(block, D));
+        EXPECT_EQ(std::memcmp(whole.data(), blocks.data(), whole.size() * sizeof(bf16)), 0);
+      }
+}
+
 // The dot forward's softmax (softmax_to_pairs) across tiles whose scores
 // jump far past the running max, and by less than kLazyMax, with a row that
 // has nothing allowed in the first tile, on every dot kernel set this CPU
