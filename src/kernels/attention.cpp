@@ -1017,6 +1017,15 @@ void forward_dot(const AttentionArgs& a, const TensorView& o, float* lse, Attent
             if (map.kind(b, i, j) == TileKind::empty) continue;
             while (run_end < j_end && map.kind(b, i, run_end) != TileKind::empty) ++run_end;
             const int64_t t = j - j_first, j0 = j * g.bk, cols = std::min(run_end * g.bk, g.Skv) - j0;
+            bool masked = false;
+            for (int64_t jj = j; jj < run_end; ++jj) masked |= map.kind(b, i, jj) == TileKind::partial;
+            if (!masked && k.forward_run) {
+              counts.full += run_end - j;
+              k.forward_run(qp_all + x * g.bq * Dd, panels, kc + t * g.bk * Dd, cols, Dd, s, s_panel,
+                            g.scale * kLog2e, k.kv_align, m_all + x * g.bq, l_all + x * g.bq, alpha, p2,
+                            vp + t * v_packed, g.D, acc_all + x * g.bq * g.D);
+              continue;
+            }
             k.scores(qp_all + x * g.bq * Dd, panels, kc + t * g.bk * Dd, cols, Dd, s, s_panel);
             for (int64_t jj = j; jj < run_end; ++jj)
               mask_panels(f, a, g, map.kind(b, i, jj), b, i0, rows, jj * g.bk, std::min(g.bk, g.Skv - jj * g.bk),
