@@ -5,7 +5,7 @@ bf16) and thread count (1 and 2), in the same run, one after the other. Prints
 one table: GFLOP/s of each (counted the same way: forward 4 D, backward 10 D per
 unmasked (q, kv) pair per head; causal), the ratio longctx / PyTorch, and each
 one's ratio to the GEMM longctx measures in the same run (oneDNN, same dtype and
-threads). Best of --reps calls after one warm-up, for both, in --rounds rounds
+threads; the best of its rounds). Best of --reps calls after one warm-up, for both, in --rounds rounds
 taken in turn (longctx, PyTorch, longctx, ...), each side's best rates kept.
 
 PyTorch comes from PyPI into a virtual environment under the build directory
@@ -112,6 +112,8 @@ def main():
     a.kv_heads = a.kv_heads or a.heads
     if a.heads % a.kv_heads:
         sys.exit(f"attention_peer: --heads {a.heads} must be a multiple of --kv-heads {a.kv_heads}")
+    if a.rounds < 1:
+        sys.exit(f"attention_peer: --rounds {a.rounds} must be at least 1")
     if a.sdpa:
         return sdpa(a)
     build, python = start(a.build, "attention_peer.py")

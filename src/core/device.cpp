@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "core/tensor.h"
 
 namespace longctx {
 
@@ -55,14 +56,26 @@ std::map<std::string, double> Device::counted() const {
   return out;
 }
 
+Device& device_of(const void* data) {
+  if (!is_meta(data)) return Device::cpu();
+  Device& device = Device::current();
+  if (!device.is_meta()) throw Error("a meta device's storage outside its DeviceScope (core/device.h)");
+  return device;
+}
+
 bool counted_on_meta(const void* data, const char* kernel, double amount) {
   if (!is_meta(data)) return false;
-  Device& device = Device::current();
-  if (!device.is_meta())
-    throw Error(std::string(kernel) + ": a meta device's tensor outside its DeviceScope (core/device.h)");
-  device.count(kernel, amount);
+  device_of(data).count(kernel, amount);
   return true;
 }
+
+bool counted_on_meta(const TensorView& out, const char* kernel, double amount) {
+  if (!is_meta(out)) return false;
+  out.device->count(kernel, amount);
+  return true;
+}
+
+bool is_meta(const TensorView& view) { return view.device && view.device->is_meta(); }
 
 CountRepeat::CountRepeat(int64_t n) : previous_(repeat_factor) { repeat_factor *= n; }
 CountRepeat::~CountRepeat() { repeat_factor = previous_; }

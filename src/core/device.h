@@ -102,12 +102,26 @@ void for_each_alike(int64_t n, F&& body) {
   for (int64_t i = 0; i < n; ++i) body(i);
 }
 
-// Whether `data` is storage of a meta device (never to be touched).
+struct TensorView;  // core/tensor.h
+
+// A view carries its device (TensorView::device: its Tensor's Buffer's, and
+// a view made over raw storage takes device_of that storage); kernels given
+// views ask it. Raw storage (the kernels given pointers: GEMMs, the
+// optimizer's arrays) is told apart by its address: every meta device's
+// storage lies in one range that is never mapped.
+
+// Whether `data` is storage of a meta device (never to be touched); whether a view's device is a meta device.
 bool is_meta(const void* data);
-// A kernel's first line: whether `data` (its output) is a meta device's; then
-// `amount` of `kernel` is counted on the calling thread's current device
-// (which must be that meta device: Error otherwise) and the kernel returns.
+bool is_meta(const TensorView& view);
+// The device of raw storage: the CPU, or for a meta device's storage the
+// calling thread's current device (which must be a meta device: Error
+// otherwise; meta storage is only made and viewed inside its DeviceScope).
+Device& device_of(const void* data);
+// A kernel's first line: whether its output is a meta device's; then
+// `amount` of `kernel` is counted on that device and the kernel returns.
+// For raw storage, the device is device_of(data).
 bool counted_on_meta(const void* data, const char* kernel, double amount);
+bool counted_on_meta(const TensorView& out, const char* kernel, double amount);
 // The address a meta Buffer's data() starts at (for Buffer).
 void* meta_storage();
 

@@ -71,13 +71,15 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
 
   void* data() const { return data_; }
+  // The device it was made on (the calling thread's current one then).
+  Device& device() const { return *device_; }
   template <typename T>
   T* as() const { return static_cast<T*>(data_); }
   size_t size() const { return bytes_; }
 
  private:
   void release();
-  Device* device_ = nullptr;  // set when bytes were allocated
+  Device* device_ = nullptr;
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemCategory category_ = MemCategory::scratch;

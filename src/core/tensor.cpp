@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include "core/device.h"
+
 namespace longctx {
 
 void widen_bf16(const bf16* src, float* dst, int64_t n) {
@@ -12,7 +14,8 @@ void round_to_bf16(const float* src, bf16* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i].bits = bf16::round_bits(std::bit_cast<uint32_t>(src[i]));
 }
 
-TensorView::TensorView(void* d, DType t, std::initializer_list<int64_t> shp) : data(d), dtype(t) {
+TensorView::TensorView(void* d, DType t, std::initializer_list<int64_t> shp)
+    : data(d), dtype(t), device(&device_of(d)) {
   check_shape(shp.size() <= kMaxRank, "tensor rank above kMaxRank");
   rank = static_cast<int>(shp.size());
   int i = 0;
@@ -64,6 +67,7 @@ Tensor::Tensor(std::initializer_list<int64_t> shape, DType dtype, MemCategory ca
   view_ = TensorView(nullptr, dtype, shape);
   buffer_ = Buffer(category, name, static_cast<size_t>(view_.numel()) * dtype_size(dtype));
   view_.data = buffer_.data();
+  view_.device = &buffer_.device();
 }
 
 Tensor::Tensor(const std::array<int64_t, kMaxRank>& shape, int rank, DType dtype,
@@ -78,6 +82,7 @@ Tensor::Tensor(const std::array<int64_t, kMaxRank>& shape, int rank, DType dtype
   }
   buffer_ = Buffer(category, name, static_cast<size_t>(st) * dtype_size(dtype));
   view_.data = buffer_.data();
+  view_.device = &buffer_.device();
 }
 
 void Tensor::zero() {

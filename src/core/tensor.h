@@ -49,6 +49,10 @@ struct TensorView {
   int rank = 0;
   std::array<int64_t, kMaxRank> shape{};
   std::array<int64_t, kMaxRank> stride{};
+  // The device whose storage `data` is (core/device.h): a Tensor's view
+  // carries its Buffer's; a view made over raw storage, device_of(data).
+  // Null only in a view of nothing.
+  Device* device = nullptr;
 
   TensorView() = default;
   // Contiguous row-major view.

@@ -392,7 +392,7 @@ void RingAttention::forward(const AttentionArgs& local, const TensorView& o_out,
         const TensorView part(o_part.data(), DType::f32, {1, q_len, d.H, d.D});
         attention_forward(slice(piece, d, b, q0, q_len, len), part, lse_part.as<float>());
         attention_merge(row_tokens(o, b, q0, q_len), lse + (b * d.L + q0) * d.H, part, lse_part.as<float>());
-        counted = is_meta(o.data);
+        counted = is_meta(o);
       }
     i = next;
   }

@@ -68,10 +68,11 @@ constexpr int64_t kFusedBackwardKvBlocks = 4;
 // kv blocks measured 5% faster than 4 at D = 64 (S = 16384, H = 8, G = 2,
 // 1 and 2 threads on Zen 4), the same at D = 128. The scratch is sized for 8.
 constexpr int64_t kDotBackwardKvBlocks = 8;
-// The same on the bf16_dot path, whose tiles are fast enough that reading K
-// and V from memory showed (AMX Xeon, S = 8192, H = G = 8, D = 128, 1
-// thread): units of 8 q blocks ran the forward 8% faster than 4, 16 no
-// faster than 8; the same at D = 64.
+// kForwardQBlocks on the bf16_dot path, whose tiles are fast enough that
+// reading K and V from memory showed (AMX Xeon, S = 8192, H = G = 8, D = 128,
+// 1 thread): units of 8 q blocks ran the forward 8% faster than 4, 16 no
+// faster than 8; the same at D = 64. Where that leaves fewer than 32 units
+// (short chunks, few heads), kForwardQBlocks: the threads need the units.
 constexpr int64_t kDotForwardQBlocks = 8;
 // The bf16_dot forward takes up to this many consecutive non-empty kv tiles
 // of a q block in one scores, softmax and P V call: P V's reduction runs over
@@ -966,7 +967,9 @@ void forward_dot(const AttentionArgs& a, const TensorView& o, float* lse, Attent
   check_view(o, "o");
   check_same_shape(a.q, o, "o");
   const TileMap map(a, g);
-  const int64_t nb = kDotForwardQBlocks, Dd = attn::round_up(g.D, k.d_align), s_panel = kDotKvRun * g.bk * P;
+  const int64_t most = kDotForwardQBlocks;  // the scratch is sized for it
+  const int64_t nb = g.B * g.H * ((g.nq + most - 1) / most) >= 32 ? most : kForwardQBlocks;
+  const int64_t Dd = attn::round_up(g.D, k.d_align), s_panel = kDotKvRun * g.bk * P;
   const std::vector<Unit> units = forward_units(map, g, nb);
   const int64_t per_thread = dot_forward_scratch_bytes(g.D, k), v_packed = k.packed_elements(g.bk, g.D);
   Buffer scratch(MemCategory::scratch, "attention forward scratch", per_thread * omp_get_max_threads());
@@ -1239,9 +1242,9 @@ namespace {
 // On a meta device (core/device.h) a kernel allocates the scratch the real
 // call would, for the device's threads, and returns: the planner counts it.
 bool counted_on_meta(const AttentionArgs& args, const TensorView& out, bool backward) {
-  if (!is_meta(out.data)) return false;
-  Device& device = Device::current();
-  if (!device.is_meta()) throw Error("attention: a meta device's tensor outside its DeviceScope");
+  if (!is_meta(out)) return false;
+  Device& device = *out.device;  // the scratch below is made on the current device: it must be this one
+  if (&Device::current() != &device) throw Error("attention: a meta device's tensor outside its DeviceScope");
   if (args.impl == KernelImpl::reference) return true;  // the reference tracks nothing
   const int64_t D = args.q.dim(3);
   const int threads = device.kernel_threads();

@@ -70,7 +70,8 @@ struct DotTileKernels {
   // out[c][x] += sum_q a[q / P][c][q % P] b2(q, x), q < rows rounded to even, x < ld.
   void (*panel_t_times)(const bf16* a, int64_t rows, int64_t cols, int64_t a_panel, const bf16* b2, int64_t ld,
                         float* out);
-  // Where the products run on units of their own (AMX; else null): the
+  // Where the products run on units of their own (AMX, and its portable
+  // twin that the tests run everywhere; else null): the
   // forward's scores, softmax_to_pairs and pv of tiles with nothing masked,
   // the products of one panel overlapping the softmax of another.
   void (*forward_run)(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t Dd, float* s,

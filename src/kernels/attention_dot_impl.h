@@ -78,16 +78,16 @@ void softmax_panel_to_pairs(const float* sp, int64_t cols, float scale, int64_t 
   // kLazyMax (attention_dot.h; NaN rises by nothing: it reaches the output
   // through P). Where one rose more, that pass found the max.
   const R lowest = V::set1(std::numeric_limits<float>::lowest());
-  const bool one_pass = !V::any_less(m_old[0], lowest) && !V::any_less(m_old[1], lowest);
+  const bool one_pass[2] = {!V::any_less(m_old[0], lowest), !V::any_less(m_old[1], lowest)};
+  const R neg_shift[2] = {V::sub(V::zero(), m_old[0]), V::sub(V::zero(), m_old[1])};
   R acc[2][4];
-  if (one_pass) {
-    start(acc[0]), start(acc[1]);
-    const R neg_shift[2] = {V::sub(V::zero(), m_old[0]), V::sub(V::zero(), m_old[1])};
+  start(acc[0]), start(acc[1]);
+  if (one_pass[0] || one_pass[1]) {
     for (int64_t c = 0; c < cols; c += kChunk) {
       const int64_t c_end = std::min(cols, c + kChunk);
       before(c, c_end);
-      exp_cols(0, neg_shift[0], c, c_end, acc[0]);
-      exp_cols(W, neg_shift[1], c, c_end, acc[1]);
+      for (int64_t h = 0; h < 2; ++h)
+        if (one_pass[h]) exp_cols(h * W, neg_shift[h], c, c_end, acc[h]);
     }
   } else {
     before(0, cols);
@@ -96,7 +96,7 @@ void softmax_panel_to_pairs(const float* sp, int64_t cols, float scale, int64_t 
     for (int64_t c = up(cols, 2); c < padded; c += 2)
       std::fill(pairs + (c / 2) * P + h * W, pairs + (c / 2) * P + h * W + W, 0u);
     R top;
-    if (one_pass) {
+    if (one_pass[h]) {
       top = top_of(acc[h]);
       if (!V::any_less(V::add(m_old[h], V::set1(kLazyMax)), top)) {
         V::store(alpha + h * W, V::set1(1.0f));

@@ -33,7 +33,9 @@ inline void convert(const bf16* src, float* dst, int64_t n) {
 constexpr int64_t kPrefetchRows = 8;
 template <bool for_write = false>
 inline void prefetch_row(const void* row, int64_t bytes) {
-  for (int64_t x = 0; x < bytes; x += 64) __builtin_prefetch(static_cast<const char*>(row) + x, for_write ? 1 : 0);
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(row), end = begin + uintptr_t(bytes);
+  for (uintptr_t line = begin & ~uintptr_t(63); line < end; line += 64)  // every line the row touches
+    __builtin_prefetch(reinterpret_cast<const void*>(line), for_write ? 1 : 0);
 }
 
 // Address of element (i0, i1, ...) of a view of either dtype.

@@ -125,7 +125,7 @@ void rmsnorm_forward(const TensorView& x, const float* w, double eps, const Tens
   const int64_t N = x.dim(0), C = x.dim(1);
   check_rows(x, N, C, "rmsnorm x");
   check_rows(y, N, C, "rmsnorm y");
-  if (counted_on_meta(y.data, "rmsnorm_forward", double(y.numel()))) return;
+  if (counted_on_meta(y, "rmsnorm_forward", double(y.numel()))) return;
 #pragma omp parallel
   {
     RowBuffers io(C, 2);
@@ -150,7 +150,7 @@ void rmsnorm_backward(const TensorView& x, const float* w, double eps, const Ten
   check_rows(x, N, C, "rmsnorm x");
   check_rows(dy, N, C, "rmsnorm dy");
   check_rows(dx, N, C, "rmsnorm dx");
-  if (counted_on_meta(dx.data, "rmsnorm_backward", double(dx.numel()))) return;
+  if (counted_on_meta(dx, "rmsnorm_backward", double(dx.numel()))) return;
   dy.f32();  // gradients of the residual stream are fp32
   dx.f32();
   // dw partial sums per fixed chunk of rows (chunks depend on N only, never
@@ -267,7 +267,7 @@ void rope_backward(const TensorView& dx, const float* cos, const float* sin) {
 // ---- SwiGLU -------------------------------------------------------------------------
 
 void swiglu_forward(const TensorView& g, const TensorView& u, const TensorView& a) {
-  if (counted_on_meta(a.data, "swiglu_forward", double(a.numel()))) return;
+  if (counted_on_meta(a, "swiglu_forward", double(a.numel()))) return;
   combine_rows(g, u, a, "swiglu", [](float x, float y) { return x / (1.0f + exp_fast(-x)) * y; });
 }
 
@@ -279,7 +279,7 @@ void swiglu_backward(const TensorView& g, const TensorView& u, const TensorView&
   check_rows(da, N, F, "swiglu da");
   check_rows(dg, N, F, "swiglu dg");
   check_rows(du, N, F, "swiglu du");
-  if (counted_on_meta(dg.data, "swiglu_backward", double(dg.numel()))) return;
+  if (counted_on_meta(dg, "swiglu_backward", double(dg.numel()))) return;
 #pragma omp parallel
   {
     // bf16 rows are widened before any is written: dg, du may alias g, u.
@@ -313,7 +313,7 @@ double cross_entropy(const TensorView& logits, const int32_t* targets, const flo
   if (dlogits) check_rows(*dlogits, R, V, "cross_entropy dlogits");
   logits.f32();  // the loss and its gradient are fp32 (logits come from an fp32-output GEMM)
   if (dlogits) dlogits->f32();
-  if (counted_on_meta(logits.data, "cross_entropy", double(logits.numel()))) return 0.0;
+  if (counted_on_meta(logits, "cross_entropy", double(logits.numel()))) return 0.0;
   check_ids(targets, R, V, "target");
   // Per-row losses summed in row order afterwards: an OpenMP reduction would
   // add per-thread partials, in an order that depends on the thread count.
@@ -350,7 +350,7 @@ void embedding_forward(const int32_t* tokens, int64_t n, const float* table, int
                        const TensorView& out) {
   const int64_t C = out.dim(1);
   check_rows(out, n, C, "embedding out");
-  if (counted_on_meta(out.data, "residual_add", double(out.numel()))) return;  // priced as an add
+  if (counted_on_meta(out, "residual_add", double(out.numel()))) return;  // priced as an add
   check_ids(tokens, n, vocab, "token");
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < n; ++t) {
@@ -366,7 +366,7 @@ void embedding_backward(const int32_t* tokens, int64_t n, const TensorView& dout
                         int64_t vocab) {
   const int64_t C = dout.dim(1);
   check_rows(dout, n, C, "embedding dout");
-  if (counted_on_meta(dout.data, "residual_add", double(dout.numel()))) return;  // priced as an add
+  if (counted_on_meta(dout, "residual_add", double(dout.numel()))) return;  // priced as an add
   dout.f32();
   check_ids(tokens, n, vocab, "token");
   // Each thread owns a slice of columns for every token: no races, and the
@@ -389,7 +389,7 @@ void convert(const TensorView& src, const TensorView& dst) {
   const int64_t N = src.dim(0), C = src.dim(1);
   check_rows(src, N, C, "convert src");
   check_rows(dst, N, C, "convert dst");
-  if (counted_on_meta(dst.data, "convert", double(dst.numel()))) return;
+  if (counted_on_meta(dst, "convert", double(dst.numel()))) return;
 #pragma omp parallel
   {
     RowBuffers io(C, 1);
@@ -405,7 +405,7 @@ void convert(const TensorView& src, const TensorView& dst) {
 }
 
 void residual_add(const TensorView& a, const TensorView& b, const TensorView& out) {
-  if (counted_on_meta(out.data, "residual_add", double(out.numel()))) return;
+  if (counted_on_meta(out, "residual_add", double(out.numel()))) return;
   combine_rows(a, b, out, "residual_add", [](float x, float y) { return x + y; });
 }
 
@@ -458,7 +458,7 @@ void for_each_row(const TensorView& src, const TensorView& dst, const char* what
 }  // namespace
 
 void copy_view(const TensorView& src, const TensorView& dst) {
-  if (is_meta(dst.data)) return;
+  if (is_meta(dst)) return;
   for_each_row(src, dst, "copy_view", [&](const char* s, char* d, int64_t n) {
     if (src.dtype == dst.dtype)
       std::memcpy(d, s, size_t(n) * dtype_size(src.dtype));
@@ -471,7 +471,7 @@ void copy_view(const TensorView& src, const TensorView& dst) {
 
 void add_view(const TensorView& src, const TensorView& dst) {
   check_shape(dst.dtype == DType::f32, "add_view: the destination accumulates in fp32");
-  if (is_meta(dst.data)) return;
+  if (is_meta(dst)) return;
   std::vector<float> row;
   for_each_row(src, dst, "add_view", [&](const char* s, char* d, int64_t n) {
     const float* in = reinterpret_cast<const float*>(s);
@@ -487,7 +487,7 @@ void add_view(const TensorView& src, const TensorView& dst) {
 
 void zero_view(const TensorView& dst) {
   check_shape(dst.dtype == DType::f32, "zero_view: fp32");
-  if (is_meta(dst.data)) return;
+  if (is_meta(dst)) return;
   for_each_row(dst, dst, "zero_view", [](const char*, char* d, int64_t n) { std::memset(d, 0, size_t(n) * 4); });
 }
 

@@ -833,7 +833,9 @@ TEST(AttentionBf16, ScoresRisingAndFallingAcrossKvBlocksWithinTheDerivedBounds) 
 // multiples of none of them, a single row, and GQA (each path runs;
 // bf16_fused where the CPU has the fused kernels).
 TEST(AttentionBf16, OddLengthsAndHeadDimsWithinTheDerivedBounds) {
-  for (auto [Sq, Skv, D] : {std::array<int64_t, 3>{131, 131, 20}, {1, 37, 8}, {17, 259, 72}, {145, 7, 13}}) {
+  // 300 x 300 at D = 72: whole tiles of four panels (AMX's forward_run) with a head dim off 32.
+  for (auto [Sq, Skv, D] :
+       {std::array<int64_t, 3>{131, 131, 20}, {1, 37, 8}, {17, 259, 72}, {145, 7, 13}, {300, 300, 72}}) {
     Problem p;
     p.B = 2, p.Sq = Sq, p.Skv = Skv, p.H = 6, p.G = 2, p.D = D, p.mask = MaskSpec::causal();
     expect_bf16_within_bounds(p, std::to_string(Sq) + "x" + std::to_string(Skv) + " D=" + std::to_string(D));

@@ -8,13 +8,16 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "comm/mesh.h"
 #include "core/cp_strategy.h"
 #include "core/device.h"
 #include "core/tensor.h"
 #include "cp/cp_attention.h"
+#include "kernels/ops.h"
 
 namespace longctx {
 namespace {
@@ -61,6 +64,35 @@ TEST(Device, AKernelGivenMetaDataOutsideItsScopeIsRefused) {
   a.q_pos = a.kv_pos = pos.data();
   float lse[8];
   EXPECT_THROW(attention_forward(a, o.view(), lse), Error);
+}
+
+// A view carries its device: a Tensor's its Buffer's, a view over raw
+// storage device_of it (a meta device's storage: the current device, which
+// must be a meta device). A kernel given views counts on its output view's
+// own device, not on whichever device is current: here a view of device a
+// handed to a kernel inside b's scope counts on a (a mutant that counted on
+// the current device fails it).
+TEST(Device, ViewsCarryTheirDeviceAndKernelsCountOnIt) {
+  const std::unique_ptr<Device> a = Device::make_meta(1), b = Device::make_meta(1);
+  Tensor y;
+  {
+    const DeviceScope scope(*a);
+    y = Tensor({4, 8}, DType::f32, MemCategory::activations, "y");
+    EXPECT_EQ(y.view().device, a.get());
+    EXPECT_EQ(TensorView(y.f32() + 8, DType::f32, {3, 8}).device, a.get());  // a sub-view over its storage
+  }
+  std::vector<float> host(32), w(8, 1.0f);
+  const TensorView x(host.data(), DType::f32, {4, 8});
+  EXPECT_EQ(x.device, &Device::cpu());
+  EXPECT_EQ(y.view().device, a.get());  // still a's after its scope
+  EXPECT_THROW(TensorView(y.f32(), DType::f32, {4, 8}), Error);  // meta storage, no meta device current
+  {
+    const DeviceScope scope(*b);
+    rmsnorm_forward(x, w.data(), 1e-5, y.view());
+  }
+  EXPECT_EQ(a->counted()["rmsnorm_forward"], 32.0);
+  EXPECT_TRUE(b->counted().empty());
+  EXPECT_TRUE(std::all_of(host.begin(), host.end(), [](float v) { return v == 0.0f; }));  // x untouched
 }
 
 struct Case {
