@@ -25,7 +25,7 @@ import os
 import sys
 import time
 
-from peer_env import json_line, start
+from peer_env import best_of, json_line, start
 
 
 def parse_args(argv):
@@ -96,15 +96,6 @@ def sdpa(a):
     print(json.dumps({"peer": f"torch {torch.__version__} SDPA ({torch.backends.cpu.get_cpu_capability()}{name})",
                       "fwd_gflops": 4 * a.head_dim * pairs / fwd / 1e9,
                       "bwd_gflops": 10 * a.head_dim * pairs / bwd / 1e9}))
-
-
-def best_of(kept, new):
-    """new, with each rate (a *_gflops key) the higher of kept's and new's."""
-    if kept:
-        for key in new:
-            if key.endswith("_gflops"):
-                new[key] = max(new[key], kept[key])
-    return new
 
 
 def main():

@@ -18,10 +18,12 @@ usual bf16 recipe on CPU), with Q, K, V given to SDPA in bf16.
 Prints one table: tokens/s of each, the ratio longctx / PyTorch, and each
 one's MFU against the GEMM longctx measures in the same run (oneDNN, same
 dtype and threads; the FLOPs counted the same way: 6 x parameters x tokens
-plus causal attention). Best of --steps steps after one warm-up, for both.
+plus causal attention). Best of --steps steps after one warm-up, for both, in
+--rounds rounds taken in turn (longctx, PyTorch, longctx, ...), each side's
+best kept (the GEMM too).
 
 Usage: /usr/bin/python3 bench/peers/model_peer.py [--build build] [--seq 16384]
-         [--threads 2] [--dtypes fp32,bf16] [--steps 3]
+         [--threads 2] [--dtypes fp32,bf16] [--steps 3] [--rounds 2]
 """
 import argparse
 import json
@@ -29,7 +31,7 @@ import os
 import sys
 import time
 
-from peer_env import ROOT, json_line, start
+from peer_env import ROOT, best_of, json_line, start
 
 CONFIG = "configs/model/bench-512.yml"  # bench model's default shape
 
@@ -41,6 +43,8 @@ def parse_args(argv):
     p.add_argument("--threads", default="2")
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=2,
+                   help="longctx then PyTorch, this many times in turn; each side's best kept")
     p.add_argument("--torch", action="store_true", help=argparse.SUPPRESS)   # internal: run PyTorch, print JSON
     p.add_argument("--shape", help=argparse.SUPPRESS)                       # with --torch: longctx's JSON
     p.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)       # with --torch
@@ -133,6 +137,8 @@ def torch_step(a):
 
 def main():
     a = parse_args(sys.argv[1:])
+    if a.rounds < 1:
+        sys.exit(f"model_peer: --rounds {a.rounds} must be at least 1")
     if a.torch:
         return torch_step(a)
     build, python = start(a.build, "model_peer.py")
@@ -140,19 +146,23 @@ def main():
     for dtype in a.dtypes.split(","):
         for threads in a.threads.split(","):
             env = dict(os.environ, OMP_NUM_THREADS=threads)
-            ours = json_line([os.path.join(build, "longctx"), "bench", "model", "--json",
-                              "--config", os.path.join(ROOT, CONFIG),
-                              "--seq", str(a.seq), "--dtype", dtype, "--threads", threads,
-                              "--steps", str(a.steps)], env)
-            theirs = json_line([python, os.path.abspath(__file__), "--torch", "--dtype", dtype, "--threads",
-                                threads, "--steps", str(a.steps), "--shape", json.dumps(ours)], env)
+            ours = theirs = None
+            for _ in range(a.rounds):
+                ours = best_of(ours, json_line([os.path.join(build, "longctx"), "bench", "model", "--json",
+                                                "--config", os.path.join(ROOT, CONFIG), "--seq", str(a.seq),
+                                                "--dtype", dtype, "--threads", threads, "--steps", str(a.steps)],
+                                               env))
+                theirs = best_of(theirs, json_line([python, os.path.abspath(__file__), "--torch", "--dtype", dtype,
+                                                    "--threads", threads, "--steps", str(a.steps),
+                                                    "--shape", json.dumps(ours)], env))
             print(json.dumps(ours))
             print(json.dumps(theirs))
             rows.append((dtype, threads, ours, theirs))
     last = rows[-1][2]
     print(f"\n{CONFIG}: d_model {last['d_model']}, {last['heads']} heads, {last['kv_heads']} KV heads, "
           f"{last['layers']} layers, {last['parameters']} parameters; S={a.seq} causal, B=1, remat none; "
-          f"forward + backward, best of {a.steps} after a warm-up, wall clock; GEMM: longctx's same-run "
+          f"forward + backward, best of {a.steps} after a warm-up in each of {a.rounds} rounds taken in turn, "
+          f"wall clock; GEMM: longctx's same-run "
           f"oneDNN 2048^3 in the same dtype and threads")
     print(f"PyTorch: {rows[-1][3]['peer']}\n")
     print("| dtype | threads | longctx tokens/s | PyTorch tokens/s | longctx / PyTorch | GEMM GFLOP/s "

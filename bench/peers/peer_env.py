@@ -31,6 +31,19 @@ def json_line(cmd, env=None):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def best_of(kept, new):
+    """new, each rate (a key ending in _gflops or _per_second) the higher and
+    each time (a number under a key ending in _seconds) the lower of kept's and
+    new's: the best of rounds taken in turn, for a machine whose speed drifts."""
+    if kept:
+        for key, value in new.items():
+            if key.endswith(("_gflops", "_per_second")):
+                new[key] = max(value, kept[key])
+            elif key.endswith("_seconds") and isinstance(value, (int, float)):
+                new[key] = min(value, kept[key])
+    return new
+
+
 def start(build, who):
     """The absolute build directory and the PyTorch environment's python; prints
     lscpu and the load, above every table."""
