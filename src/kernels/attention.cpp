@@ -55,6 +55,8 @@ std::atomic<AttentionTilePath> g_forced_bf16_path{AttentionTilePath::automatic};
 std::atomic<const attn::DotTileKernels*> g_forced_dot_kernels{nullptr};
 // Tests: the fused backward's kv blocks per unit (0: automatic).
 std::atomic<int64_t> g_forced_backward_kv_blocks{0};
+// Tests: the bf16_dot forward's q blocks per unit (0: automatic).
+std::atomic<int64_t> g_forced_dot_forward_q_blocks{0};
 
 // q blocks per forward work unit, sharing each K, V tile copy (forward_fast).
 constexpr int64_t kForwardQBlocks = 4;
@@ -197,6 +199,13 @@ void set_attention_tile_path(AttentionTilePath path) {
   // widened where oneDNN has no bf16 matmul for this CPU).
   if (path == AttentionTilePath::automatic || !f32)
     force_gemm_bf16_path(path == AttentionTilePath::bf16_native ? Bf16GemmPath::native : Bf16GemmPath::automatic);
+}
+
+void set_attention_dot_forward_q_blocks(int64_t blocks) {
+  check_shape(blocks >= 0 && blocks <= kDotForwardQBlocks,
+              "attention: the bf16_dot forward's q blocks per unit must be 0 (automatic) to " +
+                  std::to_string(kDotForwardQBlocks));
+  g_forced_dot_forward_q_blocks = blocks;
 }
 
 void set_attention_backward_kv_blocks(int64_t blocks) {
@@ -967,8 +976,8 @@ void forward_dot(const AttentionArgs& a, const TensorView& o, float* lse, Attent
   check_view(o, "o");
   check_same_shape(a.q, o, "o");
   const TileMap map(a, g);
-  const int64_t most = kDotForwardQBlocks;  // the scratch is sized for it
-  const int64_t nb = g.B * g.H * ((g.nq + most - 1) / most) >= 32 ? most : kForwardQBlocks;
+  const int64_t most = kDotForwardQBlocks, forced = g_forced_dot_forward_q_blocks;  // the scratch is sized for most
+  const int64_t nb = forced > 0 ? forced : g.B * g.H * ((g.nq + most - 1) / most) >= 32 ? most : kForwardQBlocks;
   const int64_t Dd = attn::round_up(g.D, k.d_align), s_panel = kDotKvRun * g.bk * P;
   const std::vector<Unit> units = forward_units(map, g, nb);
   const int64_t per_thread = dot_forward_scratch_bytes(g.D, k), v_packed = k.packed_elements(g.bk, g.D);

@@ -113,6 +113,10 @@ bool attention_dot_tiles_supported();
 // stay bit-identical at any thread count). The grouping changes dQ's
 // summation order, not its arithmetic.
 void set_attention_backward_kv_blocks(int64_t blocks);
+// Tests: the bf16_dot forward's q blocks per work unit, 1 to 8, instead of
+// the automatic choice (0 restores it: 8 where that leaves at least 32
+// units, else 4). The grouping never changes the result.
+void set_attention_dot_forward_q_blocks(int64_t blocks);
 
 // Scratch bytes one fast forward / backward call with q, k, v in `dtype`
 // allocates (per thread, times `threads`) on the tile path that runs here:

@@ -775,11 +775,16 @@ std::vector<PathVariant> bf16_paths() {
 void expect_bf16_within_bounds(Problem p, const std::string& what) {
   for (const PathVariant& path : bf16_paths())
     for (int64_t kv_blocks : backward_kv_blocks_of(path.path)) {
-      SCOPED_TRACE(what + " " + name_of(path) + ", backward units of " +
-                   std::to_string(kv_blocks) + " kv blocks");
+      // bf16_dot: forward units of 8 q blocks with the backward's 8 kv blocks
+      // (what long sequences run), else 4 (what these short ones would).
+      const int64_t q_blocks = path.path == AttentionTilePath::bf16_dot ? (kv_blocks == 8 ? 8 : 4) : 0;
+      SCOPED_TRACE(what + " " + name_of(path) + ", backward units of " + std::to_string(kv_blocks) +
+                   " kv blocks" + (q_blocks ? ", forward units of " + std::to_string(q_blocks) + " q blocks" : ""));
       set_attention_backward_kv_blocks(kv_blocks);
+      set_attention_dot_forward_q_blocks(q_blocks);
       Bf16Check c = run_bf16(p, path);
       set_attention_backward_kv_blocks(0);
+      set_attention_dot_forward_q_blocks(0);
       const auto v = c.violations_of(c.fast);
       EXPECT_EQ(v[0], 0) << "O";
       EXPECT_EQ(v[1], 0) << "LSE";
@@ -840,6 +845,15 @@ TEST(AttentionBf16, OddLengthsAndHeadDimsWithinTheDerivedBounds) {
     p.B = 2, p.Sq = Sq, p.Skv = Skv, p.H = 6, p.G = 2, p.D = D, p.mask = MaskSpec::causal();
     expect_bf16_within_bounds(p, std::to_string(Sq) + "x" + std::to_string(Skv) + " D=" + std::to_string(D));
   }
+}
+
+// Six q blocks: the bf16_dot forward's units of 8 q blocks (forced on the
+// run with the backward's 8 kv blocks) hold more than the 4 the shorter
+// problems fill, so the scratch slots of blocks 4 and 5 are used.
+TEST(AttentionBf16, ForwardUnitsOfMoreThanFourQBlocksWithinTheDerivedBounds) {
+  Problem p;
+  p.B = 1, p.Sq = p.Skv = 700, p.H = 2, p.G = 1, p.D = 16, p.mask = MaskSpec::causal();
+  expect_bf16_within_bounds(p, "700x700 D=16");
 }
 
 TEST(AttentionBf16, FullyMaskedRowsGiveZeroOutputMinusInfinityAndZeroGradients) {
