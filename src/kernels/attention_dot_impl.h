@@ -40,8 +40,8 @@ constexpr int64_t up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 // into its pairs [kv/2][P]; m, l, alpha of its P rows. before(c0, c1) runs
 // ahead of each 32 columns [c0, c1) of the one pass (the AMX forward
 // multiplies the next panel's scores there, tiles::forward_run, so that the
-// tiles work while the vector units run this panel); where the one pass
-// cannot run, once for all columns first.
+// tiles work while the vector units run this panel); where neither half's
+// rows can take the one pass, once for all columns first.
 template <class V, class C, class Before>
 void softmax_panel_to_pairs(const float* sp, int64_t cols, float scale, int64_t padded, float* m, float* l,
                             float* alpha, uint32_t* pairs, Before&& before) {
