@@ -60,6 +60,9 @@ std::atomic<int64_t> g_forced_dot_forward_q_blocks{0};
 
 // q blocks per forward work unit, sharing each K, V tile copy (forward_fast).
 constexpr int64_t kForwardQBlocks = 4;
+// The fewest work units a grouping of blocks may leave (forward and backward
+// units grow only while the threads still get enough of them).
+constexpr int64_t kMinUnits = 32;
 
 // kv blocks per backward work unit on the fused path (backward_fast): its
 // tiles are quick enough that building a q block's panels and adding its dQ
@@ -271,7 +274,6 @@ int64_t padded_head_dim(int64_t D, const attn::FusedTileKernels& f) { return (D 
 // thread count: the grouping sets dQ's summation order), else 1 (the gemm
 // path's tiles always run alone).
 int64_t backward_kv_blocks(AttentionTilePath path, int64_t B, int64_t G, int64_t nk) {
-  constexpr int64_t kMinUnits = 32;
   if (!groups_kv_blocks(path)) return 1;
   const int64_t most = path == AttentionTilePath::bf16_dot ? kDotBackwardKvBlocks : kFusedBackwardKvBlocks;
   if (const int64_t forced = g_forced_backward_kv_blocks.load(); forced > 0) {
@@ -977,7 +979,7 @@ void forward_dot(const AttentionArgs& a, const TensorView& o, float* lse, Attent
   check_same_shape(a.q, o, "o");
   const TileMap map(a, g);
   const int64_t most = kDotForwardQBlocks, forced = g_forced_dot_forward_q_blocks;  // the scratch is sized for most
-  const int64_t nb = forced > 0 ? forced : g.B * g.H * ((g.nq + most - 1) / most) >= 32 ? most : kForwardQBlocks;
+  const int64_t nb = forced > 0 ? forced : g.B * g.H * ((g.nq + most - 1) / most) >= kMinUnits ? most : kForwardQBlocks;
   const int64_t Dd = attn::round_up(g.D, k.d_align), s_panel = kDotKvRun * g.bk * P;
   const std::vector<Unit> units = forward_units(map, g, nb);
   const int64_t per_thread = dot_forward_scratch_bytes(g.D, k), v_packed = k.packed_elements(g.bk, g.D);

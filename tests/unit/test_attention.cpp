@@ -758,6 +758,16 @@ Bf16Check run_bf16(Problem problem, PathVariant variant) {
   return c;
 }
 
+// The dot kernel sets: both portable twins everywhere, then the CPU's own
+// where it has them.
+std::vector<const attn::DotTileKernels*> dot_kernel_sets() {
+  std::vector<const attn::DotTileKernels*> sets = {attn::dot_tile_kernels_portable_lanes(),
+                                                   attn::dot_tile_kernels_portable_tiles()};
+  for (const attn::DotTileKernels* k : {attn::dot_tile_kernels_avx512bf16(), attn::dot_tile_kernels_amx()})
+    if (k) sets.push_back(k);
+  return sets;
+}
+
 // Every bf16 path this CPU runs: bf16_fused only where it has the fused
 // kernels (its arithmetic is bf16_widened's, so the same bounds hold);
 // bf16_dot on both portable twins everywhere, and on the CPU's own
@@ -765,10 +775,7 @@ Bf16Check run_bf16(Problem problem, PathVariant variant) {
 std::vector<PathVariant> bf16_paths() {
   std::vector<PathVariant> paths = {{AttentionTilePath::bf16_widened}, {AttentionTilePath::bf16_native}};
   if (attention_fused_tiles_supported()) paths.push_back({AttentionTilePath::bf16_fused});
-  paths.push_back({AttentionTilePath::bf16_dot, attn::dot_tile_kernels_portable_lanes()});
-  paths.push_back({AttentionTilePath::bf16_dot, attn::dot_tile_kernels_portable_tiles()});
-  for (const attn::DotTileKernels* k : {attn::dot_tile_kernels_avx512bf16(), attn::dot_tile_kernels_amx()})
-    if (k) paths.push_back({AttentionTilePath::bf16_dot, k});
+  for (const attn::DotTileKernels* k : dot_kernel_sets()) paths.push_back({AttentionTilePath::bf16_dot, k});
   return paths;
 }
 
@@ -1333,10 +1340,7 @@ TEST(DotTiles, TheAmxPackWritesThePortableTwinsBytes) {
 // rows at once, padding included; a layout whose blocks interleave (the tile
 // layout before its kv groups went outermost) fails it.
 TEST(DotTiles, PacksOfConsecutiveKvBlocksAreThePackOfAllTheirRows) {
-  std::vector<const attn::DotTileKernels*> sets = {attn::dot_tile_kernels_portable_lanes(),
-                                                   attn::dot_tile_kernels_portable_tiles()};
-  for (const attn::DotTileKernels* k : {attn::dot_tile_kernels_avx512bf16(), attn::dot_tile_kernels_amx()})
-    if (k) sets.push_back(k);
+  const std::vector<const attn::DotTileKernels*> sets = dot_kernel_sets();
   std::mt19937 gen(17);
   std::uniform_int_distribution<uint16_t> bits(0, 0xffff);
   for (const attn::DotTileKernels* k : sets)
@@ -1366,10 +1370,7 @@ TEST(DotTiles, PacksOfConsecutiveKvBlocksAreThePackOfAllTheirRows) {
 // and exactly 1 with the max unmoved where the scores rose by less than the
 // margin (the one pass ran).
 TEST(DotSoftmax, TheRunningMaxTrailsByAtMostTheLazyMarginAndPNeverOverflows) {
-  std::vector<const attn::DotTileKernels*> sets = {attn::dot_tile_kernels_portable_lanes(),
-                                                   attn::dot_tile_kernels_portable_tiles()};
-  for (const attn::DotTileKernels* k : {attn::dot_tile_kernels_avx512bf16(), attn::dot_tile_kernels_amx()})
-    if (k) sets.push_back(k);
+  const std::vector<const attn::DotTileKernels*> sets = dot_kernel_sets();
   constexpr int64_t P = attn::kDotPanel, cols = 45;  // an odd count, off every alignment
   const double inf = std::numeric_limits<double>::infinity();
   // The bounds, from the precisions: 2^x from an fp32 argument x (one
