@@ -143,8 +143,8 @@ const DotTileKernels* dot_tile_kernels_amx() {
   static const DotTileKernels kernels =
       tiles::kernels_of<Amx, Avx512Bf16Convert, Avx512>("AMX-BF16", fused_tile_kernels_avx512(), &pack_kv_avx512);
   static const bool runs = fused_tile_kernels_avx512() && __builtin_cpu_supports("amx-bf16") &&
-                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                           __builtin_cpu_supports("avx512bf16") &&
+                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
                            onednn_bf16_isa() == Bf16Isa::amx && tile_data_granted();
   return runs ? &kernels : nullptr;
 }

@@ -43,6 +43,7 @@ const DotTileKernels* dot_tile_kernels_avx512bf16() {
   static const DotTileKernels kernels = lanes::kernels_of<Avx512Bf16, Avx512Bf16Convert, Avx512>("AVX512-BF16", fused_tile_kernels_avx512());
   // oneDNN's ISA caps these kernels as it caps its own (and the fp32 softmax they share).
   static const bool runs = fused_tile_kernels_avx512() && __builtin_cpu_supports("avx512bf16") &&
+                           __builtin_cpu_supports("avx512dq") &&
                            onednn_bf16_isa() != Bf16Isa::none;
   return runs ? &kernels : nullptr;
 }

@@ -8,6 +8,7 @@
 // has internal linkage (an unnamed namespace): each file compiles it for its
 // own ISA, and the linker must never pick one file's copy for another.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -50,37 +51,32 @@ void softmax_panel_to_pairs(const float* sp, int64_t cols, float scale, int64_t 
   using R = typename V::R;
   const R sc = V::set1(scale), none = V::set1(-std::numeric_limits<float>::infinity());
   // P = 2^(scale s - shift) of half h's columns [c, c_end) into the pairs,
-  // adding to the sums acc[0..1] and to the max of the unscaled scores acc[2..3].
-  const auto exp_cols = [&](int64_t h, R neg_shift, int64_t c, int64_t c_end, R(&acc)[4]) {
+  // adding to the sums acc[0..1].
+  const auto exp_cols = [&](int64_t h, R neg_shift, int64_t c, int64_t c_end, R(&acc)[2]) {
     const float* col = sp + h;
     for (; c + 2 <= c_end; c += 2) {
-      const R s0 = V::load(col + c * P), s1 = V::load(col + (c + 1) * P);
-      acc[2] = V::max(acc[2], s0), acc[3] = V::max(acc[3], s1);
-      const R e0 = V::exp2_bf16(V::fmadd(s0, sc, neg_shift)), e1 = V::exp2_bf16(V::fmadd(s1, sc, neg_shift));
+      const R e0 = V::exp2_bf16(V::fmadd(V::load(col + c * P), sc, neg_shift));
+      const R e1 = V::exp2_bf16(V::fmadd(V::load(col + (c + 1) * P), sc, neg_shift));
       acc[0] = V::add(acc[0], e0), acc[1] = V::add(acc[1], e1);
       C::pairs16(e0, e1, pairs + (c / 2) * P + h);
     }
     if (c < c_end) {  // the odd last column: its partner zero
-      const R s0 = V::load(col + c * P);
-      acc[2] = V::max(acc[2], s0);
-      const R e0 = V::exp2_bf16(V::fmadd(s0, sc, neg_shift));
+      const R e0 = V::exp2_bf16(V::fmadd(V::load(col + c * P), sc, neg_shift));
       acc[0] = V::add(acc[0], e0);
       C::pairs16(e0, V::zero(), pairs + (c / 2) * P + h);
     }
   };
-  const auto start = [&](R(&acc)[4]) { acc[0] = acc[1] = V::zero(), acc[2] = acc[3] = none; };
-  // The sum of P, and the max of the unscaled scores scaled once (scale > 0
-  // and rounding is monotonic: the max of the scaled scores, bit for bit).
-  const auto sum_of = [&](const R(&acc)[4]) { return V::add(acc[0], acc[1]); };
-  const auto top_of = [&](const R(&acc)[4]) { return V::mul(V::max(acc[2], acc[3]), sc); };
+  const auto start = [&](R(&acc)[2]) { acc[0] = acc[1] = V::zero(); };
+  const auto sum_of = [&](const R(&acc)[2]) { return V::add(acc[0], acc[1]); };
   const R m_old[2] = {V::load(m), V::load(m + W)};
-  // One pass where every row has a running max and none rose by more than
-  // kLazyMax (attention_dot.h; NaN rises by nothing: it reaches the output
-  // through P). Where one rose more, that pass found the max.
-  const R lowest = V::set1(std::numeric_limits<float>::lowest());
+  // One pass where every row has a running max; it stands where no row's P
+  // summed above 2^kLazyMax (attention_dot.h), so no P passed it either (NaN
+  // sums pass: NaN reaches the output through P). Else the max first, and
+  // the pass again. The sum is the pass's own: no compare per score.
+  const R lowest = V::set1(std::numeric_limits<float>::lowest()), most = V::set1(std::ldexp(1.0f, int(kLazyMax)));
   const bool one_pass[2] = {!V::any_less(m_old[0], lowest), !V::any_less(m_old[1], lowest)};
   const R neg_shift[2] = {V::sub(V::zero(), m_old[0]), V::sub(V::zero(), m_old[1])};
-  R acc[2][4];
+  R acc[2][2];
   start(acc[0]), start(acc[1]);
   if (one_pass[0] || one_pass[1]) {
     for (int64_t c = 0; c < cols; c += kChunk) {
@@ -95,24 +91,21 @@ void softmax_panel_to_pairs(const float* sp, int64_t cols, float scale, int64_t 
   for (int64_t h = 0; h < 2; ++h) {
     for (int64_t c = up(cols, 2); c < padded; c += 2)
       std::fill(pairs + (c / 2) * P + h * W, pairs + (c / 2) * P + h * W + W, 0u);
-    R top;
-    if (one_pass[h]) {
-      top = top_of(acc[h]);
-      if (!V::any_less(V::add(m_old[h], V::set1(kLazyMax)), top)) {
-        V::store(alpha + h * W, V::set1(1.0f));
-        V::store(l + h * W, V::add(V::load(l + h * W), sum_of(acc[h])));
-        continue;
-      }
-    } else {  // a row with no running max yet: the max first (four independent chains)
-      const float* col = sp + h * W;
-      R mx[4] = {none, none, none, none};
-      int64_t c = 0;
-      for (; c + 4 <= cols; c += 4)
-        for (int x = 0; x < 4; ++x) mx[x] = V::max(mx[x], V::load(col + (c + x) * P));
-      for (; c < cols; ++c) mx[0] = V::max(mx[0], V::load(col + c * P));
-      top = V::mul(V::max(V::max(mx[0], mx[1]), V::max(mx[2], mx[3])), sc);
+    if (one_pass[h] && !V::any_less(most, sum_of(acc[h]))) {
+      V::store(alpha + h * W, V::set1(1.0f));
+      V::store(l + h * W, V::add(V::load(l + h * W), sum_of(acc[h])));
+      continue;
     }
-    // The pass shifted by the new max.
+    // The max first (four independent chains; the max of the unscaled
+    // scores scaled once: scale > 0 and rounding is monotonic, so it is the
+    // max of the scaled scores, bit for bit), then the pass shifted by it.
+    const float* col = sp + h * W;
+    R mx[4] = {none, none, none, none};
+    int64_t c = 0;
+    for (; c + 4 <= cols; c += 4)
+      for (int x = 0; x < 4; ++x) mx[x] = V::max(mx[x], V::load(col + (c + x) * P));
+    for (; c < cols; ++c) mx[0] = V::max(mx[0], V::load(col + c * P));
+    const R top = V::mul(V::max(V::max(mx[0], mx[1]), V::max(mx[2], mx[3])), sc);
     const R m_new = V::max(m_old[h], top);
     const R shift = V::zero_where_neg_inf(m_new);  // rows with nothing allowed yet: 0, alpha 0
     start(acc[h]);

@@ -60,13 +60,12 @@ struct PortableLanes {
   }
   static R exp2_bf16(R x) {  // Avx512::exp2_bf16, lane by lane (scalef as ldexp)
     return each([&](int i) {
-      const float n = std::nearbyint(x.v[i]);  // to nearest, ties to even; NaN and inf as they are
-      float f = x.v[i] - n;
-      if (std::isnan(f)) f = -0.5f;  // x infinite or NaN
+      const float c = x.v[i];
+      if (std::isnan(c)) return c;
+      if (std::isinf(c)) return c > 0 ? c : 0.0f;
+      const float n = std::floor(c);
       const float p = exp2_poly_bf16(
-          f, [](float a, float b, float d) { return std::fma(a, b, d); }, [](float k) { return k; });
-      if (std::isnan(n)) return n;
-      if (std::isinf(n)) return n > 0 ? n : 0.0f;
+          c - n, [](float a, float b, float d) { return std::fma(a, b, d); }, [](float k) { return k; });
       return std::ldexp(p, static_cast<int>(std::clamp(n, -400.0f, 400.0f)));
     });
   }

@@ -826,10 +826,10 @@ TEST(AttentionBf16, QueryAndKvLengthsDifferWithinTheDerivedBounds) {
     }
 }
 
-// The dot path's forward keeps a row's running max until the scores rise
-// above it by more than kLazyMax (2^8): scores that rise less than that per
-// kv block (P above 1, one pass), more (the max moves, two passes), and
-// fall (the first block's max holds), across blocks and lengths off them.
+// The dot path's forward keeps a row's running max until a tile's P sums
+// past 2^kLazyMax (2^16): scores that rise by 3 per kv block (P above 1, one
+// pass), by 12 (the max moves, two passes), and fall (the first block's max
+// holds), across blocks and lengths off them.
 TEST(AttentionBf16, ScoresRisingAndFallingAcrossKvBlocksWithinTheDerivedBounds) {
   for (float rise : {3.0f, 12.0f, -12.0f})
     for (const char* m : {"causal", "full"}) {
@@ -1286,12 +1286,13 @@ TEST(AttentionBf16, PathsTheCpuLacksAreRefusedByName) {
 // Avx512::exp2_bf16, run by the bounds tests above on CPUs with AVX512-BF16)
 // within the error the bf16 bounds are derived with, against float64's exp2,
 // and exact at what the softmax feeds it besides scores: -inf (masked, and
-// the first block's m_old) gives 0, NaN stays NaN, far below range gives 0.
+// the first block's m_old) gives 0, NaN stays NaN, far below range gives 0,
+// and just below 0 (f = x - floor(x) rounds to 1) gives 1 to within it.
 TEST(DotSoftmax, ShortExp2IsWithinItsStatedErrorAndExactAtTheEdges) {
   using L = attn::PortableLanes<16, 8>;
   double worst = 0;
   for (int64_t i = 0; i <= 400000; ++i) {
-    L::R x = L::set1(-100.0f + 100.0f * float(i) / 400000);  // every spacing of f = x - round(x)
+    L::R x = L::set1(-100.0f + 120.0f * float(i) / 400000);  // every spacing of f = x - floor(x), to P's 2^kLazyMax
     const float got = L::exp2_bf16(x).v[0];
     const double want = std::exp2(double(x.v[0]));
     if (want < 0x1p-126) continue;  // subnormal results: no relative bound
@@ -1301,8 +1302,69 @@ TEST(DotSoftmax, ShortExp2IsWithinItsStatedErrorAndExactAtTheEdges) {
   EXPECT_GT(worst, attn::kExp2Bf16Error / 4) << "the stated error is far from the polynomial's";
   EXPECT_EQ(L::exp2_bf16(L::set1(-std::numeric_limits<float>::infinity())).v[0], 0.0f);
   EXPECT_EQ(L::exp2_bf16(L::set1(-1e30f)).v[0], 0.0f);
-  EXPECT_EQ(L::exp2_bf16(L::set1(0.0f)).v[0], 0.99999928f);  // the polynomial's constant term
+  EXPECT_EQ(L::exp2_bf16(L::set1(0.0f)).v[0], 1.00000262f);  // the polynomial's constant term
   EXPECT_TRUE(std::isnan(L::exp2_bf16(L::set1(std::numeric_limits<float>::quiet_NaN())).v[0]));
+  EXPECT_NEAR(L::exp2_bf16(L::set1(-1e-30f)).v[0], 1.0, attn::kExp2Bf16Error);
+}
+
+// The CPU's own softmax kernels (AVX-512's exp2_bf16: reduce and scalef)
+// write their portable twins' bits, which the bounds tests hold to float64
+// on every CPU: the forward's across tiles that start empty, rise within and
+// past the lazy margin and fall, with masked (-inf) scores, scores whose
+// argument lands just below an integer (f = x - floor(x) rounds up to 1)
+// and far below range; and the backward's P and dS.
+TEST(DotSoftmax, TheCpusSoftmaxWritesItsTwinsBits) {
+  const std::pair<const attn::DotTileKernels*, const attn::DotTileKernels*> pairs[] = {
+      {attn::dot_tile_kernels_avx512bf16(), attn::dot_tile_kernels_portable_lanes()},
+      {attn::dot_tile_kernels_amx(), attn::dot_tile_kernels_portable_tiles()}};
+  if (!pairs[0].first && !pairs[1].first) GTEST_SKIP() << "SKIPPED LOUDLY: this CPU runs no dot kernels of its own";
+  constexpr int64_t P = attn::kDotPanel, panels = 2, cols = 77;  // odd, off every alignment
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  for (auto [native, twin] : pairs) {
+    if (!native) continue;
+    SCOPED_TRACE(native->isa);
+    const int64_t s_panel = attn::round_up(cols, native->kv_align) * P;
+    std::mt19937 gen(11);
+    std::normal_distribution<float> noise(0.0f, 4.0f);
+    struct Run {
+      std::vector<float> m, l, alpha;
+      std::vector<bf16> p2;
+    };
+    Run runs[2];
+    for (Run& r : runs) r = {std::vector<float>(panels * P, ninf), std::vector<float>(panels * P, 0.0f),
+                             std::vector<float>(panels * P), std::vector<bf16>(panels * s_panel)};
+    std::vector<float> s(panels * s_panel);
+    for (float base : {0.0f, 5.0f, 40.0f, -30.0f}) {
+      for (int64_t i = 0; i < panels * s_panel; ++i) {
+        const int64_t row = i % P;
+        s[i] = base == 0.0f && row == 3 ? ninf : base + noise(gen);
+        if (i % 13 == 0) s[i] = ninf;                                  // masked
+        if (i % 17 == 0) s[i] = std::nextafter(std::floor(s[i]), ninf);  // just below an integer
+        if (i % 29 == 0) s[i] = -300.0f;                               // far below range
+      }
+      for (Run& r : runs) {
+        const attn::DotTileKernels* k = &r == &runs[0] ? native : twin;
+        k->softmax_to_pairs(s.data(), panels, cols, s_panel, 1.0f, k->kv_align, r.m.data(), r.l.data(),
+                            r.alpha.data(), r.p2.data());
+      }
+      SCOPED_TRACE("tile at " + std::to_string(base));
+      EXPECT_EQ(0, std::memcmp(runs[0].m.data(), runs[1].m.data(), panels * P * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(runs[0].l.data(), runs[1].l.data(), panels * P * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(runs[0].alpha.data(), runs[1].alpha.data(), panels * P * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(runs[0].p2.data(), runs[1].p2.data(), panels * s_panel * sizeof(bf16)));
+    }
+    std::vector<float> dp(panels * s_panel), lse2(panels * P), delta(panels * P);
+    for (float& x : dp) x = noise(gen);
+    for (int64_t j = 0; j < panels * P; ++j) lse2[j] = 8.0f + noise(gen), delta[j] = noise(gen);
+    std::vector<bf16> out[2][3];
+    for (int x = 0; x < 2; ++x) {
+      for (auto& o : out[x]) o.assign(panels * s_panel, bf16{});
+      const attn::DotTileKernels* k = x == 0 ? native : twin;
+      k->softmax_grad_to_bf16(s.data(), dp.data(), panels, cols, s_panel, 1.0f, lse2.data(), delta.data(), 0.125f,
+                              k->kv_align, out[x][0].data(), out[x][1].data(), out[x][2].data());
+    }
+    for (int o = 0; o < 3; ++o) EXPECT_EQ(0, std::memcmp(out[0][o].data(), out[1][o].data(), panels * s_panel * 2)) << o;
+  }
 }
 
 // The AMX kernels pack V^T and K^T with AVX-512 shuffles (pack_kv_avx512,
