@@ -33,6 +33,11 @@ std::vector<Use> schedule(int64_t layers, bool tied, bool training) {
   return uses;
 }
 
+// A unit's gathered fp32 copy, [R * block].
+Buffer gathered_weights(const ParameterUnit& unit, int64_t R) {
+  return Buffer(MemCategory::parameters, "FSDP gathered unit (fp32)", static_cast<size_t>(unit.block * R) * 4);
+}
+
 }  // namespace
 
 int64_t compute_weight_copy_bytes(int64_t parameters, DType dtype) {
@@ -126,14 +131,19 @@ std::vector<ShardSegment> ShardedParameters::segments() const {
 }
 
 void ShardedParameters::prefetch(int u) {
-  // Counted (core/device.h): nothing to overlap; gather() counts the unit's
-  // all-gather at its use, one per use as here, and the model's layers stay
-  // alike (each gathers its own unit).
-  if (R_ == 1 || resident_[static_cast<size_t>(u)] || Device::current().is_meta()) return;
-  if (prefetching_ >= 0) finish_prefetch();
+  if (R_ == 1 || resident_[static_cast<size_t>(u)]) return;
   auto r = std::make_unique<Resident>();
   const ParameterUnit& unit = units_[static_cast<size_t>(u)];
-  r->weights = Buffer(MemCategory::parameters, "FSDP gathered unit (fp32)", static_cast<size_t>(unit.block * R_) * 4);
+  if (Device::current().is_meta()) {
+    // Counted (core/device.h): the copy takes its memory from here, as it
+    // would; gather() counts the all-gather at the unit's use, one per use.
+    r->weights = gathered_weights(unit, R_);
+    resident_[static_cast<size_t>(u)] = std::move(r);
+    meta_prefetched_ = u;
+    return;
+  }
+  if (prefetching_ >= 0) finish_prefetch();
+  r->weights = gathered_weights(unit, R_);
   // This rank's block goes into its place in the gathered copy (on disk a
   // queued read), and the all-gather fills the rest around it, in place.
   float* mine = r->weights.as<float>() + rank_ * unit.block;
@@ -167,12 +177,19 @@ void ShardedParameters::gather(int u) {
   if (R_ == 1) return;
   auto& r = resident_[static_cast<size_t>(u)];
   const ParameterUnit& unit = units_[static_cast<size_t>(u)];
+  // Counted: a unit prefetched for a use the counted loop skipped (it runs
+  // one of the alike layers) stood for this one.
+  const bool counted_prefetch = meta_prefetched_ == u;
+  if (meta_prefetched_ >= 0 && !counted_prefetch) release(meta_prefetched_);
+  meta_prefetched_ = -1;
   if (prefetching_ == u) {
     finish_prefetch();
-  } else if (!r) {
+  } else if (!r || counted_prefetch) {
     if (prefetching_ >= 0) finish_prefetch();  // gathers_ takes one gather at a time
-    r = std::make_unique<Resident>();
-    r->weights = Buffer(MemCategory::parameters, "FSDP gathered unit (fp32)", static_cast<size_t>(unit.block * R_) * 4);
+    if (!r) {
+      r = std::make_unique<Resident>();
+      r->weights = gathered_weights(unit, R_);
+    }
     float* mine = r->weights.as<float>() + rank_ * unit.block;
     param_shard_->wait(param_shard_->read(unit.shard_begin, unit.block, mine));
     gathers_.all_gather(mine, r->weights.data(), static_cast<size_t>(unit.block) * 4);

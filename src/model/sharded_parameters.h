@@ -125,6 +125,7 @@ class ShardedParameters {
   Buffer compute_copy_;  // R = 1, bf16: the whole model's bf16 copy
   std::vector<std::unique_ptr<Resident>> resident_;  // per unit, null when not in use
   int prefetching_ = -1;                             // the unit whose all-gather is in flight
+  int meta_prefetched_ = -1;                         // counted: the unit prefetch() allocated, not yet gathered
   std::unique_ptr<CommWorker> worker_;
 };
 

@@ -19,14 +19,17 @@ StepCount run_step(const RunConfig& c, const MeshShape& shape, int64_t threads, 
   const std::unique_ptr<Device> meta = Device::make_meta(static_cast<int>(threads));
   const DeviceScope on_meta(*meta);
   const Mesh mesh = Mesh::counting(shape, rank);
-  LlamaModel model(c.model, model_options_from_config(c, mesh));
-  AdamW optimizer(model, c, mesh);
 
-  // The batch's arrays: counted like the rest, never read.
+  // The batch's arrays, never read. The trainer's come from the data
+  // loader, untracked: allocated first, and taken off the peaks below.
   const int64_t B = c.per_device_batch_size, L = c.max_target_length / c.cp, N = B * L;
   const Buffer tokens(MemCategory::activations, "tokens", N * 4), targets(MemCategory::activations, "targets", N * 4);
   const Buffer positions(MemCategory::activations, "positions", N * 8);
   const Buffer segments(MemCategory::activations, "segments", c.packing ? N * 4 : 0);
+  const int64_t batch_bytes = int64_t(meta->tracker().current_total());
+  LlamaModel model(c.model, model_options_from_config(c, mesh));
+  AdamW optimizer(model, c, mesh);
+
   Batch batch;
   batch.batch = B;
   batch.seq_local = L;
@@ -45,6 +48,10 @@ StepCount run_step(const RunConfig& c, const MeshShape& shape, int64_t threads, 
   StepCount out;
   for (MeshAxis a : kMeshAxes) out.axes[static_cast<size_t>(a)] = mesh.axis(a).counters();
   out.kernels = meta->counted();
+  const MemoryTracker& tracked = meta->tracker();
+  for (int i = 0; i < kNumMemCategories; ++i) out.peaks[i] = int64_t(tracked.peak(static_cast<MemCategory>(i)));
+  out.peaks[static_cast<int>(MemCategory::activations)] -= batch_bytes;
+  out.peak_total = int64_t(tracked.peak_total()) - batch_bytes;
   return out;
 }
 

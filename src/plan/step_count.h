@@ -6,7 +6,10 @@
 // - every collective, per mesh axis and operation, in the communicator's
 //   own byte conventions (src/comm/communicator.h);
 // - what each kernel was asked to do (Device::counted: elements per
-//   elementwise kernel, FLOPs of the GEMMs).
+//   elementwise kernel, FLOPs of the GEMMs);
+// - the memory peaks, per category and of all together, from the meta
+//   device's tracker: what the real step's tracker would see
+//   (tests/unit/test_step_count.cpp holds them equal to the planner's).
 // Activation offload and state tiers move bytes, not collectives or kernel
 // work: the counted step keeps everything on the (meta) device.
 #include <array>
@@ -16,6 +19,7 @@
 
 #include "comm/communicator.h"
 #include "core/config.h"
+#include "core/memory.h"
 #include "core/mesh_shape.h"
 
 namespace longctx {
@@ -26,6 +30,10 @@ struct StepCount {
   // instead, on every ring rank, for the busiest.
   std::array<CommCounters, kMeshAxes.size()> axes{};
   std::map<std::string, double> kernels;
+  // The meta device's tracker: each category's peak and the peak of all
+  // together (device pool), as the real step would allocate them.
+  std::array<int64_t, kNumMemCategories> peaks{};
+  int64_t peak_total = 0;
   const CommCounters& operator[](MeshAxis a) const { return axes[static_cast<size_t>(a)]; }
 };
 

@@ -2,8 +2,9 @@
 // over a counting mesh. Its collectives are held against real steps by
 // tests/mpi/test_plan_memory.cpp; here its kernel counts are held against
 // the calls the model documents (src/model/llama.h, the layer math), derived
-// independently by hand from the shapes, and its counted loops
-// (for_each_alike) against running every iteration.
+// independently by hand from the shapes, its counted loops
+// (for_each_alike) against running every iteration, and its memory peaks
+// against the planner's (which test_plan_memory holds against real steps).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -12,6 +13,8 @@
 #include "comm/mesh.h"
 #include "core/device.h"
 #include "model/llama.h"
+#include "plan_profile.h"
+#include "plan/planner.h"
 #include "plan/step_count.h"
 
 namespace longctx {
@@ -131,6 +134,67 @@ TEST(StepCount, CountRepeatMultipliesKernelsAndCollectivesAndNests) {
   int cpu_runs = 0;
   for_each_alike(4, [&](int64_t i) { EXPECT_EQ(i, cpu_runs++); });
   EXPECT_EQ(cpu_runs, 4);
+}
+
+// The counted step's memory is the planner's, at planner scale, where no
+// real step could run in a test: every category the planner sizes from the
+// engine's tables (parameters, gradients, moments, activations) equals the
+// counted step's peak of it, and the planner's total (the sum of its lines:
+// the transients it files under communication are the attention
+// workspace's) equals the counted step's peak of all together. Every
+// strategy, with FSDP (the counted prefetch holds its unit as the real one
+// does), ZeRO-1, sequence parallelism, token chunks, tied embeddings,
+// packing, both dtypes and every remat policy. Offload is left out: the
+// counted step keeps everything on the device.
+TEST(StepCount, CountedMemoryPeaksAreThePlannersAtPlannerScale) {
+  struct Case {
+    const char* strategy;
+    int64_t cp, ulysses, tp, dp, fsdp;
+    bool over_context, zero1, sp, tied, packing;
+    int64_t chunk;
+    const char* remat;
+    const char* dtype;
+    int64_t seq;
+  };
+  const Case cases[] = {
+      {"ring", 4, 1, 2, 1, 1, false, false, false, false, false, 0, "full", "bfloat16", 4096},
+      {"all_gather", 2, 1, 1, 2, 1, false, true, false, false, true, 0, "none", "float32", 2048},
+      {"ulysses", 4, 1, 2, 1, 1, false, false, true, false, false, 0, "save_context", "bfloat16", 4096},
+      {"usp", 4, 2, 1, 1, 2, true, true, false, false, false, 0, "minimal", "bfloat16", 8192},
+      {"ring", 2, 1, 2, 1, 2, false, false, true, true, false, 512, "full", "bfloat16", 8192},
+      {"all_gather", 1, 1, 1, 1, 4, false, false, false, true, false, 0, "none", "float32", 1024},
+      {"all_gather", 1, 1, 1, 1, 4, false, false, false, false, true, 0, "full", "bfloat16", 1024},
+      {"ring", 8, 1, 1, 1, 1, false, false, false, false, false, 0, "none", "bfloat16", 16384},
+      {"usp", 8, 4, 2, 1, 1, false, false, true, false, false, 1000, "save_context", "float32", 16000},
+      {"ulysses", 2, 1, 1, 2, 2, true, true, false, false, true, 300, "minimal", "float32", 3000},
+  };
+  const HardwareProfile hw = test::plan_test_profile("test");  // memory and bytes do not depend on it
+  for (const Case& k : cases) {
+    const RunConfig c = config_from_values(
+        {{"base_emb_dim", int64_t(256)}, {"base_num_query_heads", int64_t(8)}, {"base_num_kv_heads", int64_t(4)},
+         {"head_dim", int64_t(32)}, {"base_mlp_dim", int64_t(512)}, {"base_num_decoder_layers", int64_t(3)},
+         {"vocab_size", int64_t(1000)}, {"max_target_length", k.seq}, {"per_device_batch_size", int64_t(1)},
+         {"ici_data_parallelism", k.dp}, {"ici_context_parallelism", k.cp}, {"ici_tensor_parallelism", k.tp},
+         {"ici_context_usp_ulysses_parallelism", k.ulysses}, {"context_parallel_strategy", std::string(k.strategy)},
+         {"remat_policy", std::string(k.remat)}, {"dtype", std::string(k.dtype)}, {"shard_optimizer_over_data", k.zero1},
+         {"tensor_sequence_parallelism", k.sp}, {"ici_fsdp_parallelism", k.fsdp}, {"fsdp_over_context", k.over_context},
+         {"logits_via_embedding", k.tied}, {"packing", k.packing}, {"layer_token_chunk", k.chunk},
+         {"num_threads", int64_t(1)}});
+    const int64_t devices = k.dp * k.fsdp * k.cp * k.tp;
+    const std::string what = std::string(k.strategy) + " cp=" + std::to_string(k.cp) + " tp=" + std::to_string(k.tp) +
+                             " dp=" + std::to_string(k.dp) + " fsdp=" + std::to_string(k.fsdp) + " " + k.remat + " " +
+                             k.dtype;
+    const StrategyPlan plan = plan_strategy(c, hw, PlanOptions{});
+    ASSERT_TRUE(plan.valid) << what << ": " << plan.invalid_reason;
+    const StepCount counted = count_step(c, devices, 1, static_cast<int>(devices - 1));  // the last: ZeRO-1's tail
+    for (MemCategory category :
+         {MemCategory::parameters, MemCategory::gradients, MemCategory::optimizer, MemCategory::activations}) {
+      int64_t planned = 0;
+      for (const MemoryLine& line : plan.memory) planned += line.category == category ? line.bytes : 0;
+      EXPECT_EQ(counted.peaks[static_cast<int>(category)], planned) << what << ": " << mem_category_name(category);
+    }
+    EXPECT_EQ(counted.peak_total, plan.memory_total) << what;
+  }
 }
 
 }  // namespace
