@@ -75,10 +75,14 @@ class DeviceScope {
 
 // A loop whose iterations count alike (the same kernels and collectives on
 // the same sizes, at other offsets: the model's token chunks, the loss
-// head's row chunks) runs one iteration on a meta device inside a
-// CountRepeat(n): what it counts (Device::count, the communicators'
-// counters) is counted n times. Planning a 14M-token step then costs its
-// distinct iterations, not its hundreds of thousands of kernel calls.
+// head's row chunks) runs its first iteration on a meta device inside a
+// CountRepeat(n - 1), and its last once: what it counts (Device::count, the
+// communicators' counters) is counted n times. Planning a 14M-token step
+// then costs its distinct iterations, not its hundreds of thousands of
+// kernel calls. The last runs too because memory is not alike at the ends:
+// with FSDP the last layer forward prefetches the head's weights, and the
+// last layer backward prefetches nothing, so the counted peaks are the real
+// step's.
 class CountRepeat {
  public:
   explicit CountRepeat(int64_t n);
@@ -92,12 +96,15 @@ class CountRepeat {
 // The product of the calling thread's enclosing CountRepeats (1 outside any).
 int64_t count_repeat();
 // body(i) for i in [0, n): on the current device, or on a meta device body(0)
-// counted n times. For loops of alike iterations only.
+// counted n - 1 times and body(n - 1) once. For loops of alike iterations only.
 template <typename F>
 void for_each_alike(int64_t n, F&& body) {
   if (n > 1 && Device::current().is_meta()) {
-    const CountRepeat repeat(n);
-    return body(int64_t{0});
+    {
+      const CountRepeat repeat(n - 1);
+      body(int64_t{0});
+    }
+    return body(n - 1);
   }
   for (int64_t i = 0; i < n; ++i) body(i);
 }

@@ -64,8 +64,14 @@ struct PortableLanes {
       if (std::isnan(c)) return c;
       if (std::isinf(c)) return c > 0 ? c : 0.0f;
       const float n = std::floor(c);
+      // vreduceps rounds x - floor(x) as it rounds floor (toward -inf). It
+      // is exact but for -1 < x < 0, where 1 + x may not be: to nearest,
+      // then down one step where that rounded up (the error c - (f - 1) is
+      // exact, as f - 1 is).
+      float f = c - n;
+      if (c < 0 && c > -1 && c - (f - 1.0f) < 0) f = std::nextafter(f, 0.0f);
       const float p = exp2_poly_bf16(
-          c - n, [](float a, float b, float d) { return std::fma(a, b, d); }, [](float k) { return k; });
+          f, [](float a, float b, float d) { return std::fma(a, b, d); }, [](float k) { return k; });
       return std::ldexp(p, static_cast<int>(std::clamp(n, -400.0f, 400.0f)));
     });
   }

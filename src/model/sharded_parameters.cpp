@@ -178,7 +178,7 @@ void ShardedParameters::gather(int u) {
   auto& r = resident_[static_cast<size_t>(u)];
   const ParameterUnit& unit = units_[static_cast<size_t>(u)];
   // Counted: a unit prefetched for a use the counted loop skipped (it runs
-  // one of the alike layers) stood for this one.
+  // the first and the last of the alike layers) stood for this one.
   const bool counted_prefetch = meta_prefetched_ == u;
   if (meta_prefetched_ >= 0 && !counted_prefetch) release(meta_prefetched_);
   meta_prefetched_ = -1;
@@ -247,6 +247,7 @@ void ShardedParameters::reset() {
   }
   param_shard_->settle();  // a read into a copy freed below may still be queued
   for (auto& r : resident_) r.reset();
+  meta_prefetched_ = -1;
 }
 
 void ShardedParameters::refresh_compute_copy() {

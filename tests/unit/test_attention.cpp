@@ -645,11 +645,15 @@ TEST(Attention, RejectsShapesItCannotRun) {
 //     rounding terms use u + 2 e (u/700 more), LSE f + e.
 //   Every path: the scores are fp32 sums of D exact products, off by at
 //     most g_D sum_d |q_d k_d| (g_D = D u32 / (1 - D u32), u32 = 2^-24), so
-//     scale s, P's exponent, is off by at most p_s = scale g_D M, with M the
-//     largest sum_d |q_d k_d| of the problem (bounded by sum_d max|q_d|
-//     max|k_d|): P's relative error, which f alone does not cover where
-//     scores are large (|K| of 20: p_s = 3.7e-4). O gains 2 p_s o_abs, dQ,
-//     dK, dV p_s times their sums, LSE p_s.
+//     scale s is off by at most scale g_D M, with M the largest
+//     sum_d |q_d k_d| of the problem (bounded by sum_d max|q_d| max|k_d|);
+//     forming P's exponent from it (the scale's constant, its product, less
+//     the max or the LSE) rounds three times more, u32 each of at most
+//     scale M + max|LSE|. Their sum p_s is P's relative error, which f alone
+//     does not cover where scores are large (|K| of 20: p_s about 4e-4). O
+//     gains 2 p_s o_abs, dQ, dK, dV p_s times their sums, LSE p_s. (dP's own
+//     fp32 sums move dS by P g_D sum_d |dO_d| |V_d|, which f covers here: no
+//     test makes V or dO large.)
 // The sums are computed in float64 from the reference's P and dS
 // (attention_abs_terms_reference); BoundsCatchADroppedTileAndAWrongHead shows the bounds are tight
 // enough to fail on real bugs.
@@ -760,8 +764,8 @@ Bf16Check run_bf16(Problem problem, PathVariant variant) {
     double M = 0;
     for (int64_t d = 0; d < p.D; ++d) M += q_top[d] * k_top[d];
     const double u32 = 0x1p-24, g_D = double(p.D) * u32 / (1 - double(p.D) * u32);
-    const float scale = p.args().scale;
-    c.p_s = (scale > 0 ? scale : 1 / std::sqrt(double(p.D))) * g_D * M;
+    const double scale = p.args().scale > 0 ? p.args().scale : 1 / std::sqrt(double(p.D));
+    c.p_s = scale * g_D * M + 3 * u32 * (scale * M + max_abs(c.ref.lse));
   }
 
   use(variant);
@@ -863,7 +867,7 @@ TEST(AttentionBf16, ScoresRisingAndFallingAcrossKvBlocksWithinTheDerivedBounds) 
 
 // Large scores: K's first component grows to 19.5 against Q's 32 (scores
 // rising by 24 per kv block, to about 110 at the end), so the scores' own
-// fp32 rounding may move P by up to p_s = 3.7e-4 of itself: the term of the
+// fp32 rounding may move P by up to p_s, about 4e-4, of itself: the term of the
 // bounds the fp32 tolerance alone missed (without it the widened paths' dQ
 // breaks them in 293 places).
 TEST(AttentionBf16, LargeScoresWithinTheDerivedBounds) {
@@ -1320,7 +1324,8 @@ TEST(AttentionBf16, PathsTheCpuLacksAreRefusedByName) {
 // within the error the bf16 bounds are derived with, against float64's exp2,
 // and exact at what the softmax feeds it besides scores: -inf (masked, and
 // the first block's m_old) gives 0, NaN stays NaN, far below range gives 0,
-// and just below 0 (f = x - floor(x) rounds to 1) gives 1 to within it.
+// and just below 0 (f = x - floor(x), rounded down as vreduceps does, is
+// just below 1) gives 1 to within it.
 TEST(DotSoftmax, ShortExp2IsWithinItsStatedErrorAndExactAtTheEdges) {
   using L = attn::PortableLanes<16, 8>;
   double worst = 0;
@@ -1343,16 +1348,17 @@ TEST(DotSoftmax, ShortExp2IsWithinItsStatedErrorAndExactAtTheEdges) {
 // The CPU's own softmax kernels (AVX-512's exp2_bf16: reduce and scalef)
 // write their portable twins' bits, which the bounds tests hold to float64
 // on every CPU: the forward's across tiles that start empty, rise within and
-// past the lazy margin and fall, with masked (-inf) scores, scores whose
-// argument lands just below an integer (f = x - floor(x) rounds up to 1)
-// and far below range; and the backward's P and dS.
+// past the lazy margin and fall, with masked (-inf) scores and scores far
+// below range; and the backward's P and dS. A scale off every power of 2
+// puts arguments at full precision in (-1, 0), where vreduceps rounds
+// 1 + x down and a twin that rounded to nearest would differ.
 TEST(DotSoftmax, TheCpusSoftmaxWritesItsTwinsBits) {
   const std::pair<const attn::DotTileKernels*, const attn::DotTileKernels*> pairs[] = {
       {attn::dot_tile_kernels_avx512bf16(), attn::dot_tile_kernels_portable_lanes()},
       {attn::dot_tile_kernels_amx(), attn::dot_tile_kernels_portable_tiles()}};
   if (!pairs[0].first && !pairs[1].first) GTEST_SKIP() << "SKIPPED LOUDLY: this CPU runs no dot kernels of its own";
   constexpr int64_t P = attn::kDotPanel, panels = 2, cols = 77;  // odd, off every alignment
-  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  constexpr float ninf = -std::numeric_limits<float>::infinity(), scale = 0.18033688f;
   for (auto [native, twin] : pairs) {
     if (!native) continue;
     SCOPED_TRACE(native->isa);
@@ -1372,12 +1378,11 @@ TEST(DotSoftmax, TheCpusSoftmaxWritesItsTwinsBits) {
         const int64_t row = i % P;
         s[i] = base == 0.0f && row == 3 ? ninf : base + noise(gen);
         if (i % 13 == 0) s[i] = ninf;                                  // masked
-        if (i % 17 == 0) s[i] = std::nextafter(std::floor(s[i]), ninf);  // just below an integer
         if (i % 29 == 0) s[i] = -300.0f;                               // far below range
       }
       for (Run& r : runs) {
         const attn::DotTileKernels* k = &r == &runs[0] ? native : twin;
-        k->softmax_to_pairs(s.data(), panels, cols, s_panel, 1.0f, k->kv_align, r.m.data(), r.l.data(),
+        k->softmax_to_pairs(s.data(), panels, cols, s_panel, scale, k->kv_align, r.m.data(), r.l.data(),
                             r.alpha.data(), r.p2.data());
       }
       SCOPED_TRACE("tile at " + std::to_string(base));
@@ -1388,12 +1393,16 @@ TEST(DotSoftmax, TheCpusSoftmaxWritesItsTwinsBits) {
     }
     std::vector<float> dp(panels * s_panel), lse2(panels * P), delta(panels * P);
     for (float& x : dp) x = noise(gen);
-    for (int64_t j = 0; j < panels * P; ++j) lse2[j] = 8.0f + noise(gen), delta[j] = noise(gen);
+    for (int64_t j = 0; j < panels * P; ++j) {  // LSE just above the row's top: P near 1 for its largest scores
+      float top = ninf;
+      for (int64_t c = 0; c < cols; ++c) top = std::max(top, s[(j / P) * s_panel + c * P + j % P] * scale);
+      lse2[j] = top + 0.25f, delta[j] = noise(gen);
+    }
     std::vector<bf16> out[2][3];
     for (int x = 0; x < 2; ++x) {
       for (auto& o : out[x]) o.assign(panels * s_panel, bf16{});
       const attn::DotTileKernels* k = x == 0 ? native : twin;
-      k->softmax_grad_to_bf16(s.data(), dp.data(), panels, cols, s_panel, 1.0f, lse2.data(), delta.data(), 0.125f,
+      k->softmax_grad_to_bf16(s.data(), dp.data(), panels, cols, s_panel, scale, lse2.data(), delta.data(), 0.125f,
                               k->kv_align, out[x][0].data(), out[x][1].data(), out[x][2].data());
     }
     for (int o = 0; o < 3; ++o) EXPECT_EQ(0, std::memcmp(out[0][o].data(), out[1][o].data(), panels * s_panel * 2)) << o;

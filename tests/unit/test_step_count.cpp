@@ -9,6 +9,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "comm/mesh.h"
 #include "core/device.h"
@@ -114,17 +115,21 @@ TEST(StepCount, CountRepeatMultipliesKernelsAndCollectivesAndNests) {
   const Mesh mesh = Mesh::counting(shape, 1);
   const Buffer out(MemCategory::scratch, "out", 64);
   int runs = 0;
+  std::vector<int64_t> outer, inner;  // the iterations that ran: the first and the last
   for_each_alike(3, [&](int64_t i) {
-    EXPECT_EQ(i, 0);
+    outer.push_back(i);
     ++runs;
-    for_each_alike(5, [&](int64_t) {
+    for_each_alike(5, [&](int64_t j) {
+      if (i == 0) inner.push_back(j);
       ++runs;
       EXPECT_TRUE(counted_on_meta(out.data(), "k", 2.0));
       double x = 0;
       mesh.tp().all_reduce_sum(&x, 1);
     });
   });
-  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(outer, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(inner, (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(runs, 2 * (1 + 2));
   EXPECT_EQ(count_repeat(), 1);
   EXPECT_EQ(meta->counted().at("k"), 2.0 * 15);
   EXPECT_EQ(mesh.tp().counters()[CommOp::all_reduce].calls, 15);
@@ -141,7 +146,8 @@ TEST(StepCount, CountRepeatMultipliesKernelsAndCollectivesAndNests) {
 // engine's tables (parameters, gradients, moments, activations) equals the
 // counted step's peak of it, and the planner's total (the sum of its lines:
 // the transients it files under communication are the attention
-// workspace's) equals the counted step's peak of all together. Every
+// workspace's) is the counted step's peak of all together, or at most 1%
+// above it where the category peaks come at different moments. Every
 // strategy, with FSDP (the counted prefetch holds its unit as the real one
 // does), ZeRO-1, sequence parallelism, token chunks, tied embeddings,
 // packing, both dtypes and every remat policy. Offload is left out: the
@@ -155,6 +161,7 @@ TEST(StepCount, CountedMemoryPeaksAreThePlannersAtPlannerScale) {
     const char* remat;
     const char* dtype;
     int64_t seq;
+    int64_t vocab = 1000;  // 32000: the head's unit larger than a layer's (FSDP prefetches it last)
   };
   const Case cases[] = {
       {"ring", 4, 1, 2, 1, 1, false, false, false, false, false, 0, "full", "bfloat16", 4096},
@@ -167,13 +174,15 @@ TEST(StepCount, CountedMemoryPeaksAreThePlannersAtPlannerScale) {
       {"ring", 8, 1, 1, 1, 1, false, false, false, false, false, 0, "none", "bfloat16", 16384},
       {"usp", 8, 4, 2, 1, 1, false, false, true, false, false, 1000, "save_context", "float32", 16000},
       {"ulysses", 2, 1, 1, 2, 2, true, true, false, false, true, 300, "minimal", "float32", 3000},
+      {"ring", 2, 1, 1, 1, 4, false, false, false, false, false, 0, "full", "bfloat16", 2048, 32000},
+      {"all_gather", 1, 1, 2, 1, 2, false, false, true, true, false, 0, "none", "float32", 1024, 32000},
   };
   const HardwareProfile hw = test::plan_test_profile("test");  // memory and bytes do not depend on it
   for (const Case& k : cases) {
     const RunConfig c = config_from_values(
         {{"base_emb_dim", int64_t(256)}, {"base_num_query_heads", int64_t(8)}, {"base_num_kv_heads", int64_t(4)},
          {"head_dim", int64_t(32)}, {"base_mlp_dim", int64_t(512)}, {"base_num_decoder_layers", int64_t(3)},
-         {"vocab_size", int64_t(1000)}, {"max_target_length", k.seq}, {"per_device_batch_size", int64_t(1)},
+         {"vocab_size", k.vocab}, {"max_target_length", k.seq}, {"per_device_batch_size", int64_t(1)},
          {"ici_data_parallelism", k.dp}, {"ici_context_parallelism", k.cp}, {"ici_tensor_parallelism", k.tp},
          {"ici_context_usp_ulysses_parallelism", k.ulysses}, {"context_parallel_strategy", std::string(k.strategy)},
          {"remat_policy", std::string(k.remat)}, {"dtype", std::string(k.dtype)}, {"shard_optimizer_over_data", k.zero1},
@@ -193,7 +202,10 @@ TEST(StepCount, CountedMemoryPeaksAreThePlannersAtPlannerScale) {
       for (const MemoryLine& line : plan.memory) planned += line.category == category ? line.bytes : 0;
       EXPECT_EQ(counted.peaks[static_cast<int>(category)], planned) << what << ": " << mem_category_name(category);
     }
-    EXPECT_EQ(counted.peak_total, plan.memory_total) << what;
+    // The planner's total adds each category's peak; together they peak lower
+    // where the loss head's transients (a large vocabulary) come apart from them.
+    EXPECT_LE(counted.peak_total, plan.memory_total) << what;
+    EXPECT_GE(double(counted.peak_total), 0.99 * double(plan.memory_total)) << what;
   }
 }
 
