@@ -630,7 +630,7 @@ void fused_tile(const attn::FusedTileKernels& f, const AttentionArgs& a, const G
                 const float* v, float* s, float* acc, float* m, float* l, float* alpha, TileCounts& counts) {
   const int64_t panels = panels_of(rows, f.panel), s_panel = g.bk * f.panel;
   f.scores(qp, panels, k, cols, g.D, g.scale * kLog2e, s, s_panel);
-  mask_panels(f, a, g, kind, b, i0, rows, j0, cols, s, g.bk * f.panel, counts);
+  mask_panels(f, a, g, kind, b, i0, rows, j0, cols, s, s_panel, counts);
   f.softmax(s, panels, cols, s_panel, m, l, alpha);
   f.pv(s, panels, cols, s_panel, v, g.D, alpha, acc);
 }
@@ -647,7 +647,7 @@ void fused_backward_tile(const attn::FusedTileKernels& f, const AttentionArgs& a
                          float* dp, float* dk_acc, float* dv_acc, float* dqp, TileCounts& counts) {
   const int64_t panels = panels_of(rows, f.panel), s_panel = g.bk * f.panel;
   f.scores(qp, panels, k, cols, g.D, g.scale * kLog2e, s, s_panel);  // S^T = K Q^T, base 2
-  mask_panels(f, a, g, kind, b, i0, rows, j0, cols, s, g.bk * f.panel, counts);
+  mask_panels(f, a, g, kind, b, i0, rows, j0, cols, s, s_panel, counts);
   f.scores(dop, panels, v, cols, g.D, 1.0f, dp, s_panel);  // dP^T = V dO^T
   f.softmax_grad(s, dp, panels, cols, s_panel, lse2, delta, g.scale);
   f.panel_t_times(s, rows, cols, s_panel, dor, Dp, dv_acc);  // dV += P^T dO
@@ -1138,7 +1138,7 @@ void backward_dot(const AttentionArgs& a, const TensorView& dout, const float* l
             if (kind == TileKind::empty) continue;
             const int64_t x = j - j_first, j0 = j * g.bk, cols = std::min(g.bk, g.Skv - j0);
             k.scores(qp, panels, k_rows + x * g.bk * Dd, cols, Dd, s, s_panel);  // S^T = K Q^T, unscaled
-            mask_panels(f, a, g, kind, b, i0, rows, j0, cols, s, g.bk * f.panel, counts);
+            mask_panels(f, a, g, kind, b, i0, rows, j0, cols, s, s_panel, counts);
             k.scores(dop, panels, v_rows + x * g.bk * Dd, cols, Dd, dp, s_panel);  // dP^T = V dO^T
             k.softmax_grad_to_bf16(s, dp, panels, cols, s_panel, g.scale * kLog2e, lse2, delta_i, g.scale, k.kv_align,
                                    pa, ds2, dsa);

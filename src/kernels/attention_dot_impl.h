@@ -389,10 +389,12 @@ void pv(const bf16* p2, int64_t panels, int64_t cols, int64_t p_panel, const bf1
 
 // The forward of a run of whole tiles (no mask): scores, softmax_to_pairs
 // and pv panel by panel, each panel's softmax with the next panel's scores
-// products issued between its 32-column steps, so that the tiles multiply
-// while the vector units exponentiate. On the AMX Xeon that overlapped less
-// than the separate units promise: the forward 1.04x at D = 128 (the scores
-// and softmax took 53% of it before and after), 1.02x at D = 64.
+// products issued between its 32-column steps, so that the tiles may
+// multiply while the vector units exponentiate, and the tiles configured
+// once per run. On the AMX Xeon measured the forward ran 1.04x at D = 128,
+// 1.02x at D = 64: there the tile products and AVX-512 work barely overlap
+// (bench/micro/dot_forward_parts.cpp), so a run costs about the sum of its
+// parts.
 template <class T, class V, class C>
 void forward_run(const bf16* qp, int64_t panels, const bf16* k, int64_t cols, int64_t Dd, float* s, int64_t s_panel,
                  float scale, int64_t kv_align, float* m, float* l, float* alpha, bf16* p2, const bf16* packed,

@@ -132,18 +132,17 @@ std::vector<ShardSegment> ShardedParameters::segments() const {
 
 void ShardedParameters::prefetch(int u) {
   if (R_ == 1 || resident_[static_cast<size_t>(u)]) return;
+  if (prefetching_ >= 0) finish_prefetch();
   auto r = std::make_unique<Resident>();
   const ParameterUnit& unit = units_[static_cast<size_t>(u)];
+  r->weights = gathered_weights(unit, R_);
   if (Device::current().is_meta()) {
     // Counted (core/device.h): the copy takes its memory from here, as it
     // would; gather() counts the all-gather at the unit's use, one per use.
-    r->weights = gathered_weights(unit, R_);
     resident_[static_cast<size_t>(u)] = std::move(r);
     meta_prefetched_ = u;
     return;
   }
-  if (prefetching_ >= 0) finish_prefetch();
-  r->weights = gathered_weights(unit, R_);
   // This rank's block goes into its place in the gathered copy (on disk a
   // queued read), and the all-gather fills the rest around it, in place.
   float* mine = r->weights.as<float>() + rank_ * unit.block;
