@@ -528,6 +528,16 @@ RunConfig::RunConfig() {
   for (const ConfigKey& k : config_keys()) k.set(*this, k.default_value);
 }
 
+namespace {
+
+void require(bool ok, const std::string& rule) {
+  if (!ok) throw ConfigError("invalid config: " + rule);
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
 MeshShape RunConfig::mesh_shape() const {
   MeshShape s;
   s.dp = static_cast<int>(dp), s.cp = static_cast<int>(cp), s.ulysses = static_cast<int>(cp_ulysses);
@@ -535,11 +545,32 @@ MeshShape RunConfig::mesh_shape() const {
   return s;
 }
 
-MeshShape RunConfig::mesh_shape(int64_t devices) const {
+MeshShape RunConfig::mesh_shape(int64_t world) const {
+  require(cp >= 1, "ici_context_parallelism must be >= 1 (got " + str(cp) + ")");
+  require(tp >= 1, "ici_tensor_parallelism must be >= 1 (got " + str(tp) + ")");
+  require(dp >= 1 || dp == -1, "ici_data_parallelism must be >= 1 or -1 (fill), got " + str(dp));
+  require(fsdp >= 1 || fsdp == -1, "ici_fsdp_parallelism must be >= 1 or -1 (fill), got " + str(fsdp));
+  require(dp != -1 || fsdp != -1, "only one of ici_data_parallelism and ici_fsdp_parallelism may be -1 (fill)");
+  // Products of config sizes are checked: 4611686018427387904 * 4 wrapped to 0.
+  const int64_t cp_tp = checked_mul(cp, tp, "ici_context_parallelism * ici_tensor_parallelism");
+  int64_t data = dp, shards = fsdp;
+  if (dp == -1 || fsdp == -1) {
+    const int64_t other = dp == -1 ? fsdp : dp;
+    const char* fill = dp == -1 ? "ici_data_parallelism" : "ici_fsdp_parallelism";
+    const int64_t rest = checked_mul(other, cp_tp, "the mesh axes");
+    require(world % rest == 0, std::string(fill) + "=-1 needs the world size (" + str(world) +
+                                   ") divisible by the product of the other axes (" + str(rest) + ")");
+    (dp == -1 ? data : shards) = world / rest;
+  }
+  const int64_t mesh = checked_mul(checked_mul(data, shards, "ici_data_parallelism * ici_fsdp_parallelism"), cp_tp,
+                                   "ici_data_parallelism * ici_fsdp_parallelism * ici_context_parallelism * "
+                                   "ici_tensor_parallelism");
+  require(mesh == world, "ici_data_parallelism * ici_fsdp_parallelism * ici_context_parallelism * "
+                         "ici_tensor_parallelism = " + str(data) + " * " + str(shards) + " * " + str(cp) + " * " +
+                             str(tp) + " = " + str(mesh) + " must equal the number of ranks (" + str(world) + ")");
   MeshShape s = mesh_shape();
-  const int64_t data = devices / (cp * tp);
-  s.fsdp = static_cast<int>(fsdp == -1 ? data / std::max<int64_t>(dp, 1) : fsdp);
-  s.dp = static_cast<int>(data / s.fsdp);
+  s.dp = static_cast<int>(data);
+  s.fsdp = static_cast<int>(shards);
   return s;
 }
 
@@ -632,16 +663,6 @@ std::string RunConfig::to_yaml() const {
   return out.str();
 }
 
-namespace {
-
-void require(bool ok, const std::string& rule) {
-  if (!ok) throw ConfigError("invalid config: " + rule);
-}
-
-std::string str(int64_t v) { return std::to_string(v); }
-
-}  // namespace
-
 void validate_config(RunConfig& c, int64_t world) {
   const LlamaConfig& m = c.model;
   // ---- numbers: NaN/Inf pass every >= and < rule (or fail it with a wrong
@@ -654,28 +675,10 @@ void validate_config(RunConfig& c, int64_t world) {
   require(m.rope_theta > 0, "rope_max_timescale must be > 0 (got " + std::to_string(m.rope_theta) + ")");
   require(m.rope_scaling_factor > 0,
           "rope_scaling_factor must be > 0 (got " + std::to_string(m.rope_scaling_factor) + ")");
-  // ---- mesh
-  require(c.cp >= 1, "ici_context_parallelism must be >= 1 (got " + str(c.cp) + ")");
-  require(c.tp >= 1, "ici_tensor_parallelism must be >= 1 (got " + str(c.tp) + ")");
-  require(c.dp >= 1 || c.dp == -1, "ici_data_parallelism must be >= 1 or -1 (fill), got " + str(c.dp));
-  require(c.fsdp >= 1 || c.fsdp == -1, "ici_fsdp_parallelism must be >= 1 or -1 (fill), got " + str(c.fsdp));
-  require(c.dp != -1 || c.fsdp != -1, "only one of ici_data_parallelism and ici_fsdp_parallelism may be -1 (fill)");
-  // Products of config sizes are checked: 4611686018427387904 * 4 wrapped to 0.
-  const int64_t cp_tp = checked_mul(c.cp, c.tp, "ici_context_parallelism * ici_tensor_parallelism");
-  if (c.dp == -1 || c.fsdp == -1) {
-    const int64_t other = c.dp == -1 ? c.fsdp : c.dp;
-    const char* fill = c.dp == -1 ? "ici_data_parallelism" : "ici_fsdp_parallelism";
-    const int64_t rest = checked_mul(other, cp_tp, "the mesh axes");
-    require(world % rest == 0, std::string(fill) + "=-1 needs the world size (" + str(world) +
-                                   ") divisible by the product of the other axes (" + str(rest) + ")");
-    (c.dp == -1 ? c.dp : c.fsdp) = world / rest;
-  }
-  const int64_t mesh = checked_mul(checked_mul(c.dp, c.fsdp, "ici_data_parallelism * ici_fsdp_parallelism"), cp_tp,
-                                   "ici_data_parallelism * ici_fsdp_parallelism * ici_context_parallelism * "
-                                   "ici_tensor_parallelism");
-  require(mesh == world, "ici_data_parallelism * ici_fsdp_parallelism * ici_context_parallelism * "
-                         "ici_tensor_parallelism = " + str(c.dp) + " * " + str(c.fsdp) + " * " + str(c.cp) + " * " +
-                             str(c.tp) + " = " + str(mesh) + " must equal the number of ranks (" + str(world) + ")");
+  // ---- mesh: the data axes resolved on the world (an axis at -1 fills it)
+  const MeshShape resolved = c.mesh_shape(world);
+  c.dp = resolved.dp;
+  c.fsdp = resolved.fsdp;
 
   // ---- strategy
   require(c.cp_strategy.has_value(), "context_parallel_strategy=auto must be resolved by the planner before validation");

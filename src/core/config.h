@@ -163,9 +163,10 @@ struct RunConfig {
   // holds ici_context_usp_ulysses_parallelism at 1 for the other strategies.
   // dp must be resolved (not -1).
   MeshShape mesh_shape() const;
-  // The same on `devices`: dp x fsdp fill devices / (cp x tp), an axis at -1
-  // taking what the other leaves.
-  MeshShape mesh_shape(int64_t devices) const;
+  // The same on `world` ranks: dp x fsdp x cp x tp must be the world, an
+  // axis at -1 (fill) taking what the others leave; ConfigError naming the
+  // rule otherwise (validate_config resolves the axes with it).
+  MeshShape mesh_shape(int64_t world) const;
   // The resolved strategy (ConfigError while it is still "auto").
   CpStrategy strategy() const;
   // The ulysses (all-to-all) degree of the strategy: cp for ulysses, the

@@ -24,7 +24,9 @@ constexpr uintptr_t kMetaEnd = kMetaBase + (uintptr_t{1} << 62);
 Device::Device(bool meta, int kernel_threads)
     : meta_(meta), kernel_threads_(kernel_threads),
       own_tracker_(meta ? std::make_unique<MemoryTracker>() : nullptr),
-      tracker_(meta ? own_tracker_.get() : &MemoryTracker::global()) {}
+      tracker_(meta ? own_tracker_.get() : &MemoryTracker::global()) {
+  if (meta) tracker_->keep_contents();  // what a counted step held at its peaks, by name
+}
 
 Device& Device::cpu() {
   static Device device(false, 0);

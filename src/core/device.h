@@ -4,7 +4,8 @@
 // Two devices today:
 //   Device::cpu()          RAM, counted by MemoryTracker::global().
 //   Device::make_meta(t)   counts and never backs: a Buffer made on it is
-//                          tracked by the device's own tracker, and its data()
+//                          tracked by the device's own tracker (which keeps
+//                          the buffers live at each peak, by name), its data()
 //                          is an address that is never mapped (views and
 //                          offsets can be formed; any access faults). Kernels
 //                          handed such data allocate the scratch they would
@@ -13,10 +14,11 @@
 //
 // A Buffer is made on the calling thread's current device: the CPU unless a
 // DeviceScope says otherwise (as a GPU runtime's current device is per
-// thread). The planner runs a strategy's real forward and backward inside a
-// DeviceScope of a meta device over a counting mesh, and reads the peak from
-// the meta device's tracker (src/cp/cp_count.cpp): the buffers are counted
-// where they are allocated, never re-derived.
+// thread). The planner runs the real step (src/plan/step_count.cpp) and
+// each strategy's attention call (src/cp/cp_count.cpp) inside a DeviceScope
+// of a meta device over a counting mesh, and reads the peaks from the meta
+// device's tracker: the buffers are counted where they are allocated, never
+// re-derived.
 #include <cstdint>
 #include <map>
 #include <memory>

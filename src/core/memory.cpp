@@ -37,19 +37,58 @@ MemoryTracker& MemoryTracker::global() {
   return tracker;
 }
 
-void MemoryTracker::on_allocate(MemCategory c, const std::string& name, size_t bytes) {
+namespace {
+bool is_transient(MemCategory c) { return c == MemCategory::communication || c == MemCategory::scratch; }
+bool same(MemCategory a, MemCategory b) { return a == b; }
+bool both_transient(MemCategory a, MemCategory) { return is_transient(a); }
+}  // namespace
+
+void MemoryTracker::keep_contents() {
   std::lock_guard<std::mutex> lock(mu_);
-  int i = static_cast<int>(c);
+  keep_contents_ = true;
+}
+
+// The live buffers of the categories `in` admits, grouped by category and
+// name (in the order allocated). Called with mu_ held.
+std::vector<LiveBuffers> MemoryTracker::live_in(bool (*in)(MemCategory, MemCategory), MemCategory c) const {
+  std::vector<LiveBuffers> out;
+  for (const auto& [ticket, live] : live_) {
+    if (!in(live.category, c)) continue;
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const LiveBuffers& b) { return b.category == live.category && b.name == live.name; });
+    if (it == out.end()) it = out.insert(out.end(), LiveBuffers{live.category, live.name, 0, 0});
+    ++it->count;
+    it->bytes += live.bytes;
+  }
+  return out;
+}
+
+std::vector<LiveBuffers> MemoryTracker::contents_at_peak(MemCategory c) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return at_peak_[static_cast<int>(c)];
+}
+
+std::vector<LiveBuffers> MemoryTracker::transient_contents_at_peak() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return transient_at_peak_;
+}
+
+uint64_t MemoryTracker::on_allocate(MemCategory c, const std::string& name, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int i = static_cast<int>(c);
+  const uint64_t ticket = keep_contents_ ? ++last_ticket_ : 0;
+  if (keep_contents_) live_.emplace(ticket, Live{c, name, bytes});
   if (is_host_pool(c)) {
     if (host_.budget != 0 && host_.current + bytes > host_.budget)
       throw OutOfMemoryError("host_memory_budget exceeded: allocating " + format_bytes(bytes) + " for '" + name +
                              "' on top of " + format_bytes(host_.current) + " in the host pool exceeds the budget of " +
                              format_bytes(host_.budget));
     current_[i] += bytes;
+    if (current_[i] > peak_[i] && keep_contents_) at_peak_[i] = live_in(same, c);
     peak_[i] = std::max(peak_[i], current_[i]);
     host_.current += bytes;
     host_.peak = std::max(host_.peak, host_.current);
-    return;
+    return ticket;
   }
   if (budget_ != 0 && current_total_ + bytes > budget_) {
     throw OutOfMemoryError("device_memory_budget exceeded: allocating " + format_bytes(bytes) +
@@ -59,15 +98,28 @@ void MemoryTracker::on_allocate(MemCategory c, const std::string& name, size_t b
                            format_bytes(budget_));
   }
   current_[i] += bytes;
-  if (current_[i] > peak_[i]) peak_[i] = current_[i];
+  if (current_[i] > peak_[i]) {
+    peak_[i] = current_[i];
+    if (keep_contents_) at_peak_[i] = live_in(same, c);
+  }
   current_total_ += bytes;
   if (current_total_ > peak_total_) peak_total_ = current_total_;
+  if (is_transient(c)) {
+    transient_.current += bytes;
+    if (transient_.current > transient_.peak) {
+      transient_.peak = transient_.current;
+      if (keep_contents_) transient_at_peak_ = live_in(both_transient, c);
+    }
+  }
+  return ticket;
 }
 
-void MemoryTracker::on_release(MemCategory c, size_t bytes) {
+void MemoryTracker::on_release(MemCategory c, size_t bytes, uint64_t ticket) {
   std::lock_guard<std::mutex> lock(mu_);
   current_[static_cast<int>(c)] -= bytes;
   (is_host_pool(c) ? host_.current : current_total_) -= bytes;
+  if (is_transient(c)) transient_.current -= bytes;
+  if (ticket) live_.erase(ticket);
 }
 
 void MemoryTracker::set_host_budget(size_t bytes) {
@@ -85,6 +137,9 @@ void MemoryTracker::reset_peaks() {
   peak_ = current_;
   peak_total_ = current_total_;
   host_.peak = host_.current;
+  transient_.peak = transient_.current;
+  for (int i = 0; i < kNumMemCategories; ++i) at_peak_[i] = live_in(same, static_cast<MemCategory>(i));
+  transient_at_peak_ = live_in(both_transient, MemCategory::communication);
 }
 
 std::string MemoryTracker::report() const {
@@ -126,7 +181,7 @@ Buffer::Buffer(MemCategory category, const std::string& name, size_t bytes)
   Device& device = Device::current();
   device_ = &device;
   if (bytes == 0) return;
-  device.tracker().on_allocate(category, name, bytes);
+  ticket_ = device.tracker().on_allocate(category, name, bytes);
   if (device.is_meta()) {
     data_ = meta_storage();
     return;
@@ -134,7 +189,7 @@ Buffer::Buffer(MemCategory category, const std::string& name, size_t bytes)
   const size_t rounded = (bytes + 63) / 64 * 64;
   data_ = host_allocate(rounded, category);
   if (!data_) {
-    device.tracker().on_release(category, bytes);
+    device.tracker().on_release(category, bytes, ticket_);
     throw OutOfMemoryError("host allocation of " + format_bytes(bytes) + " for '" + name +
                            "' failed");
   }
@@ -146,18 +201,21 @@ Buffer::~Buffer() { release(); }
 void Buffer::release() {
   if (data_) {
     if (!device_->is_meta()) std::free(data_);
-    device_->tracker().on_release(category_, bytes_);
+    device_->tracker().on_release(category_, bytes_, ticket_);
   }
   device_ = nullptr;
   data_ = nullptr;
   bytes_ = 0;
+  ticket_ = 0;
 }
 
 Buffer::Buffer(Buffer&& other) noexcept
-    : device_(other.device_), data_(other.data_), bytes_(other.bytes_), category_(other.category_) {
+    : device_(other.device_), data_(other.data_), bytes_(other.bytes_), ticket_(other.ticket_),
+      category_(other.category_) {
   other.device_ = nullptr;
   other.data_ = nullptr;
   other.bytes_ = 0;
+  other.ticket_ = 0;
 }
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
@@ -166,10 +224,12 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     device_ = other.device_;
     data_ = other.data_;
     bytes_ = other.bytes_;
+    ticket_ = other.ticket_;
     category_ = other.category_;
     other.device_ = nullptr;
     other.data_ = nullptr;
     other.bytes_ = 0;
+    other.ticket_ = 0;
   }
   return *this;
 }

@@ -12,8 +12,10 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace longctx {
 
@@ -23,14 +25,37 @@ const char* mem_category_name(MemCategory c);
 // host_offload is the host pool; all others are device memory.
 inline bool is_host_pool(MemCategory c) { return c == MemCategory::host_offload; }
 
+// Buffers of one category and name live together at a peak: `count` of
+// them, `bytes` in all.
+struct LiveBuffers {
+  MemCategory category;
+  std::string name;
+  int64_t count = 0;
+  size_t bytes = 0;
+};
+
 class MemoryTracker {
  public:
   static MemoryTracker& global();
 
   // Records an allocation; throws OutOfMemoryError naming `name`, the request,
   // the peak and the budget when its pool's budget would be exceeded.
-  void on_allocate(MemCategory c, const std::string& name, size_t bytes);
-  void on_release(MemCategory c, size_t bytes);
+  // Returns the allocation's ticket for on_release (0 unless the tracker
+  // keeps its contents).
+  uint64_t on_allocate(MemCategory c, const std::string& name, size_t bytes);
+  void on_release(MemCategory c, size_t bytes, uint64_t ticket = 0);
+
+  // From now on, remember which buffers are live at each peak (a meta
+  // device's tracker: the planner's memory lines are what its counted step
+  // held, by buffer name). Costs a map entry per live buffer.
+  void keep_contents();
+  // The buffers live when category c first reached its peak, by name.
+  std::vector<LiveBuffers> contents_at_peak(MemCategory c) const;
+  // Transients: communication and scratch, the buffers that live within
+  // one kernel or collective call. Their peak together (each category's
+  // own peak may come in another call) and what was live then.
+  size_t transient_peak() const { return transient_.peak; }
+  std::vector<LiveBuffers> transient_contents_at_peak() const;
 
   void set_budget(size_t bytes);  // device pool; 0 = unlimited
   size_t budget() const { return budget_; }
@@ -49,10 +74,23 @@ class MemoryTracker {
   std::string report() const;
 
  private:
+  struct Live {
+    MemCategory category;
+    std::string name;
+    size_t bytes;
+  };
+  std::vector<LiveBuffers> live_in(bool (*in)(MemCategory, MemCategory), MemCategory c) const;
+
   mutable std::mutex mu_;
   std::array<size_t, kNumMemCategories> current_{}, peak_{};
   size_t current_total_ = 0, peak_total_ = 0, budget_ = 0;
-  struct Pool { size_t current = 0, peak = 0, budget = 0; } host_;
+  struct Pool { size_t current = 0, peak = 0, budget = 0; } host_, transient_;
+  // keep_contents: the live buffers by ticket, and what was live at each peak.
+  bool keep_contents_ = false;
+  uint64_t last_ticket_ = 0;
+  std::map<uint64_t, Live> live_;
+  std::array<std::vector<LiveBuffers>, kNumMemCategories> at_peak_;
+  std::vector<LiveBuffers> transient_at_peak_;
 };
 
 class Device;  // core/device.h
@@ -82,6 +120,7 @@ class Buffer {
   Device* device_ = nullptr;
   void* data_ = nullptr;
   size_t bytes_ = 0;
+  uint64_t ticket_ = 0;  // the tracker's (MemoryTracker::on_allocate)
   MemCategory category_ = MemCategory::scratch;
 };
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/crc32.h"
+#include "core/device.h"
 #include "core/error.h"
 
 namespace longctx {
@@ -63,7 +64,9 @@ void OffloadStore::set_after_write_hook(std::function<void(const std::string& pa
   after_write_hook() = std::move(hook);
 }
 
-OffloadStore::OffloadStore(OffloadTarget target, const std::string& dir) : target_(target), dir_(dir) {
+OffloadStore::OffloadStore(OffloadTarget target, const std::string& dir)
+    : target_(target), dir_(dir), meta_(Device::current().is_meta()) {
+  if (meta_) return;  // a counted step's: moves nothing, touches no directory
   {
     std::lock_guard<std::mutex> lock(live_mu);
     number_ = next_store++;
@@ -80,6 +83,7 @@ OffloadStore::OffloadStore(OffloadTarget target, const std::string& dir) : targe
 }
 
 OffloadStore::~OffloadStore() {
+  if (meta_) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -100,6 +104,7 @@ std::string OffloadStore::path_of(int64_t id) const {
 }
 
 OffloadStore::Ticket OffloadStore::put(int64_t id, const std::string& name, const void* src, size_t bytes) {
+  if (meta_) return 0;
   Block& b = blocks_[id];
   if (b.bytes == 0) {
     b.name = name;
@@ -114,6 +119,7 @@ OffloadStore::Ticket OffloadStore::put(int64_t id, const std::string& name, cons
 }
 
 OffloadStore::Ticket OffloadStore::get(int64_t id, void* dst) {
+  if (meta_) return 0;
   auto it = blocks_.find(id);
   check_shape(it != blocks_.end(), "offload: block " + std::to_string(id) + " was never stored");
   std::lock_guard<std::mutex> lock(mu_);
@@ -123,6 +129,7 @@ OffloadStore::Ticket OffloadStore::get(int64_t id, void* dst) {
 }
 
 void OffloadStore::wait(Ticket t) {
+  if (meta_) return;
   std::deque<std::string> written;
   {
     std::unique_lock<std::mutex> lock(mu_);

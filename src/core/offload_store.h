@@ -13,6 +13,10 @@
 //         removed when the store is destroyed; spill files of processes that
 //         no longer run (a crashed run) are removed when a store opens `dir`.
 //
+// On a meta device (core/device.h: the planner's counted step) a store
+// moves and holds nothing: its tiers are not device memory, and the planner
+// sizes them apart (src/model/offload.h, core/state_store.h).
+//
 // Moves run in the order they were queued (a get after a put of the same
 // block sees its bytes). The caller keeps a put's source unchanged and does
 // not read a get's destination until wait() on its ticket returns.
@@ -82,6 +86,7 @@ class OffloadStore {
 
   OffloadTarget target_;
   std::string dir_;
+  bool meta_;  // made on a meta device
   long number_ = 0;  // among this process's stores: in spill file names
   std::map<int64_t, Block> blocks_;  // touched by the caller's thread only, before queueing
   std::mutex mu_;

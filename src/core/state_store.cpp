@@ -52,7 +52,7 @@ void StateStore::queue_read(size_t k) {
     // Queued behind the write of chunk k - 2 from the same slot: wait for it
     // before zeroing (rare: only before a chunk's first write).
     spill_->wait_all();
-    std::fill_n(slot, chunks_[k].size, 0.0f);
+    if (!is_meta(slot)) std::fill_n(slot, chunks_[k].size, 0.0f);
     reads_[k] = 0;
   }
 }
@@ -117,7 +117,7 @@ OffloadStore::Ticket StateStore::read(int64_t begin, int64_t n, float* dst) {
     float* to = dst + (c.begin - begin);
     if (stored_[k])
       last = spill_->get(static_cast<int64_t>(k), to);
-    else
+    else if (!is_meta(to))
       std::fill_n(to, c.size, 0.0f);
     n -= c.size;
   }

@@ -826,8 +826,11 @@ static Workspace& workspace_for(LlamaModel::Impl& m, const LlamaConfig& c, int64
     w->dtype[a] = t.dtype;
     w->per_chunk[a] = t.per_chunk;
     if (t.elements == 0) continue;
+    // The name the planner's memory lines show (they list what a counted step held).
+    const std::string name =
+        std::string(t.name) + (t.per_chunk ? " (one chunk of " + std::to_string(m.layer_token_chunk) + " tokens)" : "");
     for (int64_t i = 0; i < t.copies; ++i) {
-      w->bufs[a].emplace_back(MemCategory::activations, t.name, static_cast<size_t>(t.bytes()));
+      w->bufs[a].emplace_back(MemCategory::activations, name, static_cast<size_t>(t.bytes()));
       w->bytes += static_cast<size_t>(t.bytes());
     }
   }

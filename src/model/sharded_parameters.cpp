@@ -105,9 +105,9 @@ ShardedParameters::ShardedParameters(const LlamaConfig& c, int64_t tp, const Com
               "parameters off the device need FSDP (a shard group of 2 or more)");
   // Its staging (disk) serves the optimizer's pass over the shard.
   param_shard_ = std::make_unique<StateStore>(parameter_tier, MemCategory::parameters, MemCategory::optimizer,
-                                              sharded ? "model parameters (FSDP shard)" : "model parameters",
+                                              sharded ? "model parameters (fp32, FSDP shard)" : "model parameters (fp32)",
                                               state_chunks(units_, 0, shard_elements_), dir);
-  grad_shard_ = Buffer(MemCategory::gradients, sharded ? "model gradients (FSDP shard)" : "model gradients",
+  grad_shard_ = Buffer(MemCategory::gradients, sharded ? "model gradients (fp32, FSDP shard)" : "model gradients (fp32)",
                        static_cast<size_t>(shard_elements_) * 4);
   if (const int64_t bytes = sharded ? 0 : compute_weight_copy_bytes(shard_elements_, compute))
     compute_copy_ = Buffer(MemCategory::parameters, "bf16 compute copy of the parameters", static_cast<size_t>(bytes));

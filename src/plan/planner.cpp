@@ -43,9 +43,8 @@ struct Shape {
   SaveSet save;
   OffloadTarget offload_target;
   LlamaConfig model;
-  int64_t params_local;  // fp32 parameters of the tp rank (its flat vector)
   // FSDP (src/model/sharded_parameters.h): the shard group's size, this
-  // device's shard of the flat vector (params_local when not sharded) and
+  // device's shard of the tp rank's flat vector (all of it when not sharded) and
   // the ranks that hold the same shard (gradients summed there).
   int64_t fsdp, shards, shard, replicas;
   // One rank's block of the embedding and of a layer (parameter_units).
@@ -53,9 +52,6 @@ struct Shape {
   bool fsdp_over_context;
   StateTier optimizer_tier, parameter_tier;  // *_memory_host_offload, state_offload_target
   OffloadTarget state_target;
-  // The largest chunk of the moments' piece and of the parameter shard
-  // (core/state_store.h): a disk pass stages 2 of each.
-  int64_t moment_chunk, param_chunk;
   // shard_optimizer_over_data (ZeRO-1) over the replicas: the piece of the
   // last replica (it also takes the remainder), which the device stands for.
   bool zero1;
@@ -65,14 +61,10 @@ struct Shape {
 };
 
 // The rule the candidate breaks on these devices, or "": the config's own
-// rules, called (validate_config), never restated here. The planner resolves
-// the data axes from the devices (RunConfig::mesh_shape), and the data
-// source is the trainer's to check.
+// rules, called (validate_config, which resolves the data axes on the
+// devices), never restated here. The data source is the trainer's to check.
 std::string invalid_reason(const RunConfig& c, int64_t devices) {
   RunConfig k = c;
-  const MeshShape mesh = c.mesh_shape(devices);
-  k.dp = mesh.dp;
-  k.fsdp = mesh.fsdp;
   k.dataset_type = DatasetType::synthetic;
   try {
     validate_config(k, devices);
@@ -123,7 +115,6 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.layout = c.layout();
   s.save = c.save_set();
   s.offload_target = c.offload_target;
-  s.params_local = parameters_per_tp_rank(m, c.tp);
   s.fsdp_over_context = c.fsdp_over_context;
   s.optimizer_tier = c.optimizer_tier();
   s.parameter_tier = c.parameter_tier();
@@ -139,9 +130,6 @@ Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
   s.zero1 = c.shard_optimizer_over_data && s.replicas > 1;
   s.piece = s.zero1 ? flat_piece(s.shard, static_cast<int>(s.replicas), static_cast<int>(s.replicas - 1))
                     : flat_piece(s.shard, 1, 0);
-  const std::vector<ParameterUnit> all_units = parameter_units(m, c.tp, s.shards);
-  s.moment_chunk = largest_state_chunk(all_units, int64_t(s.piece.begin), int64_t(s.piece.size));
-  s.param_chunk = largest_state_chunk(all_units, 0, s.shard);
   return s;
 }
 
@@ -179,11 +167,7 @@ CpCallShape call_shape(const Shape& s) {
   return k;
 }
 
-// ---- memory: what the engine allocates, from its own tables ----------------------------
-
-void add_memory(StrategyPlan& p, MemCategory category, const std::string& name, int64_t bytes) {
-  if (bytes > 0) p.memory.push_back({category, name, bytes});
-}
+// ---- memory: what the counted step held at its peaks ------------------------------------
 
 // Items of activation a the offload tier holds per step (0: not offloaded).
 int64_t offloaded_items(const Shape& s, Activation a) {
@@ -191,53 +175,36 @@ int64_t offloaded_items(const Shape& s, Activation a) {
   return point >= 0 && s.save.offload[point] ? offload_stored_items(a, s.L) : 0;
 }
 
-void plan_memory(const Shape& s, StrategyPlan& p) {
-  const bool sharded = s.shards > 1;
-  const std::string shard = sharded ? ", FSDP shard 1/" + str(s.shards) : "";
-  // State the config keeps in the host pool or on disk instead.
+// Device memory is the counted step's (count_step, on the meta device's
+// tracker): each category's peak, with the buffers live at it, and the
+// transients' (communication and scratch) peak together. The total adds
+// them, as if every category peaked at once: the real step's peak of all
+// together is at most that (the loss head's transients peak apart from
+// the saved activations). The tiers outside device memory hold nothing in
+// a counted step (core/offload_store.h); their lines are the stores' sizes.
+void plan_memory(const RunConfig& c, const Shape& s, StrategyPlan& p) {
+  const StepCount counted = count_step(c, s.devices, s.threads, static_cast<int>(s.devices - 1));
+  auto add_memory = [&](const LiveBuffers& b) {
+    if (b.bytes > 0)
+      p.memory.push_back({b.category, b.name + (b.count > 1 ? " x" + str(b.count) : ""), int64_t(b.bytes)});
+  };
+  for (MemCategory category :
+       {MemCategory::parameters, MemCategory::gradients, MemCategory::optimizer, MemCategory::activations})
+    for (const LiveBuffers& b : counted.at_peak[static_cast<int>(category)]) add_memory(b);
+  for (const LiveBuffers& b : counted.transient_at_peak) add_memory(b);
+
+  const std::string shard = s.shards > 1 ? ", FSDP shard 1/" + str(s.shards) : "";
   p.state_offload_target = s.state_target;
-  auto add_state = [&](StateTier tier, MemCategory category, const std::string& name, int64_t bytes) {
-    if (tier == StateTier::device) return add_memory(p, category, name, bytes);
+  auto add_state = [&](StateTier tier, const std::string& name, int64_t bytes) {
+    if (tier == StateTier::device) return;
     p.state_offload.push_back({name, bytes});
     p.state_offload_bytes += bytes;
   };
-  add_state(s.parameter_tier, MemCategory::parameters, "model parameters (fp32" + shard + ")", s.shard * 4);
-  if (!sharded)
-    add_memory(p, MemCategory::parameters, "bf16 compute copy of the parameters", compute_weight_copy_bytes(s.shard, s.dtype));
-  add_memory(p, MemCategory::gradients, "model gradients (fp32" + shard + ")", s.shard * 4);
-  // The gathered units in use at the peak (the schedule of sharded_parameters.h).
-  const auto gathered = gathered_peak_bytes(s.model, s.tp, s.shards, s.dtype, true);
-  add_memory(p, MemCategory::parameters,
-             std::string("FSDP gathered units in flight (fp32") + (s.dtype == DType::bf16 ? " + bf16 copy)" : ")"),
-             gathered[0]);
-  add_memory(p, MemCategory::gradients, "FSDP unit gradients before their reduce-scatter (fp32)", gathered[1]);
-  add_state(s.optimizer_tier, MemCategory::optimizer,
+  add_state(s.parameter_tier, "model parameters (fp32" + shard + ")", s.shard * 4);
+  add_state(s.optimizer_tier,
             s.zero1 ? "AdamW moments (fp32), ZeRO-1 piece 1/" + str(s.replicas) + shard
                     : "AdamW first and second moments (fp32" + shard + ")",
             kAdamWMoments * int64_t(s.piece.size) * 4);
-  // A disk pass (the optimizer step) streams each store on disk through 2 chunks.
-  const int64_t staged = (s.optimizer_tier == StateTier::disk ? kAdamWMoments * s.moment_chunk : 0) +
-                         (s.parameter_tier == StateTier::disk ? s.param_chunk : 0);
-  add_memory(p, MemCategory::optimizer, "state streamed from disk by the update (2 chunks per store, fp32)", 2 * staged * 4);
-
-  // The model's own activation table: per layer when the policy saves a
-  // tensor, else one buffer every layer reuses; each in its own dtype.
-  for (const ActivationBuffer& a : activation_table(s.model, s.tp, s.save, s.N, true, 0, s.dtype, s.sp, s.chunk))
-    if (a.elements > 0)
-      add_memory(p, MemCategory::activations,
-                 std::string(a.name) + (a.copies > 1 ? " x" + str(a.copies) : "") +
-                     (a.per_chunk ? " (one chunk of " + str(s.chunk) + " tokens)" : ""),
-                 a.copies * a.bytes());
-
-  // Transient communication buffers, never alive together: each attention
-  // call's workspace, then (ZeRO-1) the trainer's gradient/parameter piece.
-  const CpWorkspace ws = cp_attention_workspace(call_shape(s));
-  const int64_t zero1_staging = s.zero1 ? int64_t(s.piece.block) * 4 : 0;
-  if (zero1_staging > ws.bytes)
-    add_memory(p, MemCategory::communication, "ZeRO-1 gradient/parameter piece (fp32, after backward)", zero1_staging);
-  else
-    add_memory(p, MemCategory::communication, "attention workspace (peak of one call): " + ws.what, ws.bytes);
-
   for (const MemoryLine& m : p.memory) p.memory_total += m.bytes;
 
   p.offload_target = s.offload_target;
@@ -618,9 +585,7 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
   p.ring = c.cp / p.ulysses;
   p.remat_policy = c.remat_policy;
   const int64_t devices = plan_devices(c, o);
-  if (devices % (c.cp * c.tp) != 0)
-    throw ConfigError(str(devices) + " devices are not divisible by ici_context_parallelism x "
-                      "ici_tensor_parallelism = " + str(c.cp * c.tp));
+  c.mesh_shape(devices);  // the mesh must fill the devices: ConfigError naming the rule, for every strategy
   if (c.model.num_heads % c.tp != 0 || c.model.num_kv_heads % c.tp != 0 || c.model.mlp_dim % c.tp != 0)
     throw ConfigError("ici_tensor_parallelism=" + str(c.tp) +
                       " must divide the query heads, KV heads and base_mlp_dim");
@@ -633,7 +598,7 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
   const Shape s = make_shape(c, devices, threads_of(c, &hw));
   p.dp = s.dp;
   p.fsdp = s.fsdp;
-  plan_memory(s, p);
+  plan_memory(c, s, p);
   // What train enforces: both budgets (the host pool only when one is set).
   p.fits = p.memory_total <= p.device_memory &&
            (c.host_memory_budget == 0 || host_pool_bytes(p) <= c.host_memory_budget);
@@ -676,7 +641,7 @@ int64_t predicted_memory_bytes(const RunConfig& c, int64_t threads, int64_t* hos
                       str(c.max_target_length) + " tokens over cp=" + str(c.cp) +
                       "): lower max_target_length or per_device_batch_size, or raise ici_context_parallelism");
   StrategyPlan p;
-  plan_memory(make_shape(c, c.dp * c.fsdp * c.cp * c.tp, threads), p);
+  plan_memory(c, make_shape(c, c.dp * c.fsdp * c.cp * c.tp, threads), p);
   if (host_offload_bytes) *host_offload_bytes = host_pool_bytes(p);
   return p.memory_total;
 }

@@ -6,12 +6,15 @@
 // calls recommend(). One plan: planner.cpp (plan_strategy); the search over
 // plans and the report: search.cpp (recommend, make_plan).
 //
-// It reads the same RunConfig as train (src/core/config.h) and asks the
-// engine for every size it allocates: the parameter table (core), the
-// activation table (src/model), the optimizer's piece (src/train), each
-// strategy's workspace and the ring's chunk plan (src/cp), the kernel's
-// tiles and scratch (src/kernels). Its byte formulas follow the src/comm
-// counters' conventions; tests compare both with real steps, exactly.
+// It reads the same RunConfig as train (src/core/config.h) and counts by
+// running (src/plan/step_count.h): the engine's own step, on a meta device
+// over a counting mesh, gives the device memory (each category's peak and
+// the buffers live at it, from the meta device's tracker), every
+// collective in the src/comm counters' conventions, and the kernels' work;
+// each attention call's bytes come from running it alone (src/cp,
+// count_cp_call). Only the tiers outside device memory (offloaded
+// activations, host or disk state) are sized from the stores' own
+// functions. Tests compare memory and bytes with real steps, exactly.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -24,10 +27,12 @@
 
 namespace longctx {
 
-// One memory line per device: the MemoryTracker category it is counted in.
+// One memory line per device: buffers of one name live at their
+// category's peak (communication and scratch: at the transients' peak),
+// counted in MemoryTracker category `category`.
 struct MemoryLine {
   MemCategory category = MemCategory::activations;
-  std::string name;  // tensor name, e.g. "qkv_proj (32 layers)"
+  std::string name;  // the buffers' name and count, e.g. "x (layer input) x33"
   int64_t bytes = 0;
 };
 
@@ -64,7 +69,9 @@ struct StrategyPlan {
   std::string invalid_reason;  // the rule this factorization breaks
 
   std::vector<MemoryLine> memory;
-  int64_t memory_total = 0;   // peak bytes per device
+  // Peak bytes per device: the sum of the lines, as if every category
+  // peaked at once (at least the real step's peak of all together).
+  int64_t memory_total = 0;
   int64_t device_memory = 0;  // what the device has (or the configured budget)
   bool fits = false;
 

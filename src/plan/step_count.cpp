@@ -3,6 +3,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "comm/mesh.h"
@@ -23,9 +24,11 @@ StepCount run_step(const RunConfig& c, const MeshShape& shape, int64_t threads, 
   // The batch's arrays, never read. The trainer's come from the data
   // loader, untracked: allocated first, and taken off the peaks below.
   const int64_t B = c.per_device_batch_size, L = c.max_target_length / c.cp, N = B * L;
-  const Buffer tokens(MemCategory::activations, "tokens", N * 4), targets(MemCategory::activations, "targets", N * 4);
-  const Buffer positions(MemCategory::activations, "positions", N * 8);
-  const Buffer segments(MemCategory::activations, "segments", c.packing ? N * 4 : 0);
+  const std::set<std::string> batch_names = {"batch tokens", "batch targets", "batch positions", "batch segments"};
+  const Buffer tokens(MemCategory::activations, "batch tokens", N * 4);
+  const Buffer targets(MemCategory::activations, "batch targets", N * 4);
+  const Buffer positions(MemCategory::activations, "batch positions", N * 8);
+  const Buffer segments(MemCategory::activations, "batch segments", c.packing ? N * 4 : 0);
   const int64_t batch_bytes = int64_t(meta->tracker().current_total());
   LlamaModel model(c.model, model_options_from_config(c, mesh));
   AdamW optimizer(model, c, mesh);
@@ -49,9 +52,16 @@ StepCount run_step(const RunConfig& c, const MeshShape& shape, int64_t threads, 
   for (MeshAxis a : kMeshAxes) out.axes[static_cast<size_t>(a)] = mesh.axis(a).counters();
   out.kernels = meta->counted();
   const MemoryTracker& tracked = meta->tracker();
-  for (int i = 0; i < kNumMemCategories; ++i) out.peaks[i] = int64_t(tracked.peak(static_cast<MemCategory>(i)));
-  out.peaks[static_cast<int>(MemCategory::activations)] -= batch_bytes;
+  for (int i = 0; i < kNumMemCategories; ++i) {
+    out.peaks[i] = int64_t(tracked.peak(static_cast<MemCategory>(i)));
+    out.at_peak[i] = tracked.contents_at_peak(static_cast<MemCategory>(i));
+  }
+  const int activations = static_cast<int>(MemCategory::activations);
+  out.peaks[activations] -= batch_bytes;
+  std::erase_if(out.at_peak[activations], [&](const LiveBuffers& b) { return batch_names.count(b.name) > 0; });
   out.peak_total = int64_t(tracked.peak_total()) - batch_bytes;
+  out.transient_peak = int64_t(tracked.transient_peak());
+  out.transient_at_peak = tracked.transient_contents_at_peak();
   return out;
 }
 
@@ -62,10 +72,7 @@ StepCount count_step(const RunConfig& config, int64_t devices, int64_t threads, 
   const MeshShape shape = c.mesh_shape(devices);
   c.dp = shape.dp;
   c.fsdp = shape.fsdp;
-  c.optimizer_memory_host_offload = c.parameter_memory_host_offload = false;  // no host pool, no spill files
-  c.remat_custom_offload = CustomOffload{};
-  // The search asks for the same step under many levers that change no
-  // count (offload rungs, state tiers): run each once.
+  // Each configuration once: the search asks again for the plans it compares.
   const std::string key = c.to_yaml() + "\n# " + std::to_string(threads) + " threads, rank " + std::to_string(rank);
   static std::mutex mu;
   static std::map<std::string, StepCount> counted;

@@ -7,15 +7,19 @@
 //   own byte conventions (src/comm/communicator.h);
 // - what each kernel was asked to do (Device::counted: elements per
 //   elementwise kernel, FLOPs of the GEMMs);
-// - the memory peaks, per category and of all together, from the meta
-//   device's tracker: what the real step's tracker would see
-//   (tests/unit/test_step_count.cpp holds them equal to the planner's).
-// Activation offload and state tiers move bytes, not collectives or kernel
-// work: the counted step keeps everything on the (meta) device.
+// - the memory peaks, per category, of the transients together and of all
+//   together, and the buffers live at each, from the meta device's tracker:
+//   what the real step's tracker would see (tests/mpi/test_plan_memory.cpp
+//   holds the planner, which reports them, against real steps).
+// Offloaded activations and state run with their tiers: the device keeps
+// the staging slots and disk staging the real step does, while the host
+// and disk tiers themselves hold and move nothing on a meta device
+// (core/offload_store.h).
 #include <array>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "core/config.h"
@@ -33,6 +37,10 @@ struct StepCount {
   // The meta device's tracker: each category's peak and the peak of all
   // together (device pool), as the real step would allocate them.
   std::array<int64_t, kNumMemCategories> peaks{};
+  std::array<std::vector<LiveBuffers>, kNumMemCategories> at_peak;
+  // Communication and scratch together (MemoryTracker::transient_peak).
+  int64_t transient_peak = 0;
+  std::vector<LiveBuffers> transient_at_peak;
   int64_t peak_total = 0;
   const CommCounters& operator[](MeshAxis a) const { return axes[static_cast<size_t>(a)]; }
 };

@@ -53,9 +53,9 @@ AdamW::AdamW(const LlamaModel& model, const RunConfig& c, const Mesh& mesh)
       state_chunks(parameter_units(model.config(), model.tp(), model.shards()), int64_t(piece_.begin),
                    int64_t(piece_.size));
   m_ = std::make_unique<StateStore>(c.optimizer_tier(), MemCategory::optimizer, MemCategory::optimizer,
-                                    "adamw.exp_avg", chunks, c.offload_dir);
+                                    "AdamW first moment exp_avg (fp32)", chunks, c.offload_dir);
   v_ = std::make_unique<StateStore>(c.optimizer_tier(), MemCategory::optimizer, MemCategory::optimizer,
-                                    "adamw.exp_avg_sq", chunks, c.offload_dir);
+                                    "AdamW second moment exp_avg_sq (fp32)", chunks, c.offload_dir);
   // Parameters on disk stream through the same chunks (config: no ZeRO-1 piece then).
   const StateStore& params = model.parameter_store();
   check_shape(params.tier() != StateTier::disk ||

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "error_text.h"
 #include "plan/hardware.h"
 #include "plan/planner.h"
 
@@ -222,6 +223,31 @@ TEST(PlanSearch, AllGatherWhereTheGatheredKvFitsRingBeyond) {
   }
   EXPECT_FALSE(plan_8b("tpu-v5p", 1048576, 8, 1, "all_gather").fits);
   EXPECT_TRUE(plan_8b("tpu-v5p", 1048576, 8, 1, "ring").fits);
+}
+
+// A mesh that does not fill the devices is the user's error, named with
+// the config's own rule: a pinned ici_data_parallelism was once replaced by
+// what the devices left (dp=3 planned as dp 4 on 4 devices), and a fill
+// axis with nothing left divided by zero.
+TEST(PlanSearch, AMeshThatDoesNotFillTheDevicesIsAnError) {
+  const HardwareProfile hw = load_hardware_profile("tpu-v5p");
+  auto error = [&](std::vector<std::string> keys, int64_t devices) {
+    keys.push_back("model_name=demo");
+    keys.push_back("max_target_length=1024");
+    keys.push_back("dtype=bfloat16");
+    const RunConfig c = load(keys);
+    PlanOptions o;
+    o.devices = devices;
+    return error_text<ConfigError>([&] { make_plan(c, hw, o); });
+  };
+  EXPECT_NE(error({"ici_data_parallelism=3"}, 4).find("= 3 * 1 * 1 * 1 = 3 must equal the number of ranks (4)"),
+            std::string::npos);
+  EXPECT_NE(error({"ici_data_parallelism=4", "ici_fsdp_parallelism=-1"}, 2)
+                .find("ici_fsdp_parallelism=-1 needs the world size (2) divisible by the product of the other axes (4)"),
+            std::string::npos);
+  EXPECT_NE(error({"ici_context_parallelism=4"}, 6).find("must equal the number of ranks (6)"), std::string::npos);
+  EXPECT_EQ(error({"ici_data_parallelism=-1", "ici_context_parallelism=2"}, 8), "");
+  EXPECT_EQ(error({"ici_data_parallelism=2", "ici_fsdp_parallelism=2"}, 4), "");
 }
 
 }  // namespace
