@@ -48,43 +48,66 @@ void MemoryTracker::keep_contents() {
   keep_contents_ = true;
 }
 
-// The live buffers of the categories `in` admits, grouped by category and
-// name (in the order allocated). Called with mu_ held.
-std::vector<LiveBuffers> MemoryTracker::live_in(bool (*in)(MemCategory, MemCategory), MemCategory c) const {
-  std::vector<LiveBuffers> out;
-  for (const auto& [ticket, live] : live_) {
-    if (!in(live.category, c)) continue;
-    auto it = std::find_if(out.begin(), out.end(),
-                           [&](const LiveBuffers& b) { return b.category == live.category && b.name == live.name; });
-    if (it == out.end()) it = out.insert(out.end(), LiveBuffers{live.category, live.name, 0, 0});
-    ++it->count;
-    it->bytes += live.bytes;
+// The buffers of the categories `in` admits live after the first `length`
+// log entries, grouped by category and name (in the order first allocated).
+// Called with mu_ held.
+std::vector<LiveBuffers> MemoryTracker::replay(size_t length, bool (*in)(MemCategory, MemCategory),
+                                               MemCategory c) const {
+  std::vector<int64_t> count(names_.size() * kNumMemCategories, 0);
+  std::vector<size_t> bytes(count.size(), 0);
+  std::vector<size_t> order;  // groups by first allocation
+  std::vector<bool> seen(count.size(), false);
+  for (size_t i = 0; i < length; ++i) {
+    const LogEntry& e = log_[i];
+    if (!in(e.category, c)) continue;
+    const size_t group = size_t(e.name) * kNumMemCategories + size_t(e.category);
+    if (e.allocation < 0) {
+      if (!seen[group]) order.push_back(group);
+      seen[group] = true;
+      ++count[group];
+      bytes[group] += e.bytes;
+    } else {
+      --count[group];
+      bytes[group] -= e.bytes;
+    }
   }
+  std::vector<LiveBuffers> out;
+  for (size_t group : order)
+    if (count[group] > 0)
+      out.push_back({static_cast<MemCategory>(group % kNumMemCategories), names_[group / kNumMemCategories],
+                     count[group], bytes[group]});
   return out;
 }
 
 std::vector<LiveBuffers> MemoryTracker::contents_at_peak(MemCategory c) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return at_peak_[static_cast<int>(c)];
+  return replay(peak_at_[static_cast<int>(c)], same, c);
 }
 
 std::vector<LiveBuffers> MemoryTracker::transient_contents_at_peak() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return transient_at_peak_;
+  return replay(transient_peak_at_, both_transient, MemCategory::communication);
 }
 
 uint64_t MemoryTracker::on_allocate(MemCategory c, const std::string& name, size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   const int i = static_cast<int>(c);
-  const uint64_t ticket = keep_contents_ ? ++last_ticket_ : 0;
-  if (keep_contents_) live_.emplace(ticket, Live{c, name, bytes});
+  // Logged once the budget has taken it (below): the ticket it will have.
+  const uint64_t ticket = keep_contents_ ? log_.size() + 1 : 0;
+  auto log = [&] {
+    if (!keep_contents_) return;
+    const auto [it, added] = name_index_.emplace(name, int32_t(names_.size()));
+    if (added) names_.push_back(name);
+    log_.push_back({c, it->second, -1, bytes});
+  };
   if (is_host_pool(c)) {
     if (host_.budget != 0 && host_.current + bytes > host_.budget)
       throw OutOfMemoryError("host_memory_budget exceeded: allocating " + format_bytes(bytes) + " for '" + name +
                              "' on top of " + format_bytes(host_.current) + " in the host pool exceeds the budget of " +
                              format_bytes(host_.budget));
+    log();
     current_[i] += bytes;
-    if (current_[i] > peak_[i] && keep_contents_) at_peak_[i] = live_in(same, c);
+    if (current_[i] > peak_[i]) peak_at_[i] = log_.size();
     peak_[i] = std::max(peak_[i], current_[i]);
     host_.current += bytes;
     host_.peak = std::max(host_.peak, host_.current);
@@ -97,10 +120,11 @@ uint64_t MemoryTracker::on_allocate(MemCategory c, const std::string& name, size
                            format_bytes(peak_total_) + ") exceeds the budget of " +
                            format_bytes(budget_));
   }
+  log();
   current_[i] += bytes;
   if (current_[i] > peak_[i]) {
     peak_[i] = current_[i];
-    if (keep_contents_) at_peak_[i] = live_in(same, c);
+    peak_at_[i] = log_.size();
   }
   current_total_ += bytes;
   if (current_total_ > peak_total_) peak_total_ = current_total_;
@@ -108,7 +132,7 @@ uint64_t MemoryTracker::on_allocate(MemCategory c, const std::string& name, size
     transient_.current += bytes;
     if (transient_.current > transient_.peak) {
       transient_.peak = transient_.current;
-      if (keep_contents_) transient_at_peak_ = live_in(both_transient, c);
+      transient_peak_at_ = log_.size();
     }
   }
   return ticket;
@@ -119,7 +143,10 @@ void MemoryTracker::on_release(MemCategory c, size_t bytes, uint64_t ticket) {
   current_[static_cast<int>(c)] -= bytes;
   (is_host_pool(c) ? host_.current : current_total_) -= bytes;
   if (is_transient(c)) transient_.current -= bytes;
-  if (ticket) live_.erase(ticket);
+  if (ticket) {
+    const LogEntry& allocation = log_[ticket - 1];
+    log_.push_back({allocation.category, allocation.name, int64_t(ticket - 1), allocation.bytes});
+  }
 }
 
 void MemoryTracker::set_host_budget(size_t bytes) {
@@ -138,8 +165,8 @@ void MemoryTracker::reset_peaks() {
   peak_total_ = current_total_;
   host_.peak = host_.current;
   transient_.peak = transient_.current;
-  for (int i = 0; i < kNumMemCategories; ++i) at_peak_[i] = live_in(same, static_cast<MemCategory>(i));
-  transient_at_peak_ = live_in(both_transient, MemCategory::communication);
+  peak_at_.fill(log_.size());
+  transient_peak_at_ = log_.size();
 }
 
 std::string MemoryTracker::report() const {

@@ -47,9 +47,10 @@ class MemoryTracker {
 
   // From now on, remember which buffers are live at each peak (a meta
   // device's tracker: the planner's memory lines are what its counted step
-  // held, by buffer name). Costs a map entry per live buffer.
+  // held, by buffer name). Costs a log entry per allocation and release;
+  // the contents are replayed from it when asked.
   void keep_contents();
-  // The buffers live when category c first reached its peak, by name.
+  // The buffers live when category c first reached its peak, grouped by name.
   std::vector<LiveBuffers> contents_at_peak(MemCategory c) const;
   // Transients: communication and scratch, the buffers that live within
   // one kernel or collective call. Their peak together (each category's
@@ -74,23 +75,27 @@ class MemoryTracker {
   std::string report() const;
 
  private:
-  struct Live {
+  // keep_contents: every allocation and release in order (a release names
+  // its allocation's entry: the ticket is that entry's index + 1), and for
+  // each peak the log's length when it was first reached.
+  struct LogEntry {
     MemCategory category;
-    std::string name;
+    int32_t name;         // index into names_
+    int64_t allocation;   // -1 for an allocation; for a release, its allocation's entry
     size_t bytes;
   };
-  std::vector<LiveBuffers> live_in(bool (*in)(MemCategory, MemCategory), MemCategory c) const;
+  std::vector<LiveBuffers> replay(size_t length, bool (*in)(MemCategory, MemCategory), MemCategory c) const;
 
   mutable std::mutex mu_;
   std::array<size_t, kNumMemCategories> current_{}, peak_{};
   size_t current_total_ = 0, peak_total_ = 0, budget_ = 0;
   struct Pool { size_t current = 0, peak = 0, budget = 0; } host_, transient_;
-  // keep_contents: the live buffers by ticket, and what was live at each peak.
   bool keep_contents_ = false;
-  uint64_t last_ticket_ = 0;
-  std::map<uint64_t, Live> live_;
-  std::array<std::vector<LiveBuffers>, kNumMemCategories> at_peak_;
-  std::vector<LiveBuffers> transient_at_peak_;
+  std::vector<LogEntry> log_;
+  std::vector<std::string> names_;
+  std::map<std::string, int32_t> name_index_;
+  std::array<size_t, kNumMemCategories> peak_at_{};
+  size_t transient_peak_at_ = 0;
 };
 
 class Device;  // core/device.h

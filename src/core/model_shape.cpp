@@ -55,22 +55,33 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 std::vector<ParameterUnit> parameter_units(const LlamaConfig& c, int64_t tp, int64_t shards) {
-  const std::vector<ParameterSpec> specs = parameter_table(c);
+  // Layers are alike: the table of a one-layer model sizes the embedding's,
+  // a layer's and the head's units (no table of every layer's names).
+  LlamaConfig one = c;
+  one.num_layers = 1;
+  const std::vector<ParameterSpec> specs = parameter_table(one);
+  constexpr int kPerLayer = 9;  // parameter_table: norm, q, k, v, o, norm, gate, up, down
+  auto elements = [&](int first, int count) {
+    int64_t n = 0;
+    for (int i = first; i < first + count; ++i) n += specs[static_cast<size_t>(i)].local_elements(tp);
+    return n;
+  };
+  const int head_params = c.tie_embeddings ? 1 : 2;
+  const int64_t embed = elements(0, 1), layer = elements(1, kPerLayer), head = elements(1 + kPerLayer, head_params);
   std::vector<ParameterUnit> units;
-  auto add = [&](int first, int count) {
+  auto add = [&](int first, int count, int64_t n) {
     ParameterUnit u;
     u.first_param = first;
     u.num_params = count;
     u.begin = units.empty() ? 0 : units.back().begin + units.back().elements;
-    for (int i = first; i < first + count; ++i) u.elements += specs[static_cast<size_t>(i)].local_elements(tp);
-    u.block = ceil_div(u.elements, shards);
+    u.elements = n;
+    u.block = ceil_div(n, shards);
     u.shard_begin = units.empty() ? 0 : units.back().shard_begin + units.back().block;
     units.push_back(u);
   };
-  constexpr int kPerLayer = 9;  // parameter_table: norm, q, k, v, o, norm, gate, up, down
-  add(0, 1);                    // the embedding
-  for (int64_t l = 0; l < c.num_layers; ++l) add(1 + static_cast<int>(l) * kPerLayer, kPerLayer);
-  add(1 + static_cast<int>(c.num_layers) * kPerLayer, c.tie_embeddings ? 1 : 2);
+  add(0, 1, embed);
+  for (int64_t l = 0; l < c.num_layers; ++l) add(1 + static_cast<int>(l) * kPerLayer, kPerLayer, layer);
+  add(1 + static_cast<int>(c.num_layers) * kPerLayer, head_params, head);
   return units;
 }
 

@@ -126,7 +126,8 @@ struct NamedTensor {
 // tokens (B * S_local) of this tp rank: what the remat policy trades against
 // compute. The model allocates exactly these (each `copies` times, one per
 // layer when saved, a few staging slots when offloaded: src/model/offload.h);
-// the planner counts the same table. With sequence parallelism the rows
+// the planner counts them as a counted step allocates them
+// (src/plan/step_count.h). With sequence parallelism the rows
 // marked N_r are N / tp (this rank's tokens), else N. With
 // layer_token_chunk the buffers of the layer's token-wise parts hold one
 // chunk's rows (per_chunk) unless the policy saves them.

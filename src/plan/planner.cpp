@@ -585,7 +585,6 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
   p.ring = c.cp / p.ulysses;
   p.remat_policy = c.remat_policy;
   const int64_t devices = plan_devices(c, o);
-  c.mesh_shape(devices);  // the mesh must fill the devices: ConfigError naming the rule, for every strategy
   if (c.model.num_heads % c.tp != 0 || c.model.num_kv_heads % c.tp != 0 || c.model.mlp_dim % c.tp != 0)
     throw ConfigError("ici_tensor_parallelism=" + str(c.tp) +
                       " must divide the query heads, KV heads and base_mlp_dim");

@@ -142,7 +142,7 @@ struct PlanRecommendation {
 struct PlanOptions {
   int64_t devices = 0;        // total devices; 0 = dp * cp * tp from the config
   int64_t device_memory = 0;  // bytes; 0 = the profile's (or device_memory_budget if set)
-  bool memory_only = false;   // plan_strategy stops after memory and fits (the search's cheap check)
+  bool memory_only = false;   // plan_strategy stops after memory and fits (the search's check per rung)
 };
 
 struct PlanReport {

@@ -111,12 +111,14 @@ std::string reason_for(const RunConfig& c, const StrategyPlan& best,
 }
 
 // Candidate cp sizes: the configured one when the mesh is pinned, else every
-// divisor of devices / tp (dp or fsdp, whichever is -1, fills the rest).
+// cp that leaves the fill axis (dp or fsdp, whichever is -1) a whole share
+// of devices / tp beside the other, pinned one.
 std::vector<int64_t> cp_sizes(const RunConfig& c, int64_t devices) {
   if (c.dp != -1 && c.fsdp != -1) return {c.cp};
+  const int64_t pinned = c.dp == -1 ? c.fsdp : c.dp;
   std::vector<int64_t> out;
   for (int64_t cp = 1; cp <= devices / c.tp; ++cp)
-    if ((devices / c.tp) % cp == 0 && devices % c.tp == 0) out.push_back(cp);
+    if (devices % c.tp == 0 && (devices / c.tp) % (cp * pinned) == 0) out.push_back(cp);
   return out;
 }
 
@@ -297,10 +299,11 @@ std::vector<int64_t> tp_sizes(const RunConfig& c, int64_t devices, const Hardwar
 
 // The search: every tp and remat policy the user left open (lightest first), and
 // for each its memory ladder without heavier remat; at every candidate cp,
-// each strategy with the first rung at which it fits (memory only: cheap),
+// each strategy with the first rung at which it fits (memory only: the counted step, memoised),
 // then its full prediction. The fastest wins.
 PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
   const int64_t devices = plan_devices(c, o);
+  c.mesh_shape(devices);  // the user's mesh must fill the devices: ConfigError naming the rule
   PlanOptions opts = o, memory = o;
   opts.devices = memory.devices = devices;
   memory.memory_only = true;
@@ -378,6 +381,7 @@ PlanReport make_plan(const RunConfig& c, const HardwareProfile& hw, const PlanOp
   PlanReport report;
   report.hardware = hw.name;
   report.devices = plan_devices(c, o);
+  c.mesh_shape(report.devices);  // the user's mesh must fill the devices: ConfigError naming the rule
   PlanOptions opts = o;
   opts.devices = report.devices;
   report.candidates = plans_at(c, hw, opts, c.cp, c.remat_policy);

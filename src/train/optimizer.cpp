@@ -67,6 +67,10 @@ AdamW::AdamW(const LlamaModel& model, const RunConfig& c, const Mesh& mesh)
     const size_t from = std::max(b, lo), to = std::min(e, hi);
     if (from < to) segments_.push_back({from - lo, to - from, static_cast<size_t>(s.param)});
   }
+  // In piece order (the units', then each unit's parameters'): update walks them beside the chunks.
+  check_shape(std::is_sorted(segments_.begin(), segments_.end(),
+                             [](const Segment& a, const Segment& b) { return a.begin < b.begin; }),
+              "AdamW: the shard's segments must run in order");
 }
 
 void AdamW::reduce_gradients(LlamaModel& model, double loss_sums[2]) {
@@ -135,12 +139,15 @@ void AdamW::update(LlamaModel& model, double lr) {
   if (stream_params) passes.push_back(&params);
   for (StateStore* s : passes) s->begin_pass();
   const std::vector<StateChunk>& chunks = m_->chunks();
+  size_t first = 0;  // the first segment not wholly before chunk k (both run in piece order)
   for (size_t k = 0; k < chunks.size(); ++k) {
     const int64_t lo = chunks[k].begin, hi = lo + chunks[k].size;
     float* p = stream_params ? params.chunk(k) : params.data() + piece_.begin + lo;
     float* m = m_->chunk(k);
     float* v = v_->chunk(k);
-    for (const Segment& s : segments_) {
+    while (first < segments_.size() && int64_t(segments_[first].begin + segments_[first].size) <= lo) ++first;
+    for (size_t i = first; i < segments_.size() && int64_t(segments_[i].begin) < hi; ++i) {
+      const Segment& s = segments_[i];
       const int64_t from = std::max<int64_t>(lo, int64_t(s.begin)), to = std::min<int64_t>(hi, int64_t(s.begin + s.size));
       if (from >= to) continue;
       AdamWParams h;

@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "comm/mesh.h"
+#include "core/cp_strategy.h"
 #include "cp/cp_selfcheck.h"
 
 namespace longctx {
@@ -55,7 +56,7 @@ void check_all(CpStrategy s, int ulysses) {
   const int N = world_size();
   Mesh mesh(1, N, ulysses, 1);
   std::unique_ptr<Mesh> pairs;  // dp = N/2 groups of cp = 2, for the 8-vs-2 error growth check
-  if (N == 8) pairs = std::make_unique<Mesh>(N / 2, 2, s == CpStrategy::usp ? 2 : 1, 1);
+  if (N == 8) pairs = std::make_unique<Mesh>(N / 2, 2, cp_strategy_info(s).takes_usp_factor ? 2 : 1, 1);
   for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::zigzag})
     for (const char* mask : kMasks)
       for (const Gqa& g : kGqa) {
@@ -107,24 +108,24 @@ void check_all_bf16(CpStrategy s, int ulysses) {
   set_attention_tile_path(AttentionTilePath::automatic);
 }
 
-TEST(CpAttention, AllGather) { check_all(CpStrategy::all_gather, 1); }
-TEST(CpAttention, Ulysses) { check_all(CpStrategy::ulysses, 1); }
-TEST(CpAttention, Ring) { check_all(CpStrategy::ring, 1); }
-
-// usp at (ulysses, ring) = (2, 2) on 4 ranks, (2, 4) and (4, 2) on 8.
-TEST(CpAttention, Usp) {
-  const int N = world_size();
-  for (int u : {2, 4})
-    if (N % u == 0 && N / u >= 2) check_all(CpStrategy::usp, u);
+// The usp factors a strategy runs at on every rank of this world: the
+// splits the planner tries (usp at (ulysses, ring) = (2, 2) on 4 ranks, (2,
+// 4) and (4, 2) on 8), or none; the other strategies take none (1).
+std::vector<int64_t> usp_factors(const CpStrategyInfo& s) {
+  return s.takes_usp_factor ? s.planner_ulysses_degrees(world_size()) : std::vector<int64_t>{1};
 }
 
-TEST(CpAttentionBf16, AllGather) { check_all_bf16(CpStrategy::all_gather, 1); }
-TEST(CpAttentionBf16, Ulysses) { check_all_bf16(CpStrategy::ulysses, 1); }
-TEST(CpAttentionBf16, Ring) { check_all_bf16(CpStrategy::ring, 1); }
-TEST(CpAttentionBf16, Usp) {
-  const int N = world_size();
-  for (int u : {2, 4})
-    if (N % u == 0 && N / u >= 2) check_all_bf16(CpStrategy::usp, u);
+// Every registered strategy (core/cp_strategy.h): a new one is held to the
+// float64 reference here without a new test.
+TEST(CpAttention, EveryRegisteredStrategy) {
+  ASSERT_EQ(cp_strategies().size(), EnumNames<CpStrategy>::names.size());  // every named strategy has its descriptor
+  for (const CpStrategyInfo* s : cp_strategies())
+    for (int64_t u : usp_factors(*s)) check_all(s->id, static_cast<int>(u));
+}
+
+TEST(CpAttentionBf16, EveryRegisteredStrategy) {
+  for (const CpStrategyInfo* s : cp_strategies())
+    for (int64_t u : usp_factors(*s)) check_all_bf16(s->id, static_cast<int>(u));
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The device seam (core/device.h): a meta device counts buffers and never
-// backs them, and the planner's workspace of one strategy call, counted on a
-// meta device (cp_attention_workspace, src/cp/cp_count.cpp), equals the
+// backs them, and the workspace of one strategy call, counted on a meta
+// device (cp_attention_workspace, src/cp/cp_count.cpp), equals the
 // peak the same call really allocates on the CPU. The oracle runs each
 // strategy for real, with real buffers and kernels, over a counting mesh
 // (one rank of cp; its peers' bytes never arrive, so it computes on zeros:

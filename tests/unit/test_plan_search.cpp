@@ -248,6 +248,18 @@ TEST(PlanSearch, AMeshThatDoesNotFillTheDevicesIsAnError) {
   EXPECT_NE(error({"ici_context_parallelism=4"}, 6).find("must equal the number of ranks (6)"), std::string::npos);
   EXPECT_EQ(error({"ici_data_parallelism=-1", "ici_context_parallelism=2"}, 8), "");
   EXPECT_EQ(error({"ici_data_parallelism=2", "ici_fsdp_parallelism=2"}, 4), "");
+  // Candidates the search or the advice try that do not fill the devices are
+  // invalid, never an error: cp = 8 beside fsdp = 2 on 8 devices, and the
+  // advice's larger cp with dp and fsdp pinned.
+  EXPECT_EQ(error({"ici_data_parallelism=-1", "ici_fsdp_parallelism=2"}, 8), "");
+  const RunConfig pinned = load({"model_name=demo", "max_target_length=1024", "dtype=bfloat16",
+                                 "ici_fsdp_parallelism=2", "ici_context_parallelism=2"});
+  PlanOptions tiny;
+  tiny.devices = 4;
+  tiny.device_memory = int64_t(1) << 20;
+  const PlanReport report = make_plan(pinned, hw, tiny);
+  for (const StrategyPlan& p : report.candidates)
+    if (p.valid) EXPECT_NE(p.advice.find("does not fit"), std::string::npos) << p.advice;
 }
 
 }  // namespace
