@@ -3,6 +3,7 @@
 // name and returns the process exit status; errors are thrown as
 // longctx::Error and turned into one line on stderr by main.
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -12,15 +13,20 @@ namespace longctx {
 
 using Args = std::vector<std::string>;
 
-// An integer flag's value; a ConfigError naming the command and the flag otherwise.
-inline int64_t parse_int_flag(const std::string& command, const std::string& flag, const std::string& value) {
+// An integer flag's value, at least `min`; a ConfigError naming the command
+// and the flag otherwise.
+inline int64_t parse_int_flag(const std::string& command, const std::string& flag, const std::string& value,
+                              int64_t min = std::numeric_limits<int64_t>::min()) {
+  long long v = 0;
   try {
     size_t used = 0;
-    const long long v = std::stoll(value, &used);
-    if (used == value.size()) return v;
+    v = std::stoll(value, &used);
+    if (used != value.size()) throw ConfigError("");
   } catch (...) {
+    throw ConfigError(command + ": " + flag + " expects an integer, got '" + value + "'");
   }
-  throw ConfigError(command + ": " + flag + " expects an integer, got '" + value + "'");
+  if (v < min) throw ConfigError(command + ": " + flag + " must be >= " + std::to_string(min) + ", got " + value);
+  return v;
 }
 
 int run_train(const Args& args);           // apps/train.cpp

@@ -369,7 +369,8 @@ const char* const kPlanUsage =
     "       mpiexec -n N longctx plan CONFIG.yml [key=value ...] --validate [--steps N] [--markdown FILE]\n"
     "       mpiexec -n N longctx plan --measure [--output FILE] [--quick]\n"
     "  --hardware NAME   configs/hardware/NAME.yml (default cpu-local; tpu-v5p, tpu-v7, h100, h200)\n"
-    "  --devices N       devices to plan for (default: the config's mesh)\n"
+    "  --devices N       devices to plan for (default: the config's mesh, which must fill them;\n"
+    "                    ici_data_parallelism=-1 or ici_fsdp_parallelism=-1 takes what is left)\n"
     "  --longest         the longest max_target_length (a multiple of --granule, default 1024) at which\n"
     "                    exactly this config fits device memory (and host_memory_budget), and the memory there\n"
     "  --emit FORMAT     also print the recommended plan as MaxText's YAML keys or Megatron-Core's flags\n"
@@ -396,16 +397,16 @@ int run_plan(const Args& args) {
     };
     if (a == "--json") as_json = true;
     else if (a == "--longest") longest = true;
-    else if (a == "--granule") granule = parse_int_flag("plan", a, value());
+    else if (a == "--granule") granule = parse_int_flag("plan", a, value(), 1);
     else if (a == "--measure") measure = true;
     else if (a == "--quick") quick = true;
     else if (a == "--output") output = value();
     else if (a == "--validate") validate = true;
-    else if (a == "--steps") steps = parse_int_flag("plan", a, value());
+    else if (a == "--steps") steps = parse_int_flag("plan", a, value(), 1);
     else if (a == "--markdown") markdown = value();
     else if (a == "--emit") emit = parse_emit_format(value());
     else if (a == "--hardware") hardware = value();
-    else if (a == "--devices") options.devices = parse_int_flag("plan", a, value());
+    else if (a == "--devices") options.devices = parse_int_flag("plan", a, value(), 1);
     else if (a == "--device-memory") options.device_memory = parse_bytes(value());
     else if (a.rfind("--", 0) == 0)
       throw ConfigError("plan: unknown flag '" + a + "'\n" + kPlanUsage);

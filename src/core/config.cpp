@@ -668,9 +668,11 @@ void validate_config(RunConfig& c, int64_t world) {
   // ---- numbers: NaN/Inf pass every >= and < rule (or fail it with a wrong
   // message) and train NaN from step 1: every double key must be finite.
   // The key/value form is derived from the fields, so this covers every one.
-  for (const auto& [key, value] : c.values())
-    if (const double* d = std::get_if<double>(&value))
-      require(std::isfinite(*d), key + " must be a finite number (got " + std::to_string(*d) + ")");
+  for (const ConfigKey& k : config_keys())
+    if (std::holds_alternative<double>(k.default_value)) {
+      const double d = std::get<double>(k.get(c));
+      require(std::isfinite(d), std::string(k.name) + " must be a finite number (got " + std::to_string(d) + ")");
+    }
   require(m.norm_eps > 0, "normalization_layer_epsilon must be > 0 (got " + std::to_string(m.norm_eps) + ")");
   require(m.rope_theta > 0, "rope_max_timescale must be > 0 (got " + std::to_string(m.rope_theta) + ")");
   require(m.rope_scaling_factor > 0,

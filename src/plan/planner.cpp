@@ -574,9 +574,6 @@ int64_t plan_devices(const RunConfig& c, const PlanOptions& o) {
 }
 
 StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, const PlanOptions& o) {
-  // The kernel tables of the run's compute dtype (cpu-local measures bf16's
-  // apart); every lookup below reads them.
-  const HardwareProfile hw = profile.for_dtype(c.dtype);
   StrategyPlan p;
   p.strategy = c.strategy();
   p.cp = c.cp;
@@ -589,12 +586,12 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
     throw ConfigError("ici_tensor_parallelism=" + str(c.tp) +
                       " must divide the query heads, KV heads and base_mlp_dim");
   p.invalid_reason = invalid_reason(c, devices);
-  p.device_memory = device_memory(c, hw, o);
+  p.device_memory = device_memory(c, profile, o);
   if (!p.invalid_reason.empty()) {
     p.valid = false;
     return p;
   }
-  const Shape s = make_shape(c, devices, threads_of(c, &hw));
+  const Shape s = make_shape(c, devices, threads_of(c, &profile));
   p.dp = s.dp;
   p.fsdp = s.fsdp;
   plan_memory(c, s, p);
@@ -603,6 +600,9 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
            (c.host_memory_budget == 0 || host_pool_bytes(p) <= c.host_memory_budget);
   if (o.memory_only) return p;
 
+  // The kernel tables of the run's compute dtype (cpu-local measures bf16's
+  // apart); every lookup below reads them.
+  const HardwareProfile hw = profile.for_dtype(c.dtype);
   AttentionWork w = attention_work(s, hw);
   // Attention forward runs once per layer, again in backward when the policy
   // does not save the context; backward once per layer.

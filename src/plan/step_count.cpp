@@ -1,10 +1,13 @@
 #include "plan/step_count.h"
 
+#include <bit>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <type_traits>
+#include <variant>
 
 #include "comm/mesh.h"
 #include "core/device.h"
@@ -73,7 +76,22 @@ StepCount count_step(const RunConfig& config, int64_t devices, int64_t threads, 
   c.dp = shape.dp;
   c.fsdp = shape.fsdp;
   // Each configuration once: the search asks again for the plans it compares.
-  const std::string key = c.to_yaml() + "\n# " + std::to_string(threads) + " threads, rank " + std::to_string(rank);
+  // The key is every config key's value (doubles by their bits), the
+  // threads and the rank: built for every plan the search weighs, so plain.
+  std::string key = std::to_string(threads) + " threads, rank " + std::to_string(rank);
+  for (const ConfigKey& k : config_keys()) {
+    key += '\n';
+    key += k.name;
+    key += '=';
+    std::visit(
+        [&](const auto& x) {
+          using T = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<T, std::string>) key += x;
+          else if constexpr (std::is_same_v<T, double>) key += std::to_string(std::bit_cast<uint64_t>(x));
+          else key += std::to_string(x);
+        },
+        k.get(c));
+  }
   static std::mutex mu;
   static std::map<std::string, StepCount> counted;
   {

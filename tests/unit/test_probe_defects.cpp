@@ -175,6 +175,18 @@ TEST(ProbeDefects, D3FailedWritesOfMetricsAndEvalOutputAreErrors) {
   EXPECT_NE(plot.output.find("not a regular file"), std::string::npos) << plot.output;
 }
 
+// plan's integer flags below their minimum are refused with the flag's name:
+// --devices 0 and -3 once planned the config's own mesh, silently.
+TEST(ProbeDefects, PlanFlagsBelowTheirMinimumAreRefused) {
+  const std::string plan = shell_quote(LONGCTX_BINARY) + " plan " + shell_quote(LONGCTX_SOURCE_DIR "/configs/demo.yml");
+  for (const char* flag : {"--devices 0", "--devices -3", "--granule 0 --longest", "--steps 0 --validate"}) {
+    const CommandResult r = run_command("OMP_NUM_THREADS=1 timeout 120 " + plan + " " + flag);
+    const std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
+    EXPECT_NE(r.status, 0) << flag << "\n" << r.output;
+    EXPECT_NE(r.output.find("plan: " + name + " must be >= 1"), std::string::npos) << flag << "\n" << r.output;
+  }
+}
+
 // D4: a newest checkpoint whose checksums agree but that fails a structural
 // check is skipped, loudly, for the older valid one.
 TEST(ProbeDefects, D4ResumeFallsBackPastStructuralFailures) {
