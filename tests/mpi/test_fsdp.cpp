@@ -311,7 +311,9 @@ TEST(Fsdp, OptimizerAndParameterOffloadToHostOrDiskFitABudgetThePlainRunBreaks) 
     }
     EXPECT_EQ(params_peak, predicted_params) << target;
     EXPECT_EQ(optimizer_peak, predicted_optimizer) << target;
-    if (target == "disk") EXPECT_GT(optimizer_peak, 0) << "the update's staged chunks";
+    if (target == "disk") {
+      EXPECT_GT(optimizer_peak, 0) << "the update's staged chunks";
+    }
     EXPECT_EQ(plan.state_offload_bytes, shard_bytes + 8 * parameter_shard_elements(plain.model, 1, world)) << target;
     EXPECT_EQ(name_of(plan.state_offload_target), target);
   }

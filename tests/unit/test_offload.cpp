@@ -270,7 +270,9 @@ TEST(Offload, OptimizerStateOnHostOrDiskFitsABudgetThePlainRunBreaks) {
     MemoryTracker::global().set_budget(0);
     const RunConfig c = offloaded(target, budget);
     EXPECT_EQ(train(c).losses, device.losses) << target;
-    if (std::string(target) == "disk") EXPECT_EQ(spill_files(c.offload_dir), 0u);  // removed at exit
+    if (std::string(target) == "disk") {
+      EXPECT_EQ(spill_files(c.offload_dir), 0u);  // removed at exit
+    }
   }
 }
 
@@ -318,7 +320,9 @@ TEST(StateStore, EveryTierKeepsWhatPassesWriteAndADiskPassStagesTwoChunks) {
           EXPECT_EQ(v[i], want) << "tier " << int(tier) << " pass " << pass << " chunk " << k;
           if (modify) v[i] = want = float(pass * 100 + int(k) * 10 + i);
         }
-        if (tier == StateTier::disk) EXPECT_EQ(mt.current(MemCategory::optimizer) - staging0, 2u * 7 * 4);
+        if (tier == StateTier::disk) {
+          EXPECT_EQ(mt.current(MemCategory::optimizer) - staging0, 2u * 7 * 4);
+        }
         s.done(k, modify);
       }
       s.end_pass();

@@ -259,7 +259,9 @@ TEST(PlanSearch, AMeshThatDoesNotFillTheDevicesIsAnError) {
   tiny.device_memory = int64_t(1) << 20;
   const PlanReport report = make_plan(pinned, hw, tiny);
   for (const StrategyPlan& p : report.candidates)
-    if (p.valid) EXPECT_NE(p.advice.find("does not fit"), std::string::npos) << p.advice;
+    if (p.valid) {
+      EXPECT_NE(p.advice.find("does not fit"), std::string::npos) << p.advice;
+    }
 }
 
 }  // namespace

@@ -275,7 +275,9 @@ TEST(StepCount, CountedMemoryPeaksAreTheEnginesTablesAtPlannerScale) {
     for (int i = 0; i < kNumMemCategories; ++i) {
       int64_t live = 0;
       for (const LiveBuffers& b : counted.at_peak[i]) live += int64_t(b.bytes);
-      if (i != static_cast<int>(MemCategory::host_offload)) EXPECT_EQ(live, counted.peaks[i]) << what << " " << i;
+      if (i != static_cast<int>(MemCategory::host_offload)) {
+        EXPECT_EQ(live, counted.peaks[i]) << what << " " << i;
+      }
     }
     int64_t live = 0;
     for (const LiveBuffers& b : counted.transient_at_peak) live += int64_t(b.bytes);
@@ -287,7 +289,9 @@ TEST(StepCount, CountedMemoryPeaksAreTheEnginesTablesAtPlannerScale) {
     const int64_t total = sized.parameters + sized.gradients + sized.optimizer + sized.activations + sized.transients;
     EXPECT_EQ(plan_strategy(c, test::plan_test_profile("test"), PlanOptions{}).memory_total, total) << what;
     EXPECT_LE(counted.peak_total, total) << what;
-    if (std::string(k.state) != "disk") EXPECT_GE(double(counted.peak_total), 0.99 * double(total)) << what;
+    if (std::string(k.state) != "disk") {
+      EXPECT_GE(double(counted.peak_total), 0.99 * double(total)) << what;
+    }
   }
 }
 
