@@ -39,8 +39,7 @@ MemoryTracker& MemoryTracker::global() {
 
 namespace {
 bool is_transient(MemCategory c) { return c == MemCategory::communication || c == MemCategory::scratch; }
-bool same(MemCategory a, MemCategory b) { return a == b; }
-bool both_transient(MemCategory a, MemCategory) { return is_transient(a); }
+uint32_t bit(MemCategory c) { return uint32_t{1} << static_cast<int>(c); }
 }  // namespace
 
 void MemoryTracker::keep_contents() {
@@ -48,18 +47,17 @@ void MemoryTracker::keep_contents() {
   keep_contents_ = true;
 }
 
-// The buffers of the categories `in` admits live after the first `length`
-// log entries, grouped by category and name (in the order first allocated).
-// Called with mu_ held.
-std::vector<LiveBuffers> MemoryTracker::replay(size_t length, bool (*in)(MemCategory, MemCategory),
-                                               MemCategory c) const {
+// The buffers of the categories in `categories` (a bit per category) live
+// after the first `length` log entries, grouped by category and name (in the
+// order first allocated). Called with mu_ held.
+std::vector<LiveBuffers> MemoryTracker::replay(size_t length, uint32_t categories) const {
   std::vector<int64_t> count(names_.size() * kNumMemCategories, 0);
   std::vector<size_t> bytes(count.size(), 0);
   std::vector<size_t> order;  // groups by first allocation
   std::vector<bool> seen(count.size(), false);
   for (size_t i = 0; i < length; ++i) {
     const LogEntry& e = log_[i];
-    if (!in(e.category, c)) continue;
+    if (!(categories & bit(e.category))) continue;
     const size_t group = size_t(e.name) * kNumMemCategories + size_t(e.category);
     if (e.allocation < 0) {
       if (!seen[group]) order.push_back(group);
@@ -81,12 +79,12 @@ std::vector<LiveBuffers> MemoryTracker::replay(size_t length, bool (*in)(MemCate
 
 std::vector<LiveBuffers> MemoryTracker::contents_at_peak(MemCategory c) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return replay(peak_at_[static_cast<int>(c)], same, c);
+  return replay(peak_at_[static_cast<int>(c)], bit(c));
 }
 
 std::vector<LiveBuffers> MemoryTracker::transient_contents_at_peak() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return replay(transient_peak_at_, both_transient, MemCategory::communication);
+  return replay(transient_peak_at_, bit(MemCategory::communication) | bit(MemCategory::scratch));
 }
 
 uint64_t MemoryTracker::on_allocate(MemCategory c, const std::string& name, size_t bytes) {

@@ -84,7 +84,7 @@ class MemoryTracker {
     int64_t allocation;   // -1 for an allocation; for a release, its allocation's entry
     size_t bytes;
   };
-  std::vector<LiveBuffers> replay(size_t length, bool (*in)(MemCategory, MemCategory), MemCategory c) const;
+  std::vector<LiveBuffers> replay(size_t length, uint32_t categories) const;
 
   mutable std::mutex mu_;
   std::array<size_t, kNumMemCategories> current_{}, peak_{};

@@ -4,7 +4,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -27,11 +26,10 @@ StepCount run_step(const RunConfig& c, const MeshShape& shape, int64_t threads, 
   // The batch's arrays, never read. The trainer's come from the data
   // loader, untracked: allocated first, and taken off the peaks below.
   const int64_t B = c.per_device_batch_size, L = c.max_target_length / c.cp, N = B * L;
-  const std::set<std::string> batch_names = {"batch tokens", "batch targets", "batch positions", "batch segments"};
-  const Buffer tokens(MemCategory::activations, "batch tokens", N * 4);
-  const Buffer targets(MemCategory::activations, "batch targets", N * 4);
-  const Buffer positions(MemCategory::activations, "batch positions", N * 8);
-  const Buffer segments(MemCategory::activations, "batch segments", c.packing ? N * 4 : 0);
+  const char* const kBatch = "the batch's arrays (the data loader's)";
+  const Buffer tokens(MemCategory::activations, kBatch, N * 4), targets(MemCategory::activations, kBatch, N * 4);
+  const Buffer positions(MemCategory::activations, kBatch, N * 8);
+  const Buffer segments(MemCategory::activations, kBatch, c.packing ? N * 4 : 0);
   const int64_t batch_bytes = int64_t(meta->tracker().current_total());
   LlamaModel model(c.model, model_options_from_config(c, mesh));
   AdamW optimizer(model, c, mesh);
@@ -61,7 +59,7 @@ StepCount run_step(const RunConfig& c, const MeshShape& shape, int64_t threads, 
   }
   const int activations = static_cast<int>(MemCategory::activations);
   out.peaks[activations] -= batch_bytes;
-  std::erase_if(out.at_peak[activations], [&](const LiveBuffers& b) { return batch_names.count(b.name) > 0; });
+  std::erase_if(out.at_peak[activations], [&](const LiveBuffers& b) { return b.name == kBatch; });
   out.peak_total = int64_t(tracked.peak_total()) - batch_bytes;
   out.transient_peak = int64_t(tracked.transient_peak());
   out.transient_at_peak = tracked.transient_contents_at_peak();
