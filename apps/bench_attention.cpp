@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "core/timer.h"
+#include "kernels/cpu/select.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 
@@ -206,7 +207,12 @@ int run_bench_attention(const Args& args) {
 
   const auto act = MemCategory::activations;
   const DType dt = parse_enum<DType>(f.dtype);  // q, k, v, o, dout; gradients fp32
-  set_attention_tile_path(tile_path_of(f.tile_path, dt));
+  // The kernels this run times: the CPU's, with --tile-path pinned.
+  KernelSet kernels = cpu_kernel_set();
+  if (const AttentionTilePath pinned = tile_path_of(f.tile_path, dt); pinned != AttentionTilePath::automatic)
+    (dt == DType::f32 ? kernels.f32_attention : kernels.bf16_attention) = pinned;
+  const std::unique_ptr<Device> device = Device::make_cpu(kernels);
+  const DeviceScope on_device(*device);
   Tensor q({B, Sq, H, D}, dt, act, "bench q"), o({B, Sq, H, D}, dt, act, "bench o");
   Tensor dout({B, Sq, H, D}, dt, act, "bench dout");
   Tensor dq({B, Sq, H, D}, DType::f32, act, "bench dq");
@@ -267,14 +273,14 @@ int run_bench_attention(const Args& args) {
         {"fwd_ratio", fwd_gflops / gemm}, {"bwd_ratio", bwd_gflops / gemm},
         {"blocks_total", stats.blocks_total}, {"blocks_partial", stats.blocks_partial},
         {"blocks_full", stats.blocks_full}, {"tile_path", tile_path}, {"gemm", gemm_name},
-        {"bf16_choice", dt == DType::bf16 ? attention_bf16_choice() : ""}};
+        {"bf16_choice", dt == DType::bf16 ? bf16_attention_choice() : ""}};
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
   std::printf("attention %s B=%ld Sq=%ld Skv=%ld H=%ld G=%ld D=%ld mask=%s threads=%d\n",
               f.dtype.c_str(), B, Sq, Skv, H, G, D, f.mask.c_str(), threads);
   std::printf("tile path: %s\n", tile_path.c_str());
-  if (dt == DType::bf16) std::printf("automatic bf16 path: %s\n", attention_bf16_choice().c_str());
+  if (dt == DType::bf16) std::printf("automatic bf16 path: %s\n", bf16_attention_choice().c_str());
   std::printf("pairs %ld; tiles computed %ld of %ld (%ld with the elementwise mask)\n", pairs,
               stats.blocks_computed(), stats.blocks_total, stats.blocks_partial);
   std::printf("median of %ld after %ld warm-up (fastest in brackets)\n", f.reps, f.warmup);

@@ -20,6 +20,7 @@
 #include "core/config.h"
 #include "core/memory.h"
 #include "core/timer.h"
+#include "kernels/cpu/select.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "model/llama.h"
@@ -274,7 +275,7 @@ int run_bench_model(const Args& args) {
               name_of(f.dtype), gemm_gflops,
               f.dtype == DType::bf16 ? gemm_bf16_implementation(2048).c_str() : "dnnl_sgemm");
   std::printf("attention tile path: %s\n", attention_tile_path_name(attention_tile_path(f.dtype)).c_str());
-  if (f.dtype == DType::bf16) std::printf("automatic bf16 attention path: %s\n", attention_bf16_choice().c_str());
+  if (f.dtype == DType::bf16) std::printf("automatic bf16 attention path: %s\n", bf16_attention_choice().c_str());
   std::printf("step time: best %.3f s of %lld (first timed %.3f s); loss %.4f\n", best,
               (long long)f.steps, step_seconds[0], loss);
   if (baseline)

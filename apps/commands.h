@@ -36,6 +36,7 @@ int run_selftest(const Args& args);        // apps/selftest.cpp
 int run_bench_attention(const Args& args); // apps/bench_attention.cpp
 int run_bench_cp(const Args& args);        // apps/bench_cp.cpp
 int run_bench_model(const Args& args);     // apps/bench_model.cpp
+int run_info(const Args& args);            // apps/info.cpp
 
 // Each subcommand's usage, defined beside it. main prints it for -h/--help
 // anywhere in the subcommand's arguments (exit 0), so no subcommand parses
@@ -47,5 +48,6 @@ extern const char* const kSelftestUsage;
 extern const char* const kBenchAttentionUsage;
 extern const char* const kBenchCpUsage;
 extern const char* const kBenchModelUsage;
+extern const char* const kInfoUsage;
 
 }  // namespace longctx

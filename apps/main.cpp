@@ -25,7 +25,8 @@ const char* kUsage =
     "  selftest [--json]                    check every CP strategy against one rank\n"
     "  bench attention [flags]              attention kernel FLOP/s vs GEMM\n"
     "  bench cp --strategy S [flags]        context-parallel attention scaling\n"
-    "  bench model [flags]                  one training step of a model\n";
+    "  bench model [flags]                  one training step of a model\n"
+    "  info (or --version)                  version, build, this CPU's features and each op's kernel\n";
 
 int dispatch(const longctx::Args& a) {
   using namespace longctx;
@@ -46,6 +47,7 @@ int dispatch(const longctx::Args& a) {
       {"bench attention", run_bench_attention, kBenchAttentionUsage},
       {"bench cp", run_bench_cp, kBenchCpUsage},
       {"bench model", run_bench_model, kBenchModelUsage},
+      {"info", run_info, kInfoUsage},
   };
   // "bench" takes its target as part of the command name.
   const bool bench = a[0] == "bench";
@@ -56,7 +58,7 @@ int dispatch(const longctx::Args& a) {
     if (a.size() < 2) throw ConfigError("bench needs a target: attention, cp or model");
     return 0;
   }
-  const std::string name = bench ? "bench " + a[1] : a[0];
+  const std::string name = bench ? "bench " + a[1] : a[0] == "--version" ? "info" : a[0];
   const Args rest(a.begin() + (bench ? 2 : 1), a.end());
   for (const Command& c : commands) {
     if (name != c.name) continue;

@@ -8,6 +8,7 @@
 #include "core/cp_strategy.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "kernels/cpu/select.h"
 #include "kernels/gemm.h"
 #include "plan/hardware.h"
 #include "plan/measure.h"
@@ -87,7 +88,7 @@ int run_train(const Args& args) {
   validate_config(config, comm_world_size());
   require_memory_fits(config, Communicator::world("memory check"));
   Mesh mesh(config.mesh_shape());
-  if (config.dtype == DType::bf16 && comm_world_rank() == 0 && !gemm_bf16_is_native())
+  if (config.dtype == DType::bf16 && comm_world_rank() == 0 && cpu_kernel_set().gemm_bf16_path() != Bf16GemmPath::native)
     std::fprintf(stderr, "note: dtype=bfloat16 here multiplies in fp32 (gemm_bf16: %s): bf16 halves activation "
                          "memory and bytes sent, but its GEMMs run at the float32 rate (plus widening their "
                          "operands), so steps gain only what moving fewer bytes gains\n",

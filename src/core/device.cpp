@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/cpu/select.h"
 
 namespace longctx {
 
@@ -21,20 +22,26 @@ constexpr uintptr_t kMetaEnd = kMetaBase + (uintptr_t{1} << 62);
 
 }  // namespace
 
-Device::Device(bool meta, int kernel_threads)
-    : meta_(meta), kernel_threads_(kernel_threads),
+Device::Device(bool meta, int kernel_threads, KernelSet kernels)
+    : meta_(meta), kernel_threads_(kernel_threads), kernels_(std::move(kernels)),
       own_tracker_(meta ? std::make_unique<MemoryTracker>() : nullptr),
       tracker_(meta ? own_tracker_.get() : &MemoryTracker::global()) {
   if (meta) tracker_->keep_contents();  // what a counted step held at its peaks, by name
 }
 
 Device& Device::cpu() {
-  static Device device(false, 0);
+  static Device device(false, 0, cpu_kernel_set());
   return device;
 }
 
-std::unique_ptr<Device> Device::make_meta(int kernel_threads) {
-  return std::unique_ptr<Device>(new Device(true, kernel_threads < 1 ? 1 : kernel_threads));
+std::unique_ptr<Device> Device::make_cpu(KernelSet kernels) {
+  if (kernels.counts) throw Error("Device::make_cpu: a counting kernel set is a meta device's (make_meta)");
+  return std::unique_ptr<Device>(new Device(false, 0, std::move(kernels)));
+}
+
+std::unique_ptr<Device> Device::make_meta(int kernel_threads, KernelSet kernels) {
+  if (!kernels.counts) throw Error("Device::make_meta: a meta device's kernel set must count (counting_kernel_set)");
+  return std::unique_ptr<Device>(new Device(true, kernel_threads < 1 ? 1 : kernel_threads, std::move(kernels)));
 }
 
 Device& Device::current() { return current_device ? *current_device : cpu(); }
@@ -42,39 +49,33 @@ Device& Device::current() { return current_device ? *current_device : cpu(); }
 DeviceScope::DeviceScope(Device& device) : previous_(current_device) { current_device = &device; }
 DeviceScope::~DeviceScope() { current_device = previous_; }
 
-void Device::count(const char* kernel, double amount) {
-  amount *= double(repeat_factor);
-  for (auto& [name, total] : counted_)
-    if (name == kernel) {
-      total += amount;
-      return;
-    }
-  counted_.emplace_back(kernel, amount);
+void Device::count(KernelId kernel, double amount) {
+  counted_[static_cast<std::size_t>(kernel)] += amount * double(repeat_factor);
 }
 
-std::map<std::string, double> Device::counted() const {
-  std::map<std::string, double> out;  // one line per name (equal literals may have several addresses)
-  for (const auto& [name, total] : counted_) out[name] += total;
-  return out;
-}
-
-Device& device_of(const void* data) {
-  if (!is_meta(data)) return Device::cpu();
+Device& device_of(const void* out) {
   Device& device = Device::current();
+  if (!is_meta(out)) return device.is_meta() ? Device::cpu() : device;
   if (!device.is_meta()) throw Error("a meta device's storage outside its DeviceScope (core/device.h)");
   return device;
 }
 
-bool counted_on_meta(const void* data, const char* kernel, double amount) {
-  if (!is_meta(data)) return false;
-  device_of(data).count(kernel, amount);
-  return true;
+Device& device_of(const TensorView& out) {
+  if (!is_meta(out)) return device_of(static_cast<const void*>(nullptr));
+  return *out.device;
 }
 
-bool counted_on_meta(const TensorView& out, const char* kernel, double amount) {
-  if (!is_meta(out)) return false;
-  out.device->count(kernel, amount);
-  return true;
+void hold_counted_scratch(Device& device, KernelId id, int64_t bytes) {
+  if (bytes <= 0) return;
+  // A Buffer is made on the current device: it must be the one counting.
+  if (&Device::current() != &device)
+    throw Error(std::string(kernel_name(id)) + ": a meta device's tensor outside its DeviceScope (core/device.h)");
+  const bool backward = id == KernelId::attention_backward;
+  const Buffer scratch(MemCategory::scratch,
+                       id == KernelId::attention_forward ? "attention forward scratch"
+                       : backward                        ? "attention backward scratch"
+                                                         : kernel_name(id),
+                       bytes);
 }
 
 bool is_meta(const TensorView& view) { return view.device && view.device->is_meta(); }

@@ -3,14 +3,20 @@
 //
 // Two devices today:
 //   Device::cpu()          RAM, counted by MemoryTracker::global().
-//   Device::make_meta(t)   counts and never backs: a Buffer made on it is
+//   Device::make_cpu(set)  RAM too, running a kernel set a test pinned.
+//   Device::make_meta(t, set) counts and never backs: a Buffer made on it is
 //                          tracked by the device's own tracker (which keeps
 //                          the buffers live at each peak, by name), its data()
 //                          is an address that is never mapped (views and
-//                          offsets can be formed; any access faults). Kernels
-//                          handed such data allocate the scratch they would
-//                          (for `t` threads) and return at once; cp/ skips its
-//                          host loops over it (is_meta).
+//                          offsets can be formed; any access faults). Its
+//                          kernel set counts (kernels/kernel_set.h): an op
+//                          handed such data counts its work, allocates the
+//                          scratch the target's kernel would (for `t`
+//                          threads) and runs nothing; cp/ skips its host
+//                          loops over it (is_meta).
+//
+// Every op reaches its kernels through launch() below: the one place that
+// asks which device an op runs on. Kernel bodies never ask.
 //
 // A Buffer is made on the calling thread's current device: the CPU unless a
 // DeviceScope says otherwise (as a GPU runtime's current device is per
@@ -27,40 +33,45 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "kernels/kernel_set.h"
 
 namespace longctx {
 
 class Device {
  public:
+  // The CPU with the kernels chosen for it (kernels/cpu/select.h).
   static Device& cpu();
-  static std::unique_ptr<Device> make_meta(int kernel_threads);
+  // The CPU running `kernels` instead (tests pin a set; a benchmark times one).
+  static std::unique_ptr<Device> make_cpu(KernelSet kernels);
+  // A counting device: `kernels` must count (counting_kernel_set).
+  static std::unique_ptr<Device> make_meta(int kernel_threads, KernelSet kernels);
   // The calling thread's current device (DeviceScope), the CPU by default.
   static Device& current();
 
   bool is_meta() const { return meta_; }
+  const KernelSet& kernels() const { return kernels_; }
   MemoryTracker& tracker() const { return *tracker_; }
   // Threads a counted kernel stands for (its per-thread scratch) on a meta
   // device; 0 on the CPU, whose kernels use their OpenMP team.
   int kernel_threads() const { return kernel_threads_; }
-  // What the kernels handed this meta device's data were asked to do, per
-  // kernel name: elements in the units src/plan/planner.h prices
-  // (elementwise_kernels), FLOPs for "gemm". The planner reads them instead
-  // of re-listing the model's calls.
-  // `kernel` must be a string literal (kept by address: counting is the
-  // whole cost of a counted step, so no string is built per call).
-  void count(const char* kernel, double amount);
-  std::map<std::string, double> counted() const;
+  // What the ops handed this meta device's data were asked to do, per op:
+  // elements in the units src/plan/planner.h prices (elementwise_kernels),
+  // FLOPs for gemm. The planner reads them instead of re-listing the
+  // model's calls.
+  void count(KernelId kernel, double amount);
+  const std::array<double, kNumKernels>& counted() const { return counted_; }
 
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
 
  private:
-  Device(bool meta, int kernel_threads);
+  Device(bool meta, int kernel_threads, KernelSet kernels);
   bool meta_;
   int kernel_threads_;
+  KernelSet kernels_;
   std::unique_ptr<MemoryTracker> own_tracker_;  // meta devices count apart from the process
   MemoryTracker* tracker_;
-  std::vector<std::pair<const char*, double>> counted_;  // by the literal's address
+  std::array<double, kNumKernels> counted_{};
 };
 
 // Makes `device` the calling thread's current device until destroyed.
@@ -122,15 +133,38 @@ struct TensorView;  // core/tensor.h
 // Whether `data` is storage of a meta device (never to be touched); whether a view's device is a meta device.
 bool is_meta(const void* data);
 bool is_meta(const TensorView& view);
-// The device of raw storage: the CPU, or for a meta device's storage the
-// calling thread's current device (which must be a meta device: Error
-// otherwise; meta storage is only made and viewed inside its DeviceScope).
-Device& device_of(const void* data);
-// A kernel's first line: whether its output is a meta device's; then
-// `amount` of `kernel` is counted on that device and the kernel returns.
-// For raw storage, the device is device_of(data).
-bool counted_on_meta(const void* data, const char* kernel, double amount);
-bool counted_on_meta(const TensorView& out, const char* kernel, double amount);
+// The device an op writing `out` runs on: a view's own meta device; for raw
+// meta storage the calling thread's current device (which must be a meta
+// device: Error otherwise; meta storage is only made and viewed inside its
+// DeviceScope); else the calling thread's current device where it is a CPU
+// one, else the CPU.
+Device& device_of(const void* out);
+Device& device_of(const TensorView& out);
+// The kernel set of the calling thread's device (the CPU's by default).
+inline const KernelSet& current_kernels() { return Device::current().kernels(); }
+
+// An op's one way to its kernels: on a counting device, `amount` of `id`
+// is counted, `scratch_bytes()` bytes of scratch are held for the call (the
+// target kernel's, for the device's threads) and nothing runs (an op that
+// returns a value returns its zero); else body(the device's kernel set).
+// A Buffer of `bytes` of scratch named for `id`, made and freed on
+// `device`, which must be the current one (Error otherwise): the counted
+// scratch of launch.
+void hold_counted_scratch(Device& device, KernelId id, int64_t bytes);
+struct NoScratch {
+  int64_t operator()() const { return 0; }
+};
+template <typename Body, typename Scratch = NoScratch>
+auto launch(KernelId id, Device& device, double amount, Body&& body, Scratch&& scratch_bytes = {})
+    -> decltype(body(device.kernels())) {
+  using Result = decltype(body(device.kernels()));
+  if (device.kernels().counts) {
+    if (amount > 0) device.count(id, amount);
+    hold_counted_scratch(device, id, scratch_bytes());
+    return Result();
+  }
+  return body(device.kernels());
+}
 // The address a meta Buffer's data() starts at (for Buffer).
 void* meta_storage();
 

@@ -19,6 +19,7 @@
 #include "core/mesh_shape.h"
 #include "core/vocabulary.h"
 #include "kernels/attention.h"
+#include "kernels/cpu/select.h"
 
 namespace longctx {
 
@@ -117,6 +118,7 @@ struct CpCallShape {
   int64_t B = 1, L = 0, H = 0, G = 0, D = 0;
   bool segments = false;        // packed documents: segment ids travel with K,V
   int64_t threads = 1;          // kernel threads (per-thread attention scratch)
+  KernelTarget kernels = KernelTarget::cpu;  // whose kernels the count stands for (kernels/cpu/select.h)
   int64_t ring_chunk_tokens = 0;  // CpOptions::ring_chunk_tokens
   int64_t element_bytes = 4;    // Q, K, V, O, dO (the activation dtype): 4 fp32, 2 bf16
   // For the ring's traffic: the mask, and positions 0..S-1 in this layout

@@ -43,7 +43,7 @@ CpCallCount count_call(const CpCallShape& s, int64_t cp_rank) {
     throw ConfigError("cp call count: element_bytes must be 4 (fp32) or 2 (bf16), got " +
                       std::to_string(s.element_bytes));
   const DType dtype = s.element_bytes == 2 ? DType::bf16 : DType::f32;
-  const std::unique_ptr<Device> meta = Device::make_meta(static_cast<int>(s.threads));
+  const std::unique_ptr<Device> meta = Device::make_meta(static_cast<int>(s.threads), counting_kernel_set(s.kernels));
   const DeviceScope on_meta(*meta);
   MeshShape shape;
   shape.cp = static_cast<int>(s.cp);

@@ -39,6 +39,7 @@
 #include "kernels/attention_fused.h"
 #include "kernels/attention_tiles.h"
 #include "kernels/convert.h"
+#include "kernels/cpu/select.h"
 #include "kernels/gemm.h"
 
 namespace longctx {
@@ -47,16 +48,6 @@ using attn::BlockBounds;
 using attn::TileKind;
 
 namespace {
-
-// Tests and benchmarks: a path forced for fp32 or bf16 inputs (automatic: none).
-std::atomic<AttentionTilePath> g_forced_f32_path{AttentionTilePath::automatic};
-std::atomic<AttentionTilePath> g_forced_bf16_path{AttentionTilePath::automatic};
-// Tests: the bf16_dot path's kernels instead of the CPU's (null: the CPU's).
-std::atomic<const attn::DotTileKernels*> g_forced_dot_kernels{nullptr};
-// Tests: the fused backward's kv blocks per unit (0: automatic).
-std::atomic<int64_t> g_forced_backward_kv_blocks{0};
-// Tests: the bf16_dot forward's q blocks per unit (0: automatic).
-std::atomic<int64_t> g_forced_dot_forward_q_blocks{0};
 
 // q blocks per forward work unit, sharing each K, V tile copy (forward_fast).
 constexpr int64_t kForwardQBlocks = 4;
@@ -102,77 +93,21 @@ bool is_fused(AttentionTilePath path) {
 // The paths whose backward runs units of several kv blocks (backward_kv_blocks).
 bool groups_kv_blocks(AttentionTilePath path) { return is_fused(path) || path == AttentionTilePath::bf16_dot; }
 
-// The automatic bf16 path and how it was chosen (measured once per
-// process; defined after the kernels it times).
-struct Bf16Choice {
-  AttentionTilePath path;
-  std::string how;
-};
-const Bf16Choice& bf16_choice();
 
 }  // namespace
 
-AttentionTilePath attention_tile_path(DType dtype) {
-  const bool f32 = dtype == DType::f32;
-  const AttentionTilePath forced = (f32 ? g_forced_f32_path : g_forced_bf16_path).load();
-  if (forced != AttentionTilePath::automatic) return forced;
-  // The fused kernels (attention_fused.h) against oneDNN's sgemm on the same
-  // tiles: forward 76-82 vs 73 GFLOP/s a core on Zen 3 (AVX2, bf16, S = 8192,
-  // D = 128); on an Intel Xeon (AVX-512), fp32 and bf16, D = 64 and 128, 1
-  // and 2 threads, forward and backward faster
-  // (bench/results/attention_fused_avx512.md). Native bf16 tiles win where
-  // gemm_bf16 does (AMX: 6-8x).
-  const bool fused = attention_fused_tiles_supported();
-  if (f32) return fused ? AttentionTilePath::f32_fused : AttentionTilePath::f32;
-  return bf16_choice().path;
-}
-
-std::string attention_bf16_choice() { return bf16_choice().how; }
+AttentionTilePath attention_tile_path(DType dtype) { return current_kernels().attention_path(dtype); }
 
 bool attention_path_rounds_p_and_ds(AttentionTilePath path) {
   return path == AttentionTilePath::bf16_native || path == AttentionTilePath::bf16_dot;
 }
 
-bool attention_fused_tiles_supported() { return attn::fused_tile_kernels() != nullptr; }
-bool attention_dot_tiles_supported() { return attn::dot_tile_kernels() != nullptr; }
+bool attention_fused_tiles_supported() { return cpu_kernel_set().fused != nullptr; }
+bool attention_dot_tiles_supported() { return cpu_kernel_set().dot != nullptr; }
 
-namespace attn {
-// x86 only (the kernels are x86 vector code; elsewhere the files build empty).
-const FusedTileKernels* fused_tile_kernels_avx2() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const FusedTileKernels* k =
-      onednn_vector_isa() != VectorIsa::none && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
-          ? fused_tile_kernels_avx2_built()
-          : nullptr;
-  return k;
-#else
-  return nullptr;
-#endif
-}
-const FusedTileKernels* fused_tile_kernels_avx512() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const FusedTileKernels* k =
-      onednn_vector_isa() == VectorIsa::avx512 && __builtin_cpu_supports("avx512f") ? fused_tile_kernels_avx512_built()
-                                                                                     : nullptr;
-  return k;
-#else
-  return nullptr;
-#endif
-}
-const FusedTileKernels* fused_tile_kernels() {
-  return fused_tile_kernels_avx512() ? fused_tile_kernels_avx512() : fused_tile_kernels_avx2();
-}
-const DotTileKernels* dot_tile_kernels() {
-  if (const DotTileKernels* forced = g_forced_dot_kernels.load()) return forced;
-  return dot_tile_kernels_amx() ? dot_tile_kernels_amx() : dot_tile_kernels_avx512bf16();
-}
-void set_dot_tile_kernels(const DotTileKernels* kernels) { g_forced_dot_kernels = kernels; }
-}  // namespace attn
-
-std::string attention_tile_path_name(AttentionTilePath path) {
-  const std::string fused = std::string("fused ") +
-                            (attention_fused_tiles_supported() ? attn::fused_tile_kernels()->isa : "(not on this CPU)") +
-                            " forward and backward";
+std::string attention_tile_path_name(AttentionTilePath path, const KernelSet& set) {
+  const std::string fused =
+      std::string("fused ") + (set.fused ? set.fused->isa : "(not on this CPU)") + " forward and backward";
   switch (path) {
     case AttentionTilePath::f32: return "fp32 tiles, gemm_f32";
     case AttentionTilePath::f32_fused: return "fp32 tiles, " + fused;
@@ -180,44 +115,33 @@ std::string attention_tile_path_name(AttentionTilePath path) {
     case AttentionTilePath::bf16_native: return "bf16 tiles, gemm_bf16 (P, dS rounded to bf16)";
     case AttentionTilePath::bf16_fused: return "bf16 widened to fp32 tiles, " + fused;
     case AttentionTilePath::bf16_dot:
-      return std::string("bf16 tiles, fused ") +
-             (attention_dot_tiles_supported() ? attn::dot_tile_kernels()->isa : "(no bf16 dot products on this CPU)") +
+      return std::string("bf16 tiles, fused ") + (set.dot ? set.dot->isa : "(no bf16 dot products on this CPU)") +
              " forward and backward (P, dS rounded to bf16)";
     case AttentionTilePath::automatic: return "automatic";
   }
   return "";
 }
 
-void set_attention_tile_path(AttentionTilePath path) {
-  check_shape(!is_fused(path) || attention_fused_tiles_supported(),
+namespace {
+// A set's paths must have their kernels (a test may pin a path the CPU lacks).
+void check_path_runs(AttentionTilePath path, const KernelSet& set) {
+  check_shape(!is_fused(path) || set.fused,
               "attention: a fused tile path needs a CPU with AVX2 and FMA (or AVX-512), and oneDNN's ISA not "
               "capped below it (ONEDNN_MAX_CPU_ISA)");
-  check_shape(path != AttentionTilePath::bf16_dot || attention_dot_tiles_supported(),
+  check_shape(path != AttentionTilePath::bf16_dot || set.dot,
               "attention: the bf16_dot tile path needs a CPU with AVX512-BF16 or AMX-BF16 (this one has neither, "
-              "or ONEDNN_MAX_CPU_ISA caps them)");
-  const bool f32 = path == AttentionTilePath::f32 || path == AttentionTilePath::f32_fused;
-  if (path == AttentionTilePath::automatic || f32) g_forced_f32_path = path;
-  if (path == AttentionTilePath::automatic || !f32) g_forced_bf16_path = path;
-  // Native tiles multiply natively too, whatever gemm_bf16 measured (still
-  // widened where oneDNN has no bf16 matmul for this CPU).
-  if (path == AttentionTilePath::automatic || !f32)
-    force_gemm_bf16_path(path == AttentionTilePath::bf16_native ? Bf16GemmPath::native : Bf16GemmPath::automatic);
-}
-
-void set_attention_dot_forward_q_blocks(int64_t blocks) {
-  check_shape(blocks >= 0 && blocks <= kDotForwardQBlocks,
+              "or ONEDNN_MAX_CPU_ISA caps them), or a kernel set with a portable twin");
+  check_shape(path != AttentionTilePath::automatic, "attention: a kernel set's path must be chosen (automatic)");
+  check_shape(set.dot_forward_q_blocks >= 0 && set.dot_forward_q_blocks <= kDotForwardQBlocks,
               "attention: the bf16_dot forward's q blocks per unit must be 0 (automatic) to " +
                   std::to_string(kDotForwardQBlocks));
-  g_forced_dot_forward_q_blocks = blocks;
+  const int64_t most = path == AttentionTilePath::bf16_dot ? kDotBackwardKvBlocks : kFusedBackwardKvBlocks;
+  check_shape(set.backward_kv_blocks >= 0 && set.backward_kv_blocks <= most,
+              "attention: the backward's kv blocks per unit must be 0 (automatic) to " + std::to_string(most) +
+                  " on this path (the fused paths take at most " + std::to_string(kFusedBackwardKvBlocks) +
+                  ", bf16_dot " + std::to_string(kDotBackwardKvBlocks) + ")");
 }
-
-void set_attention_backward_kv_blocks(int64_t blocks) {
-  check_shape(blocks >= 0 && blocks <= kDotBackwardKvBlocks,
-              "attention: the fused backward's kv blocks per unit must be 0 (automatic) to " +
-                  std::to_string(kDotBackwardKvBlocks) + " (the fused paths take at most " +
-                  std::to_string(kFusedBackwardKvBlocks) + ")");
-  g_forced_backward_kv_blocks = blocks;
-}
+}  // namespace
 
 // Per thread, forward: fp32 s [bq, bk] scores then probabilities, and for
 // each of the unit's kForwardQBlocks q blocks acc [bq, D], m and l [bq];
@@ -253,9 +177,10 @@ int64_t forward_scratch_bytes(int64_t D, int64_t threads, AttentionTilePath path
   return threads * per_thread_scratch_bytes(b * b + nb * (b * D + 2 * b) + alpha, nb + 2, D, path);
 }
 }  // namespace
-int64_t attention_forward_scratch_bytes(int64_t D, int64_t threads, DType dtype) {
-  const AttentionTilePath path = attention_tile_path(dtype);
-  if (path == AttentionTilePath::bf16_dot) return threads * dot_forward_scratch_bytes(D, *attn::dot_tile_kernels());
+int64_t attention_forward_scratch_bytes(int64_t D, int64_t threads, DType dtype, const KernelSet& set) {
+  if (!set.attention_tile_scratch) return 0;
+  const AttentionTilePath path = set.attention_path(dtype);
+  if (path == AttentionTilePath::bf16_dot) return threads * dot_forward_scratch_bytes(D, *set.dot);
   return forward_scratch_bytes(D, threads, path);
 }
 
@@ -273,30 +198,27 @@ int64_t padded_head_dim(int64_t D, const attn::FusedTileKernels& f) { return (D 
 // path where that still leaves at least 32 units (a shape rule, never the
 // thread count: the grouping sets dQ's summation order), else 1 (the gemm
 // path's tiles always run alone).
-int64_t backward_kv_blocks(AttentionTilePath path, int64_t B, int64_t G, int64_t nk) {
+int64_t backward_kv_blocks(AttentionTilePath path, const KernelSet& set, int64_t B, int64_t G, int64_t nk) {
   if (!groups_kv_blocks(path)) return 1;
   const int64_t most = path == AttentionTilePath::bf16_dot ? kDotBackwardKvBlocks : kFusedBackwardKvBlocks;
-  if (const int64_t forced = g_forced_backward_kv_blocks.load(); forced > 0) {
-    check_shape(forced <= most, "attention: the fused paths' backward takes at most " +
-                                    std::to_string(kFusedBackwardKvBlocks) + " kv blocks per unit");
-    return forced;
-  }
+  if (set.backward_kv_blocks > 0) return set.backward_kv_blocks;  // check_path_runs bounds it
   for (int64_t nb : {most, kFusedBackwardKvBlocks})  // the larger group that leaves enough units
     if (B * G * ((nk + nb - 1) / nb) >= kMinUnits) return nb;
   return 1;
 }
 
-int64_t backward_scratch_bytes(int64_t D, int64_t threads, AttentionTilePath path) {
+int64_t backward_scratch_bytes(int64_t D, int64_t threads, AttentionTilePath path, const KernelSet& set) {
   const int64_t b = kAttentionTile, nb = kFusedBackwardKvBlocks;
   if (!is_fused(path)) return threads * per_thread_scratch_bytes(2 * b * b + 3 * b * D, 4, D, path);
-  const int64_t Dp = padded_head_dim(D, *attn::fused_tile_kernels());
+  const int64_t Dp = padded_head_dim(D, *set.fused);
   return threads * per_thread_scratch_bytes(2 * b * b + 2 * nb * b * Dp + b * D + 2 * b * Dp + 3 * b, 2 * nb + 2, D, path);
 }
 }  // namespace
-int64_t attention_backward_scratch_bytes(int64_t D, int64_t threads, DType dtype) {
-  const AttentionTilePath path = attention_tile_path(dtype);
-  if (path == AttentionTilePath::bf16_dot) return threads * dot_backward_scratch_bytes(D, *attn::dot_tile_kernels());
-  return backward_scratch_bytes(D, threads, path);
+int64_t attention_backward_scratch_bytes(int64_t D, int64_t threads, DType dtype, const KernelSet& set) {
+  if (!set.attention_tile_scratch) return 0;
+  const AttentionTilePath path = set.attention_path(dtype);
+  if (path == AttentionTilePath::bf16_dot) return threads * dot_backward_scratch_bytes(D, *set.dot);
+  return backward_scratch_bytes(D, threads, path, set);
 }
 
 namespace {
@@ -537,13 +459,18 @@ void copy_rows(T* dst, const TensorView& t, int64_t b, int64_t s0, int64_t h, in
 }
 
 // The tile products, on the tile dtype: C (fp32) = alpha op(A) op(B) + beta C.
+// On the worker threads, with a set of their own: a tile is one piece (inside
+// a parallel region), and bf16 tiles multiply natively (bf16_native: still
+// widened where oneDNN has no bf16 matmul for this CPU, so its arithmetic,
+// P and dS rounded to bf16, is tested on any CPU).
+const KernelSet kTileProducts{};
 void tile_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  gemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_f32_on(kTileProducts, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 void tile_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
                const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_bf16_on(kTileProducts, Bf16GemmPath::native, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // An fp32 [rows, cols] tile (P or dS, row stride ld) as the operand of a
@@ -712,8 +639,8 @@ void add_kv_rows(const TensorView& dk, const TensorView& dv, int64_t b, int64_t 
 // panels and the tiles run by the fused kernels (fused_tile).
 template <class T>
 void forward_fast(const AttentionArgs& a, const TensorView& o, float* lse, AttentionStats* stats,
-                  AttentionTilePath path) {
-  const attn::FusedTileKernels* fused = is_fused(path) ? attn::fused_tile_kernels() : nullptr;
+                  AttentionTilePath path, const KernelSet& set) {
+  const attn::FusedTileKernels* fused = is_fused(path) ? set.fused : nullptr;
   const Geometry g = geometry(a);
   check_view(o, "o");
   check_same_shape(a.q, o, "o");
@@ -841,15 +768,15 @@ void backward_gemm_tile(const AttentionArgs& a, const Geometry& g, TileKind kind
 template <class T>
 void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* lse,
                    const float* delta, const TensorView& dq, const TensorView& dk,
-                   const TensorView& dv, AttentionStats* stats, AttentionTilePath path) {
-  const attn::FusedTileKernels* fused = is_fused(path) ? attn::fused_tile_kernels() : nullptr;
+                   const TensorView& dv, AttentionStats* stats, AttentionTilePath path, const KernelSet& set) {
+  const attn::FusedTileKernels* fused = is_fused(path) ? set.fused : nullptr;
   const Geometry g = geometry(a);
   check_backward_views(a, dout, dq, dk, dv);
   const TileMap map(a, g);
 
   // A unit is nb consecutive kv blocks of one kv head (a group); the fused
   // path shares each Q, dO transposition and dQ sum among a group's blocks.
-  const int64_t nb = backward_kv_blocks(path, g.B, g.G, g.nk);
+  const int64_t nb = backward_kv_blocks(path, set, g.B, g.G, g.nk);
   const std::vector<Unit> units = backward_units(map, g, nb);
 
   // Per thread (attention_backward_scratch_bytes): s, dp [bq, bk]; per kv
@@ -857,10 +784,10 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
   // K, V copies [bk, D]; Q, dO copies [bq, D]; (bf16 tiles) P or dS; (fused)
   // row-major Q, dO [bq, ld] and lse2, delta, ones [bq].
   const int threads = omp_get_max_threads();
-  const int64_t per_thread = backward_scratch_bytes(g.D, 1, path);
+  const int64_t per_thread = backward_scratch_bytes(g.D, 1, path, set);
   const int64_t ld = fused ? padded_head_dim(g.D, *fused) : g.D;  // row stride of dk_acc, dv_acc
   Buffer scratch(MemCategory::scratch, "attention backward scratch",
-                 backward_scratch_bytes(g.D, threads, path));
+                 backward_scratch_bytes(g.D, threads, path, set));
   DqTurns dq_turns(map, g, nb);
   const int64_t n_units = static_cast<int64_t>(units.size());
   // Units are claimed in list order (the deadlock argument above needs it;
@@ -970,15 +897,16 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
 // Rows s0.. of head h of a [B, S, heads, D] view: its first element and row stride.
 const void* rows_at(const TensorView& t, int64_t b, int64_t s0, int64_t h) { return element_ptr(t, {b, s0, h}); }
 
-void forward_dot(const AttentionArgs& a, const TensorView& o, float* lse, AttentionStats* stats) {
-  const attn::DotTileKernels& k = *attn::dot_tile_kernels();
+void forward_dot(const AttentionArgs& a, const TensorView& o, float* lse, AttentionStats* stats,
+                 const KernelSet& set) {
+  const attn::DotTileKernels& k = *set.dot;
   const attn::FusedTileKernels& f = *k.fp32;
   constexpr int64_t P = attn::kDotPanel;
   const Geometry g = geometry(a);
   check_view(o, "o");
   check_same_shape(a.q, o, "o");
   const TileMap map(a, g);
-  const int64_t most = kDotForwardQBlocks, forced = g_forced_dot_forward_q_blocks;  // the scratch is sized for most
+  const int64_t most = kDotForwardQBlocks, forced = set.dot_forward_q_blocks;  // the scratch is sized for most
   const int64_t nb = forced > 0 ? forced : g.B * g.H * ((g.nq + most - 1) / most) >= kMinUnits ? most : kForwardQBlocks;
   const int64_t Dd = attn::round_up(g.D, k.d_align), s_panel = kDotKvRun * g.bk * P;
   const std::vector<Unit> units = forward_units(map, g, nb);
@@ -1061,14 +989,15 @@ void forward_dot(const AttentionArgs& a, const TensorView& o, float* lse, Attent
 }
 
 void backward_dot(const AttentionArgs& a, const TensorView& dout, const float* lse, const float* delta,
-                  const TensorView& dq, const TensorView& dk, const TensorView& dv, AttentionStats* stats) {
-  const attn::DotTileKernels& k = *attn::dot_tile_kernels();
+                  const TensorView& dq, const TensorView& dk, const TensorView& dv, AttentionStats* stats,
+                  const KernelSet& set) {
+  const attn::DotTileKernels& k = *set.dot;
   const attn::FusedTileKernels& f = *k.fp32;
   constexpr int64_t P = attn::kDotPanel;
   const Geometry g = geometry(a);
   check_backward_views(a, dout, dq, dk, dv);
   const TileMap map(a, g);
-  const int64_t nb = backward_kv_blocks(AttentionTilePath::bf16_dot, g.B, g.G, g.nk);
+  const int64_t nb = backward_kv_blocks(AttentionTilePath::bf16_dot, set, g.B, g.G, g.nk);
   const std::vector<Unit> units = backward_units(map, g, nb);
   DqTurns dq_turns(map, g, nb);
   const int64_t Dd = attn::round_up(g.D, k.d_align), ld = attn::round_up(g.D, P), s_panel = g.bk * P;
@@ -1157,136 +1086,49 @@ void backward_dot(const AttentionArgs& a, const TensorView& dout, const float* l
   add_stats(stats, g, counts);
 }
 
-// Times a forward and backward of a small causal problem on each bf16 path
-// this CPU has (1 thread, best of 2 after a warm-up) and keeps the fastest.
-// The dot products' speed is not the CPU's flags alone (AVX512-BF16 runs
-// at half the fp32 FMA rate on the Intel Xeons without AMX, at twice it on
-// Zen 4), so it is measured, like gemm_bf16's choice.
-Bf16Choice measure_bf16_choice() {
-  // The CPU's own dot kernels (never a twin a test has set).
-  const bool fused = attention_fused_tiles_supported();
-  const bool dot = attn::dot_tile_kernels_amx() || attn::dot_tile_kernels_avx512bf16();
-  std::vector<std::pair<AttentionTilePath, std::string>> candidates;
-  if (dot) candidates.push_back({AttentionTilePath::bf16_dot, "dot"});
-  if (fused) candidates.push_back({AttentionTilePath::bf16_fused, "fused"});
-  if (gemm_bf16_is_native()) candidates.push_back({AttentionTilePath::bf16_native, "native"});
-  if (!fused) candidates.push_back({AttentionTilePath::bf16_widened, "widened"});
-  if (const char* pinned = std::getenv("LONGCTX_BF16_ATTENTION"); pinned && *pinned) {
-    for (const auto& [path, name] : candidates)
-      if (name == pinned) return {path, std::string("pinned by LONGCTX_BF16_ATTENTION=") + pinned};
-    std::string have;
-    for (const auto& c : candidates) have += (have.empty() ? "" : ", ") + c.second;
-    throw ConfigError(std::string("LONGCTX_BF16_ATTENTION=") + pinned + ": not a bf16 attention path this CPU runs (" +
-                      have + ")");
-  }
-  if (candidates.size() == 1) return {candidates[0].first, "the only bf16 path on this CPU"};
-  // On the CPU, whatever device the first caller is on: the planner's first
-  // bf16 attention call runs on a meta device (core/device.h), whose scratch
-  // is never backed (the kernels measured here would touch it) and whose
-  // peak must not count this measurement.
-  const DeviceScope on_cpu(Device::cpu());
-  constexpr int64_t S = 2048, H = 2, D = 64;  // 1024 tokens told dot from native by 7%, the model by 35%
-  std::vector<bf16> q(S * H * D), k(S * H * D), v(S * H * D), o(S * H * D), dout(S * H * D);
-  std::vector<float> lse(S * H), delta(S * H), dq(S * H * D), dk(S * H * D), dv(S * H * D);
-  std::vector<int64_t> pos(S);
-  std::iota(pos.begin(), pos.end(), 0);
-  for (int64_t x = 0; x < S * H * D; ++x) {  // a fixed pattern in [-1, 1): no library RNG needed
-    q[x] = bf16(float((x * 37) % 101) / 50.5f - 1.0f), k[x] = bf16(float((x * 53) % 97) / 48.5f - 1.0f);
-    v[x] = bf16(float((x * 29) % 89) / 44.5f - 1.0f), dout[x] = bf16(float((x * 17) % 83) / 41.5f - 1.0f);
-  }
-  AttentionArgs args;
-  args.q = TensorView(q.data(), DType::bf16, {1, S, H, D}), args.k = TensorView(k.data(), DType::bf16, {1, S, H, D});
-  args.v = TensorView(v.data(), DType::bf16, {1, S, H, D});
-  args.q_pos = args.kv_pos = pos.data();
-  args.mask = MaskSpec::parse("causal");
-  const TensorView ov(o.data(), DType::bf16, {1, S, H, D}), dov(dout.data(), DType::bf16, {1, S, H, D});
-  const TensorView dqv(dq.data(), DType::f32, {1, S, H, D}), dkv(dk.data(), DType::f32, {1, S, H, D});
-  const TensorView dvv(dv.data(), DType::f32, {1, S, H, D});
-  struct SingleThread {
-    int threads = omp_get_max_threads();
-    SingleThread() { omp_set_num_threads(1); }
-    ~SingleThread() { omp_set_num_threads(threads); }
-  } single;
-  auto run = [&](AttentionTilePath path) {
-    if (path == AttentionTilePath::bf16_dot) {
-      forward_dot(args, ov, lse.data(), nullptr);
-      return backward_dot(args, dov, lse.data(), delta.data(), dqv, dkv, dvv, nullptr);
-    }
-    if (path == AttentionTilePath::bf16_native) {
-      forward_fast<bf16>(args, ov, lse.data(), nullptr, path);
-      return backward_fast<bf16>(args, dov, lse.data(), delta.data(), dqv, dkv, dvv, nullptr, path);
-    }
-    forward_fast<float>(args, ov, lse.data(), nullptr, path);
-    backward_fast<float>(args, dov, lse.data(), delta.data(), dqv, dkv, dvv, nullptr, path);
-  };
-  // Every candidate warmed up (page faults, oneDNN primitives), then timed in turns, best of three: a burst of
-  // noise from another tenant of the machine lands on one turn of each, not on all of one candidate's (a
-  // choice timed candidate after candidate once picked a path 1.35x slower at the model's shape).
-  for (const auto& candidate : candidates) run(candidate.first);
-  std::vector<double> ms(candidates.size(), 1e30);
-  for (int turn = 0; turn < 3; ++turn)
-    for (size_t c = 0; c < candidates.size(); ++c) {
-      Timer timer;
-      run(candidates[c].first);
-      ms[c] = std::min(ms[c], timer.seconds() * 1e3);
-    }
-  const size_t fastest = std::min_element(ms.begin(), ms.end()) - ms.begin();
-  Bf16Choice best{candidates[fastest].first, ""};
-  for (size_t c = 0; c < candidates.size(); ++c) {
-    char line[96];
-    std::snprintf(line, sizeof line, "%s%s %.1f ms", c ? ", " : "", candidates[c].second.c_str(), ms[c]);
-    best.how += line;
-  }
-  best.how = "fastest of " + best.how + " (forward + backward, 2048 tokens, 1 thread)";
-  return best;
-}
-
-const Bf16Choice& bf16_choice() {
-  static const Bf16Choice choice = measure_bf16_choice();
-  return choice;
-}
-
 }  // namespace
 
-namespace {
-
-// On a meta device (core/device.h) a kernel allocates the scratch the real
-// call would, for the device's threads, and returns: the planner counts it.
-bool counted_on_meta(const AttentionArgs& args, const TensorView& out, bool backward) {
-  if (!is_meta(out)) return false;
-  Device& device = *out.device;  // the scratch below is made on the current device: it must be this one
-  if (&Device::current() != &device) throw Error("attention: a meta device's tensor outside its DeviceScope");
-  if (args.impl == KernelImpl::reference) return true;  // the reference tracks nothing
+void attention_forward(const AttentionArgs& args, const TensorView& o, float* lse, AttentionStats* stats) {
+  Device& device = device_of(o);
   const int64_t D = args.q.dim(3);
-  const int threads = device.kernel_threads();
-  Buffer scratch(MemCategory::scratch, backward ? "attention backward scratch" : "attention forward scratch",
-                 backward ? attention_backward_scratch_bytes(D, threads, args.q.dtype)
-                          : attention_forward_scratch_bytes(D, threads, args.q.dtype));
-  return true;
+  launch(
+      KernelId::attention_forward, device, 0.0,
+      [&](const KernelSet& set) {
+        if (args.impl == KernelImpl::reference) return attention_forward_reference(args, o, lse);
+        const AttentionTilePath path = set.attention_path(args.q.dtype);
+        check_path_runs(path, set);
+        if (path == AttentionTilePath::bf16_dot) return forward_dot(args, o, lse, stats, set);
+        if (path == AttentionTilePath::bf16_native) return forward_fast<bf16>(args, o, lse, stats, path, set);
+        forward_fast<float>(args, o, lse, stats, path, set);
+      },
+      [&] {  // the reference tracks nothing
+        return args.impl == KernelImpl::reference
+                   ? 0
+                   : attention_forward_scratch_bytes(D, device.kernel_threads(), args.q.dtype, device.kernels());
+      });
 }
 
-}  // namespace
-
-void attention_forward(const AttentionArgs& args, const TensorView& o, float* lse,
-                       AttentionStats* stats) {
-  if (counted_on_meta(args, o, false)) return;
-  if (args.impl == KernelImpl::reference) return attention_forward_reference(args, o, lse);
-  const AttentionTilePath path = attention_tile_path(args.q.dtype);
-  if (path == AttentionTilePath::bf16_dot) return forward_dot(args, o, lse, stats);
-  if (path == AttentionTilePath::bf16_native) return forward_fast<bf16>(args, o, lse, stats, path);
-  forward_fast<float>(args, o, lse, stats, path);
-}
-
-void attention_backward(const AttentionArgs& args, const TensorView& dout, const float* lse,
-                        const float* delta, const TensorView& dq, const TensorView& dk,
-                        const TensorView& dv, AttentionStats* stats) {
-  if (counted_on_meta(args, dq, true)) return;
-  if (args.impl == KernelImpl::reference)
-    return attention_backward_reference(args, dout, lse, delta, dq, dk, dv);
-  const AttentionTilePath path = attention_tile_path(args.q.dtype);
-  if (path == AttentionTilePath::bf16_dot) return backward_dot(args, dout, lse, delta, dq, dk, dv, stats);
-  if (path == AttentionTilePath::bf16_native) return backward_fast<bf16>(args, dout, lse, delta, dq, dk, dv, stats, path);
-  backward_fast<float>(args, dout, lse, delta, dq, dk, dv, stats, path);
+void attention_backward(const AttentionArgs& args, const TensorView& dout, const float* lse, const float* delta,
+                        const TensorView& dq, const TensorView& dk, const TensorView& dv, AttentionStats* stats) {
+  Device& device = device_of(dq);
+  const int64_t D = args.q.dim(3);
+  launch(
+      KernelId::attention_backward, device, 0.0,
+      [&](const KernelSet& set) {
+        if (args.impl == KernelImpl::reference)
+          return attention_backward_reference(args, dout, lse, delta, dq, dk, dv);
+        const AttentionTilePath path = set.attention_path(args.q.dtype);
+        check_path_runs(path, set);
+        if (path == AttentionTilePath::bf16_dot) return backward_dot(args, dout, lse, delta, dq, dk, dv, stats, set);
+        if (path == AttentionTilePath::bf16_native)
+          return backward_fast<bf16>(args, dout, lse, delta, dq, dk, dv, stats, path, set);
+        backward_fast<float>(args, dout, lse, delta, dq, dk, dv, stats, path, set);
+      },
+      [&] {
+        return args.impl == KernelImpl::reference
+                   ? 0
+                   : attention_backward_scratch_bytes(D, device.kernel_threads(), args.q.dtype, device.kernels());
+      });
 }
 
 int64_t attention_unmasked_pairs_blocked(const AttentionArgs& a) {
@@ -1312,9 +1154,8 @@ int64_t attention_unmasked_pairs_blocked(const AttentionArgs& a) {
   return pairs * g.H;
 }
 
-void attention_delta(const TensorView& o, const TensorView& dout, float* delta) {
-  check_same_shape(o, dout, "dout");
-  if (is_meta(delta)) return;  // counted (core/device.h): no scratch
+namespace {
+void delta_rows(const TensorView& o, const TensorView& dout, float* delta) {
   const int64_t B = o.dim(0), S = o.dim(1), H = o.dim(2), D = o.dim(3);
 #pragma omp parallel
   {
@@ -1331,11 +1172,16 @@ void attention_delta(const TensorView& o, const TensorView& dout, float* delta) 
         }
   }
 }
+}  // namespace
 
-void attention_merge(const TensorView& o_a, float* lse_a, const TensorView& o_b,
-                     const float* lse_b) {
-  check_shape(o_a.dtype == DType::f32 && o_b.dtype == DType::f32, "attention_merge: o_a and o_b must be fp32");
-  if (is_meta(lse_a)) return;  // counted (core/device.h): no scratch
+void attention_delta(const TensorView& o, const TensorView& dout, float* delta) {
+  check_same_shape(o, dout, "dout");
+  launch(KernelId::attention_delta, device_of(delta), 0.0,
+         [&](const KernelSet&) { delta_rows(o, dout, delta); });
+}
+
+namespace {
+void merge_rows(const TensorView& o_a, float* lse_a, const TensorView& o_b, const float* lse_b) {
   const int64_t B = o_a.dim(0), S = o_a.dim(1), H = o_a.dim(2), D = o_a.dim(3);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b)
@@ -1357,6 +1203,14 @@ void attention_merge(const TensorView& o_a, float* lse_a, const TensorView& o_b,
         for (int64_t x = 0; x < D; ++x) oa[x] = wa * oa[x] + wb * ob[x];
         lse_a[r] = l;
       }
+}
+}  // namespace
+
+void attention_merge(const TensorView& o_a, float* lse_a, const TensorView& o_b,
+                     const float* lse_b) {
+  check_shape(o_a.dtype == DType::f32 && o_b.dtype == DType::f32, "attention_merge: o_a and o_b must be fp32");
+  launch(KernelId::attention_merge, device_of(lse_a), 0.0,
+         [&](const KernelSet&) { merge_rows(o_a, lse_a, o_b, lse_b); });
 }
 
 }  // namespace longctx

@@ -18,9 +18,11 @@
 #include <limits>
 #include <string>
 
+#include "core/device.h"
 #include "core/mask.h"
 #include "core/tensor.h"
 #include "core/vocabulary.h"
+#include "kernels/kernel_set.h"
 
 namespace longctx {
 
@@ -79,50 +81,33 @@ constexpr int64_t kAttentionTile = 128;
 //                 bf16_fused: bf16 tile copies laid out for them, the fp32
 //                 softmax of the fused kernels, and bf16_native's arithmetic
 //                 (products exact, fp32 sums, P and dS rounded to bf16).
-// fp32 inputs run f32_fused where the CPU has the fused kernels, else f32.
-// bf16 inputs run the fastest of the bf16 paths this CPU has, timed once per
-// process on one thread (a forward and backward of 2048 tokens, 2 heads,
-// D = 64, causal); LONGCTX_BF16_ATTENTION=dot|fused|native|widened pins
-// it (an error where the CPU lacks it). `automatic` is only an argument of
-// set_attention_tile_path.
-enum class AttentionTilePath { f32, f32_fused, bf16_widened, bf16_native, bf16_fused, bf16_dot, automatic };
-AttentionTilePath attention_tile_path(DType dtype);
+// The path is the kernel set's (kernels/kernel_set.h; the enum lives
+// there), which the calling thread's device holds: on the CPU's
+// (kernels/cpu/select.h), fp32 inputs run f32_fused where the CPU has the
+// fused kernels, else f32; bf16 inputs run the fastest of the bf16 paths
+// this CPU has, timed once per process on one thread (a forward and
+// backward of 2048 tokens, 2 heads, D = 64, causal);
+// LONGCTX_BF16_ATTENTION=dot|fused|native|widened pins it (an error where
+// the CPU lacks it). Tests pin a path with a CPU device of their own
+// (Device::make_cpu): a ShapeError where the set lacks its kernels.
+AttentionTilePath attention_tile_path(DType dtype);  // the calling thread's device's
 // Whether `path` rounds P and dS to bf16 for their products (bf16_native,
 // bf16_dot): error bounds gain bf16's unit roundoff times their sums.
 bool attention_path_rounds_p_and_ds(AttentionTilePath path);
-// How the bf16 path was chosen: each candidate's time, or the pin (benchmarks print it).
-std::string attention_bf16_choice();
-std::string attention_tile_path_name(AttentionTilePath path);  // with the fused kernels' ISA
-// Tests and benchmarks: run the inputs of the path's dtype (f32 and
-// f32_fused: fp32; the others: bf16) on `path` instead of the automatic
-// choice; `automatic` restores it for both. bf16_native also forces gemm_bf16
-// native (force_gemm_bf16_path), which still widens where oneDNN has no bf16
-// matmul, so its arithmetic (P and dS rounded to bf16) is tested on any CPU.
-// The fused paths need attention_fused_tiles_supported(), bf16_dot
-// attention_dot_tiles_supported() (ShapeError without, naming the path).
-void set_attention_tile_path(AttentionTilePath path);
+// The path's name, with the ISA of `set`'s kernels.
+std::string attention_tile_path_name(AttentionTilePath path, const KernelSet& set = current_kernels());
 // Whether this CPU runs the fused paths (AVX2 and FMA, or AVX-512, and the
-// kernels compiled in).
+// kernels compiled in), and bf16_dot (AVX512-BF16 or AMX-BF16, not capped
+// by ONEDNN_MAX_CPU_ISA): the CPU's kernel set has them.
 bool attention_fused_tiles_supported();
-// Whether this CPU runs bf16_dot (AVX512-BF16 or AMX-BF16, not capped by
-// ONEDNN_MAX_CPU_ISA), or a test set its kernels to a portable twin.
 bool attention_dot_tiles_supported();
-// Tests: the fused backward's kv blocks per work unit, 1 to 4 (bf16_dot: to
-// 8), instead of the automatic choice (0 restores it: 8 on bf16_dot, else 4,
-// where that leaves at least 32 units, else 1; a shape rule, so results
-// stay bit-identical at any thread count). The grouping changes dQ's
-// summation order, not its arithmetic.
-void set_attention_backward_kv_blocks(int64_t blocks);
-// Tests: the bf16_dot forward's q blocks per work unit, 1 to 8, instead of
-// the automatic choice (0 restores it: 8 where that leaves at least 32
-// units, else 4). The grouping never changes the result.
-void set_attention_dot_forward_q_blocks(int64_t blocks);
 
 // Scratch bytes one fast forward / backward call with q, k, v in `dtype`
-// allocates (per thread, times `threads`) on the tile path that runs here:
-// what the kernel allocates, and what the planner counts.
-int64_t attention_forward_scratch_bytes(int64_t head_dim, int64_t threads, DType dtype);
-int64_t attention_backward_scratch_bytes(int64_t head_dim, int64_t threads, DType dtype);
+// allocates (per thread, times `threads`) on `set`'s path: what the kernel
+// allocates, and what a counting set's target kernels would (0 for an
+// accelerator's: KernelSet::attention_tile_scratch).
+int64_t attention_forward_scratch_bytes(int64_t head_dim, int64_t threads, DType dtype, const KernelSet& set);
+int64_t attention_backward_scratch_bytes(int64_t head_dim, int64_t threads, DType dtype, const KernelSet& set);
 
 // O (written) and LSE (written). A NaN in q, k or v makes O (and for q, k
 // LSE) NaN in every row that attends to it, never a masked-looking zero (a

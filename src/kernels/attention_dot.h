@@ -83,15 +83,15 @@ struct DotTileKernels {
                       const bf16* packed, int64_t D, float* acc);
 };
 
-// The kernels where compiled in and this CPU runs them (asked at run time;
-// AMX also needs Linux's permission for the tile data, requested once), else null.
-const DotTileKernels* dot_tile_kernels_avx512bf16();
-const DotTileKernels* dot_tile_kernels_amx();
-// What the bf16_dot path runs: the kernels set by set_dot_tile_kernels, else
-// AMX's where it runs, else AVX512-BF16's, else null.
-const DotTileKernels* dot_tile_kernels();
-// Tests: the bf16_dot path on `kernels` (a twin on any CPU); null restores the CPU's.
-void set_dot_tile_kernels(const DotTileKernels* kernels);
+// Each ISA file's kernels (null where the build did not compile them in).
+// Only kernels/cpu/select.cpp calls these, after cpu_features() says the
+// CPU runs the ISA (AMX: and Linux granted the tile data); the tables are
+// constant (constinit), so nothing of an ISA file runs before that check.
+const DotTileKernels* dot_tile_kernels_avx512bf16_built();
+const DotTileKernels* dot_tile_kernels_amx_built();
+// The AVX-512 fused kernels' table (attention_fused_avx512.cpp): the dot
+// kernels' fp32 softmax and masks.
+extern const FusedTileKernels kFusedAvx512;
 // The twins, on any CPU: the AVX512-BF16 kernels' template on plain lanes,
 // and the AMX kernels' template on emulated tiles.
 const DotTileKernels* dot_tile_kernels_portable_lanes();

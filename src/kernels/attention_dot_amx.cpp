@@ -1,20 +1,19 @@
 // The bf16 dot kernels on AMX-BF16 tiles (attention_dot_impl.h, tiles). This
 // file alone is compiled with -mamx-tile -mamx-bf16 on x86 (CMakeLists.txt);
-// the kernels run only where dot_tile_kernels_amx() says the CPU has AMX,
-// Linux granted the tile data, and oneDNN's ISA is not capped below it.
+// the kernels run only where kernels/cpu/select.cpp found the CPU has AMX,
+// Linux granted the tile data (cpu/features.cpp asks), and oneDNN's ISA is
+// not capped below it. The table is constant-initialized: no code of this
+// file runs before that check.
 #include "kernels/attention_dot.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <cstring>
 
 #include "kernels/attention_dot_impl.h"
 #include "kernels/avx512_lanes.h"
 #include "kernels/convert.h"
-#include "kernels/gemm.h"
 
 namespace longctx::attn {
 
@@ -28,7 +27,7 @@ struct Amx {
     uint8_t rows[16] = {};
   };
   static void configure() {
-    static const Config config = [] {
+    static constexpr Config config = [] {
       Config c;
       for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = 16;
       return c;
@@ -130,31 +129,19 @@ void pack_kv_avx512(const bf16* x, int64_t ld_x, int64_t cols, int64_t D, bf16* 
   }
 }
 
-// Linux hands out the AMX tile data only on request (arch_prctl, once per
-// process; oneDNN asks too).
-bool tile_data_granted() {
-  constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
+constinit const DotTileKernels kAmx =
+    tiles::kernels_of<Amx, Avx512Bf16Convert, Avx512>("AMX-BF16", &kFusedAvx512, &pack_kv_avx512);
 
 }  // namespace
 
-const DotTileKernels* dot_tile_kernels_amx() {
-  static const DotTileKernels kernels =
-      tiles::kernels_of<Amx, Avx512Bf16Convert, Avx512>("AMX-BF16", fused_tile_kernels_avx512(), &pack_kv_avx512);
-  static const bool runs = fused_tile_kernels_avx512() && __builtin_cpu_supports("amx-bf16") &&
-                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
-                           onednn_bf16_isa() == Bf16Isa::amx && tile_data_granted();
-  return runs ? &kernels : nullptr;
-}
+const DotTileKernels* dot_tile_kernels_amx_built() { return &kAmx; }
 
 }  // namespace longctx::attn
 
 #else  // not built for AMX
 
 namespace longctx::attn {
-const DotTileKernels* dot_tile_kernels_amx() { return nullptr; }
+const DotTileKernels* dot_tile_kernels_amx_built() { return nullptr; }
 }  // namespace longctx::attn
 
 #endif

@@ -37,23 +37,19 @@ struct Avx512Bf16 {
   static R dot2(R acc, RB a, RB b) { return _mm512_dpbf16_ps(acc, a, b); }
 };
 
+constinit const DotTileKernels kAvx512Bf16 =
+    lanes::kernels_of<Avx512Bf16, Avx512Bf16Convert, Avx512>("AVX512-BF16", &kFusedAvx512);
+
 }  // namespace
 
-const DotTileKernels* dot_tile_kernels_avx512bf16() {
-  static const DotTileKernels kernels = lanes::kernels_of<Avx512Bf16, Avx512Bf16Convert, Avx512>("AVX512-BF16", fused_tile_kernels_avx512());
-  // oneDNN's ISA caps these kernels as it caps its own (and the fp32 softmax they share).
-  static const bool runs = fused_tile_kernels_avx512() && __builtin_cpu_supports("avx512bf16") &&
-                           __builtin_cpu_supports("avx512dq") &&
-                           onednn_bf16_isa() != Bf16Isa::none;
-  return runs ? &kernels : nullptr;
-}
+const DotTileKernels* dot_tile_kernels_avx512bf16_built() { return &kAvx512Bf16; }
 
 }  // namespace longctx::attn
 
 #else  // not built for AVX512-BF16
 
 namespace longctx::attn {
-const DotTileKernels* dot_tile_kernels_avx512bf16() { return nullptr; }
+const DotTileKernels* dot_tile_kernels_avx512bf16_built() { return nullptr; }
 }  // namespace longctx::attn
 
 #endif

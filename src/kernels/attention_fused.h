@@ -54,15 +54,10 @@ struct FusedTileKernels {
                         float* out);
 };
 
-// The kernels of one ISA where they were compiled in (x86) and this CPU runs
-// them (asked at run time) and oneDNN's effective ISA includes it (so that
-// ONEDNN_MAX_CPU_ISA caps these kernels as it caps the GEMMs); else null.
-const FusedTileKernels* fused_tile_kernels_avx2();
-const FusedTileKernels* fused_tile_kernels_avx512();
-// The widest of the two, or null: what the fused paths run.
-const FusedTileKernels* fused_tile_kernels();
-
-// Compiled in (the first half of the above), per ISA file.
+// Each ISA file's kernels (null where the build did not compile them in: a
+// non-x86 target). Only kernels/cpu/select.cpp calls these, and only after
+// cpu_features() says this CPU runs the ISA; the tables are constant
+// (constinit), so nothing of an ISA file runs before that.
 const FusedTileKernels* fused_tile_kernels_avx2_built();
 const FusedTileKernels* fused_tile_kernels_avx512_built();
 

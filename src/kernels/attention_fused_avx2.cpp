@@ -1,6 +1,7 @@
 // The fused tiles (forward and backward) for AVX2/FMA (attention_fused_impl.h). This file
 // alone is compiled with -mavx2 -mfma on x86 (CMakeLists.txt); the kernels
-// run only where fused_tile_kernels_avx2() says the CPU has both.
+// run only where kernels/cpu/select.cpp found the CPU has both; the table
+// is constant-initialized, so no code of this file runs before that check.
 #include "kernels/attention_fused.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -31,7 +32,7 @@ struct Avx2 {
   }
 };
 
-constexpr FusedTileKernels kAvx2 = fused_impl::kernels_of<Avx2>("AVX2/FMA");
+constinit const FusedTileKernels kAvx2 = fused_impl::kernels_of<Avx2>("AVX2/FMA");
 
 }  // namespace
 

@@ -1,6 +1,7 @@
 // The fused tiles (forward and backward) for AVX-512 (attention_fused_impl.h). This file
 // alone is compiled with -mavx512f on x86 (CMakeLists.txt); the kernels run
-// only where fused_tile_kernels_avx512() says the CPU has it.
+// only where kernels/cpu/select.cpp found the CPU has it. Its one table is
+// constant-initialized: no code of this file runs before that check.
 #include "kernels/attention_fused.h"
 
 #if defined(__AVX512F__)
@@ -11,13 +12,10 @@
 
 namespace longctx::attn {
 
-namespace {
+// Shared with the bf16 dot kernels' files (their fp32 softmax and masks).
+extern constinit const FusedTileKernels kFusedAvx512 = fused_impl::kernels_of<Avx512>("AVX-512");
 
-constexpr FusedTileKernels kAvx512 = fused_impl::kernels_of<Avx512>("AVX-512");
-
-}  // namespace
-
-const FusedTileKernels* fused_tile_kernels_avx512_built() { return &kAvx512; }
+const FusedTileKernels* fused_tile_kernels_avx512_built() { return &kFusedAvx512; }
 
 }  // namespace longctx::attn
 

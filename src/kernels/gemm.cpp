@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/error.h"
 #include "core/timer.h"
 
 namespace longctx {
@@ -38,14 +39,6 @@ int64_t piece_size(int64_t n, int64_t minimum) {
   return std::max(minimum, (n + kPieces - 1) / kPieces + 63) / 64 * 64;
 }
 
-std::atomic<bool> g_thread_count_independent{false};
-
-}  // namespace
-
-void set_gemm_thread_count_independent(bool on) { g_thread_count_independent = on; }
-bool gemm_thread_count_independent() { return g_thread_count_independent; }
-
-namespace {
 
 // oneDNN splits a product over its threads by their number, so its last bits
 // depend on the thread count. Outside a parallel region the product is
@@ -54,14 +47,14 @@ namespace {
 // short C over a long K (the weight gradients: K = tokens), partial products
 // over K chunks added to C in chunk order. The result is then bit-identical
 // at any thread count, at 5-16% of a training step here, hence opt-in
-// (set_gemm_thread_count_independent). Inside a parallel region (the
+// (KernelSet::gemm_thread_count_independent). Inside a parallel region (the
 // attention kernel's tiles) a call is one piece already.
 // `product` computes one piece: product(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)
 // with operands of type T (float or bf16).
 template <typename T, typename Product>
-void gemm_in_pieces(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
+void gemm_in_pieces(bool independent, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
                     const T* B, int64_t ldb, float beta, float* C, int64_t ldc, Product product) {
-  if (!g_thread_count_independent || omp_in_parallel())
+  if (!independent || omp_in_parallel())
     return product(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   // A's rows r0.. (stored transposed: its columns) and K offset k0.
   auto a_at = [&](int64_t r0, int64_t k0) { return ta ? A + k0 * lda + r0 : A + r0 * lda + k0; };
@@ -101,11 +94,17 @@ void gemm_in_pieces(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
 
 }  // namespace
 
+void gemm_f32_on(const KernelSet& set, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  gemm_in_pieces(set.gemm_thread_count_independent, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, sgemm);
+}
+
 void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  if (counted_on_meta(C, "gemm", 2.0 * double(M) * double(N) * double(K))) return;
-  gemm_in_pieces(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, sgemm);
+  launch(KernelId::gemm, device_of(C), 2.0 * double(M) * double(N) * double(K), [&](const KernelSet& set) {
+    gemm_f32_on(set, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  });
 }
 
 namespace {
@@ -194,7 +193,7 @@ void bf16_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
 // The same product with the operands widened (exactly) to fp32 and
 // multiplied by dnnl_sgemm: where the CPU has no bf16 matmul, or widening
 // is faster (native_is_faster). Widened a block at a time so the fp32
-// copies stay within g_widen_floats (2^24 floats, 64 MiB: half for each
+// copies stay within the set's gemm_widen_floats (2^24 floats, 64 MiB: half for each
 // operand) however long the sequence or wide the vocabulary: op(B) in
 // blocks of kc x nb, op(A) in blocks of mb x kc. K is cut only past
 // half / 256 (32768 by default: weight gradients over long sequences,
@@ -205,13 +204,11 @@ void bf16_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
 // budget under 2 x 256 x 256 floats (tests) is exceeded. The copies are
 // untracked scratch, like oneDNN's own packing buffers (the planner does
 // not model them).
-std::atomic<int64_t> g_widen_floats{int64_t(1) << 24};
-
 struct WidenBlocks {
   int64_t kc, nb, mb;
 };
-WidenBlocks widen_blocks(int64_t M, int64_t N, int64_t K) {
-  const int64_t half = g_widen_floats.load() / 2, floor = 256;
+WidenBlocks widen_blocks(int64_t budget_floats, int64_t M, int64_t N, int64_t K) {
+  const int64_t half = budget_floats / 2, floor = 256;
   const int64_t kc = std::min(K, std::max(floor, half / floor));
   return {kc, std::min(N, std::max(floor, half / kc)), std::min(M, std::max(floor, half / kc))};
 }
@@ -221,9 +218,9 @@ WidenBlocks widen_blocks(int64_t M, int64_t N, int64_t K) {
 // 4096 x 512 x 512 product here (plan --measure's projection rate).
 thread_local std::vector<float> t_widen_scratch;
 
-void widened_bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
-                       const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  const auto [kc, nb, mb] = widen_blocks(M, N, K);
+void widened_bf16_gemm(const KernelSet& set, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                       const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const auto [kc, nb, mb] = widen_blocks(set.gemm_widen_floats, M, N, K);
   std::vector<float>& scratch = t_widen_scratch;
   if (int64_t(scratch.size()) < kc * nb + mb * kc) scratch.resize(kc * nb + mb * kc);
   float* wb = scratch.data();
@@ -245,7 +242,8 @@ void widened_bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
         const int64_t mn = std::min(mb, M - m0);
         if (ta) widen(A + k0 * lda + m0, kn, mn, lda, wa);  // A stored [K, M]: wa [kn, mn]
         else widen(A + m0 * lda + k0, mn, kn, lda, wa);  // A stored [M, K]: wa [mn, kn]
-        gemm_f32(ta, tb, mn, nn, kn, alpha, wa, ta ? mn : kn, wb, tb ? kn : nn, chunk_beta, C + m0 * ldc + n0, ldc);
+        gemm_f32_on(set, ta, tb, mn, nn, kn, alpha, wa, ta ? mn : kn, wb, tb ? kn : nn, chunk_beta, C + m0 * ldc + n0,
+                    ldc);
       }
     }
   }
@@ -254,8 +252,6 @@ void widened_bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
 }  // namespace
 
 namespace {
-
-std::atomic<Bf16GemmPath> g_forced_path{Bf16GemmPath::automatic};
 
 // Best GFLOP/s of a few n^3 products of one kind (after one warm-up call),
 // on this thread's CPU clock: a rank sharing its cores with others (an
@@ -278,33 +274,22 @@ double best_gflops(int64_t n, Product product) {
   return best;
 }
 
-// Native only where oneDNN has a bf16 matmul for this CPU AND it beats
-// widening plus dnnl_sgemm on a model-sized product: bf16 dot products are
-// not faster everywhere. Measured (bench/results/attention_bf16_avx512.md):
-// on an Intel Xeon with AVX512-BF16 but no AMX, vdpbf16ps retires about one
-// per 2 cycles (32 FLOP/cycle) against two 16-wide FMAs (64 FLOP/cycle), so
-// oneDNN's bf16 matmul ran at half the sgemm rate (82 vs 161 GFLOP/s a
-// core); with AMX the native path wins by 6-8x (issue 10's Sapphire Rapids
-// numbers) and on Zen 4 (one vdpbf16ps a cycle) it should by about 2x (not
-// measured here). A factor of ~2 or more either way: 8 processes oversubscribing 2
-// cores all measured native 83-86 and widened 133-156 GFLOP/s here. Made
-// once per process and printed by benchmarks, plan --measure and train;
-// LONGCTX_BF16_GEMM=native|widened pins it (runs that must repeat bit for
-// bit on a CPU where the two are close).
-bool native_is_faster() {
+constexpr int64_t kTimedN = 512;
+
+}  // namespace
+
+bool gemm_bf16_matmul_available() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
   const unsigned bf16_isa = dnnl_cpu_isa_avx512_core_bf16;  // ISA values are nested bit sets
-  constexpr int64_t n = 512;
-  // Created before the thread count drops below: oneDNN keeps a primitive's
+  constexpr int64_t n = kTimedN;
+  // Created before any thread count drops: oneDNN keeps a primitive's
   // thread count from its creation (later calls at this shape use them all).
-  const bool available = (isa & bf16_isa) == bf16_isa && !bf16_gemm_for({false, false, n, n, n, n, n, n, 1.0f, 0.0f}).widen;
-  if (const char* pinned = std::getenv("LONGCTX_BF16_GEMM"); pinned && *pinned) {
-    const std::string p = pinned;
-    if (p != "native" && p != "widened")
-      throw ConfigError("LONGCTX_BF16_GEMM must be native or widened, got '" + p + "'");
-    return p == "native" && available;
-  }
-  if (!available) return false;
+  return (isa & bf16_isa) == bf16_isa && !bf16_gemm_for({false, false, n, n, n, n, n, n, 1.0f, 0.0f}).widen;
+}
+
+Bf16GemmRates time_gemm_bf16_paths() {
+  constexpr int64_t n = kTimedN;
+  if (!gemm_bf16_matmul_available()) return {};
   std::vector<bf16> a(n * n, bf16(0.5f)), b(n * n, bf16(0.25f));
   std::vector<float> c(n * n);
   // On the calling thread alone (oneDNN threads a call by
@@ -315,36 +300,35 @@ bool native_is_faster() {
     SingleThread() { omp_set_num_threads(1); }
     ~SingleThread() { omp_set_num_threads(threads); }
   } single;
-  const double native = best_gflops(n, [&] {
+  const KernelSet plain{};  // the widened path's defaults
+  Bf16GemmRates rates;
+  rates.native_gflops = best_gflops(n, [&] {
     bf16_matmul(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   });
-  const double widened = best_gflops(n, [&] {
-    widened_bf16_gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  rates.widened_gflops = best_gflops(n, [&] {
+    widened_bf16_gemm(plain, false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   });
-  return native > widened;
+  return rates;
 }
 
-bool measured_native() {
-  static const bool native = native_is_faster();
-  return native;
+void gemm_bf16_on(const KernelSet& set, Bf16GemmPath path, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                  float alpha, const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
+                  int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (path != Bf16GemmPath::native || bf16_gemm_for({ta, tb, M, N, K, lda, ldb, ldc, alpha, beta}).widen)
+    return widened_bf16_gemm(set, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_in_pieces(set.gemm_thread_count_independent, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                 bf16_matmul);
 }
-
-bool use_native() {
-  const Bf16GemmPath forced = g_forced_path.load();
-  return forced == Bf16GemmPath::automatic ? measured_native() : forced == Bf16GemmPath::native;
-}
-
-}  // namespace
 
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
                const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   check_shape(K > 0 && lda >= (ta ? M : K) && ldb >= (tb ? K : N) && ldc >= N,
               "gemm_bf16: leading dimensions smaller than the rows they hold");
-  if (counted_on_meta(C, "gemm", 2.0 * double(M) * double(N) * double(K))) return;
-  if (!use_native() || bf16_gemm_for({ta, tb, M, N, K, lda, ldb, ldc, alpha, beta}).widen)
-    return widened_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  gemm_in_pieces(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16_matmul);
+  launch(KernelId::gemm, device_of(C), 2.0 * double(M) * double(N) * double(K), [&](const KernelSet& set) {
+    gemm_bf16_on(set, set.gemm_bf16_path(), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  });
 }
 
 void gemm(DType dtype, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
@@ -360,35 +344,14 @@ void gemm(DType dtype, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
 std::string gemm_bf16_implementation(int64_t n) {
   const CachedGemm& g = bf16_gemm_for({false, false, n, n, n, n, n, n, 1.0f, 0.0f});
   if (g.widen) return "bf16 widened to fp32, dnnl_sgemm (no bf16 matmul on this CPU)";
-  if (!use_native())
-    return "bf16 widened to fp32, dnnl_sgemm (" +
-           std::string(measured_native() ? "forced instead of " : "faster here than ") + g.implementation + ")";
+  const KernelSet& set = device_of(static_cast<const void*>(nullptr)).kernels();
+  if (set.gemm_bf16_path() != Bf16GemmPath::native)
+    return "bf16 widened to fp32, dnnl_sgemm (" + std::string(set.gemm_bf16 == Bf16GemmPath::automatic ? "faster here than " : "pinned instead of ") +
+           g.implementation + ")";
   return g.implementation;
 }
 
-bool gemm_bf16_is_native() { return measured_native(); }
-
-void force_gemm_bf16_path(Bf16GemmPath path) { g_forced_path = path; }
-
-void set_gemm_bf16_widen_floats(int64_t floats) { g_widen_floats = floats; }
-
 int64_t gemm_bf16_widen_scratch_floats() { return int64_t(t_widen_scratch.size()); }
-
-VectorIsa onednn_vector_isa() {
-  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-  const auto includes = [isa](dnnl_cpu_isa_t x) { return (isa & unsigned(x)) == unsigned(x); };  // nested bit sets
-  return includes(dnnl_cpu_isa_avx512_core) ? VectorIsa::avx512
-         : includes(dnnl_cpu_isa_avx2)      ? VectorIsa::avx2
-                                            : VectorIsa::none;
-}
-
-Bf16Isa onednn_bf16_isa() {
-  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-  const auto includes = [isa](dnnl_cpu_isa_t x) { return (isa & unsigned(x)) == unsigned(x); };  // nested bit sets
-  return includes(dnnl_cpu_isa_avx512_core_amx)    ? Bf16Isa::amx
-         : includes(dnnl_cpu_isa_avx512_core_bf16) ? Bf16Isa::avx512_bf16
-                                                   : Bf16Isa::none;
-}
 
 double measure_gemm_gflops(DType dtype, int64_t n, double min_seconds) {
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);

@@ -125,23 +125,24 @@ void rmsnorm_forward(const TensorView& x, const float* w, double eps, const Tens
   const int64_t N = x.dim(0), C = x.dim(1);
   check_rows(x, N, C, "rmsnorm x");
   check_rows(y, N, C, "rmsnorm y");
-  if (counted_on_meta(y, "rmsnorm_forward", double(y.numel()))) return;
-#pragma omp parallel
-  {
-    RowBuffers io(C, 2);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < N; ++r) {
-      const float* xr = io.read(x, r, 0);
-      float* yr = io.write(y, r, 1);
-      float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
-      const float rstd = 1.0f / std::sqrt(ss / C + static_cast<float>(eps));
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * rstd * w[c];
-      io.commit(y, r, 1);
+  return launch(KernelId::rmsnorm_forward, device_of(y), double(y.numel()), [&](const KernelSet&) {
+  #pragma omp parallel
+    {
+      RowBuffers io(C, 2);
+  #pragma omp for schedule(static)
+      for (int64_t r = 0; r < N; ++r) {
+        const float* xr = io.read(x, r, 0);
+        float* yr = io.write(y, r, 1);
+        float ss = 0.0f;
+  #pragma omp simd reduction(+ : ss)
+        for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
+        const float rstd = 1.0f / std::sqrt(ss / C + static_cast<float>(eps));
+  #pragma omp simd
+        for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * rstd * w[c];
+        io.commit(y, r, 1);
+      }
     }
-  }
+  });
 }
 
 void rmsnorm_backward(const TensorView& x, const float* w, double eps, const TensorView& dy,
@@ -150,45 +151,46 @@ void rmsnorm_backward(const TensorView& x, const float* w, double eps, const Ten
   check_rows(x, N, C, "rmsnorm x");
   check_rows(dy, N, C, "rmsnorm dy");
   check_rows(dx, N, C, "rmsnorm dx");
-  if (counted_on_meta(dx, "rmsnorm_backward", double(dx.numel()))) return;
-  dy.f32();  // gradients of the residual stream are fp32
-  dx.f32();
-  // dw partial sums per fixed chunk of rows (chunks depend on N only, never
-  // on the thread count), each summed in row order, then added in chunk
-  // order: bit-identical at any thread count.
-  const int64_t rows_per_chunk = std::max<int64_t>(1, (N + kMaxRowChunks - 1) / kMaxRowChunks);
-  const int64_t chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
-  std::vector<float> dw_part(static_cast<size_t>(chunks) * C, 0.0f);
-#pragma omp parallel
-  {
-  RowBuffers io(C, 1);
-#pragma omp for schedule(static)
-  for (int64_t k = 0; k < chunks; ++k) {
-    float* my_dw = dw_part.data() + static_cast<size_t>(k) * C;
-    for (int64_t r = k * rows_per_chunk; r < std::min(N, (k + 1) * rows_per_chunk); ++r) {
-      const float* xr = io.read(x, r, 0);
-      const float* gr = row(dy, r);
-      float* dxr = row(dx, r);
-      float ss = 0.0f, gwx = 0.0f;
-#pragma omp simd reduction(+ : ss, gwx)
-      for (int64_t c = 0; c < C; ++c) {
-        ss += xr[c] * xr[c];
-        gwx += gr[c] * w[c] * xr[c];
-      }
-      const float rstd = 1.0f / std::sqrt(ss / C + static_cast<float>(eps));
-      // d/dx of x_c * rstd * w_c: rstd * g_c w_c - x_c rstd^3 * mean(g w x).
-      const float k3 = rstd * rstd * rstd * gwx / C;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) {
-        dxr[c] += rstd * gr[c] * w[c] - k3 * xr[c];
-        my_dw[c] += gr[c] * xr[c] * rstd;
+  return launch(KernelId::rmsnorm_backward, device_of(dx), double(dx.numel()), [&](const KernelSet&) {
+    dy.f32();  // gradients of the residual stream are fp32
+    dx.f32();
+    // dw partial sums per fixed chunk of rows (chunks depend on N only, never
+    // on the thread count), each summed in row order, then added in chunk
+    // order: bit-identical at any thread count.
+    const int64_t rows_per_chunk = std::max<int64_t>(1, (N + kMaxRowChunks - 1) / kMaxRowChunks);
+    const int64_t chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
+    std::vector<float> dw_part(static_cast<size_t>(chunks) * C, 0.0f);
+  #pragma omp parallel
+    {
+    RowBuffers io(C, 1);
+  #pragma omp for schedule(static)
+    for (int64_t k = 0; k < chunks; ++k) {
+      float* my_dw = dw_part.data() + static_cast<size_t>(k) * C;
+      for (int64_t r = k * rows_per_chunk; r < std::min(N, (k + 1) * rows_per_chunk); ++r) {
+        const float* xr = io.read(x, r, 0);
+        const float* gr = row(dy, r);
+        float* dxr = row(dx, r);
+        float ss = 0.0f, gwx = 0.0f;
+  #pragma omp simd reduction(+ : ss, gwx)
+        for (int64_t c = 0; c < C; ++c) {
+          ss += xr[c] * xr[c];
+          gwx += gr[c] * w[c] * xr[c];
+        }
+        const float rstd = 1.0f / std::sqrt(ss / C + static_cast<float>(eps));
+        // d/dx of x_c * rstd * w_c: rstd * g_c w_c - x_c rstd^3 * mean(g w x).
+        const float k3 = rstd * rstd * rstd * gwx / C;
+  #pragma omp simd
+        for (int64_t c = 0; c < C; ++c) {
+          dxr[c] += rstd * gr[c] * w[c] - k3 * xr[c];
+          my_dw[c] += gr[c] * xr[c] * rstd;
+        }
       }
     }
-  }
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < C; ++c)
-    for (int64_t k = 0; k < chunks; ++k) dw[c] += dw_part[static_cast<size_t>(k) * C + c];
+    }
+  #pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t k = 0; k < chunks; ++k) dw[c] += dw_part[static_cast<size_t>(k) * C + c];
+  });
 }
 
 // ---- RoPE ---------------------------------------------------------------------------
@@ -219,16 +221,17 @@ std::vector<double> rope_inv_freq(const RopeParams& p, int64_t head_dim) {
 
 void rope_table(const RopeParams& p, int64_t head_dim, const int64_t* positions, int64_t n,
                 float* cos, float* sin) {
-  if (is_meta(cos)) return;  // counted with the model's RoPE (core/device.h)
-  const std::vector<double> inv = rope_inv_freq(p, head_dim);
-  const int64_t half = head_dim / 2;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < half; ++i) {
-      const double a = static_cast<double>(positions[t]) * inv[i];
-      cos[t * half + i] = static_cast<float>(std::cos(a));
-      sin[t * half + i] = static_cast<float>(std::sin(a));
-    }
+  return launch(KernelId::rope, device_of(cos), 0.0, [&](const KernelSet&) {  // counted with the model's RoPE (core/device.h)
+    const std::vector<double> inv = rope_inv_freq(p, head_dim);
+    const int64_t half = head_dim / 2;
+  #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < half; ++i) {
+        const double a = static_cast<double>(positions[t]) * inv[i];
+        cos[t * half + i] = static_cast<float>(std::cos(a));
+        sin[t * half + i] = static_cast<float>(std::sin(a));
+      }
+  });
 }
 
 namespace {
@@ -238,22 +241,23 @@ void rope_apply(const TensorView& x, const float* cos, const float* sin, float s
               "rope: expected [N, H, D] with contiguous even D, got " + x.shape_string());
   const int64_t N = x.dim(0), H = x.dim(1), half = x.dim(2) / 2;
   float* base = x.f32();  // fp32: the model rotates GEMM outputs before any rounding
-  if (counted_on_meta(base, "rope", double(x.numel()))) return;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < N; ++t) {
-    const float* c = cos + t * half;
-    const float* s = sin + t * half;
-    for (int64_t h = 0; h < H; ++h) {
-      float* x1 = base + t * x.stride[0] + h * x.stride[1];
-      float* x2 = x1 + half;
-#pragma omp simd
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = x1[i], b = x2[i], si = sign * s[i];
-        x1[i] = a * c[i] - b * si;
-        x2[i] = b * c[i] + a * si;
+  return launch(KernelId::rope, device_of(base), double(x.numel()), [&](const KernelSet&) {
+  #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      const float* c = cos + t * half;
+      const float* s = sin + t * half;
+      for (int64_t h = 0; h < H; ++h) {
+        float* x1 = base + t * x.stride[0] + h * x.stride[1];
+        float* x2 = x1 + half;
+  #pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = x1[i], b = x2[i], si = sign * s[i];
+          x1[i] = a * c[i] - b * si;
+          x2[i] = b * c[i] + a * si;
+        }
       }
     }
-  }
+  });
 }
 }  // namespace
 
@@ -267,8 +271,9 @@ void rope_backward(const TensorView& dx, const float* cos, const float* sin) {
 // ---- SwiGLU -------------------------------------------------------------------------
 
 void swiglu_forward(const TensorView& g, const TensorView& u, const TensorView& a) {
-  if (counted_on_meta(a, "swiglu_forward", double(a.numel()))) return;
-  combine_rows(g, u, a, "swiglu", [](float x, float y) { return x / (1.0f + exp_fast(-x)) * y; });
+  return launch(KernelId::swiglu_forward, device_of(a), double(a.numel()), [&](const KernelSet&) {
+    combine_rows(g, u, a, "swiglu", [](float x, float y) { return x / (1.0f + exp_fast(-x)) * y; });
+  });
 }
 
 void swiglu_backward(const TensorView& g, const TensorView& u, const TensorView& da,
@@ -279,29 +284,30 @@ void swiglu_backward(const TensorView& g, const TensorView& u, const TensorView&
   check_rows(da, N, F, "swiglu da");
   check_rows(dg, N, F, "swiglu dg");
   check_rows(du, N, F, "swiglu du");
-  if (counted_on_meta(dg, "swiglu_backward", double(dg.numel()))) return;
-#pragma omp parallel
-  {
-    // bf16 rows are widened before any is written: dg, du may alias g, u.
-    RowBuffers io(F, 5);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < N; ++r) {
-      const float* gr = io.read(g, r, 0);
-      const float* ur = io.read(u, r, 1);
-      const float* dar = io.read(da, r, 2);
-      float* dgr = io.write(dg, r, 3);
-      float* dur = io.write(du, r, 4);
-#pragma omp simd
-      for (int64_t f = 0; f < F; ++f) {
-        const float x = gr[f], y = ur[f], d = dar[f];  // read all before writing (aliasing)
-        const float sig = 1.0f / (1.0f + exp_fast(-x));
-        dgr[f] = d * y * sig * (1.0f + x * (1.0f - sig));
-        dur[f] = d * x * sig;
+  return launch(KernelId::swiglu_backward, device_of(dg), double(dg.numel()), [&](const KernelSet&) {
+  #pragma omp parallel
+    {
+      // bf16 rows are widened before any is written: dg, du may alias g, u.
+      RowBuffers io(F, 5);
+  #pragma omp for schedule(static)
+      for (int64_t r = 0; r < N; ++r) {
+        const float* gr = io.read(g, r, 0);
+        const float* ur = io.read(u, r, 1);
+        const float* dar = io.read(da, r, 2);
+        float* dgr = io.write(dg, r, 3);
+        float* dur = io.write(du, r, 4);
+  #pragma omp simd
+        for (int64_t f = 0; f < F; ++f) {
+          const float x = gr[f], y = ur[f], d = dar[f];  // read all before writing (aliasing)
+          const float sig = 1.0f / (1.0f + exp_fast(-x));
+          dgr[f] = d * y * sig * (1.0f + x * (1.0f - sig));
+          dur[f] = d * x * sig;
+        }
+        io.commit(dg, r, 3);
+        io.commit(du, r, 4);
       }
-      io.commit(dg, r, 3);
-      io.commit(du, r, 4);
     }
-  }
+  });
 }
 
 // ---- Cross-entropy ------------------------------------------------------------------
@@ -313,35 +319,36 @@ double cross_entropy(const TensorView& logits, const int32_t* targets, const flo
   if (dlogits) check_rows(*dlogits, R, V, "cross_entropy dlogits");
   logits.f32();  // the loss and its gradient are fp32 (logits come from an fp32-output GEMM)
   if (dlogits) dlogits->f32();
-  if (counted_on_meta(logits, "cross_entropy", double(logits.numel()))) return 0.0;
-  check_ids(targets, R, V, "target");
-  // Per-row losses summed in row order afterwards: an OpenMP reduction would
-  // add per-thread partials, in an order that depends on the thread count.
-  std::vector<double> row_loss(static_cast<size_t>(R));
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < R; ++r) {
-    const float* z = row(logits, r);
-    float mx = z[0];
-    for (int64_t j = 1; j < V; ++j) mx = std::max(mx, z[j]);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < V; ++j) sum += exp_fast(z[j] - mx);
-    const float lse = mx + std::log(sum);
-    const float w = weights ? weights[r] : 1.0f;
-    const float z_target = z[targets[r]];
-    row_loss[r] = static_cast<double>(w) * (lse - z_target);
-    if (dlogits) {
-      float* dz = row(*dlogits, r);
-      const float k = grad_scale * w;
-#pragma omp simd
-      for (int64_t j = 0; j < V; ++j) dz[j] = k * exp_fast(z[j] - lse);
-      dz[targets[r]] -= k;
+  return launch(KernelId::cross_entropy, device_of(logits), double(logits.numel()), [&](const KernelSet&) {
+    check_ids(targets, R, V, "target");
+    // Per-row losses summed in row order afterwards: an OpenMP reduction would
+    // add per-thread partials, in an order that depends on the thread count.
+    std::vector<double> row_loss(static_cast<size_t>(R));
+  #pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      const float* z = row(logits, r);
+      float mx = z[0];
+      for (int64_t j = 1; j < V; ++j) mx = std::max(mx, z[j]);
+      float sum = 0.0f;
+  #pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < V; ++j) sum += exp_fast(z[j] - mx);
+      const float lse = mx + std::log(sum);
+      const float w = weights ? weights[r] : 1.0f;
+      const float z_target = z[targets[r]];
+      row_loss[r] = static_cast<double>(w) * (lse - z_target);
+      if (dlogits) {
+        float* dz = row(*dlogits, r);
+        const float k = grad_scale * w;
+  #pragma omp simd
+        for (int64_t j = 0; j < V; ++j) dz[j] = k * exp_fast(z[j] - lse);
+        dz[targets[r]] -= k;
+      }
     }
-  }
-  double total = 0.0;
-  for (double l : row_loss) total += l;
-  if (row_losses) std::copy(row_loss.begin(), row_loss.end(), row_losses);
-  return total;
+    double total = 0.0;
+    for (double l : row_loss) total += l;
+    if (row_losses) std::copy(row_loss.begin(), row_loss.end(), row_losses);
+    return total;
+  });
 }
 
 // ---- Embedding ----------------------------------------------------------------------
@@ -350,37 +357,39 @@ void embedding_forward(const int32_t* tokens, int64_t n, const float* table, int
                        const TensorView& out) {
   const int64_t C = out.dim(1);
   check_rows(out, n, C, "embedding out");
-  if (counted_on_meta(out, "residual_add", double(out.numel()))) return;  // priced as an add
-  check_ids(tokens, n, vocab, "token");
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < n; ++t) {
-    const float* src = table + static_cast<int64_t>(tokens[t]) * C;
-    if (out.dtype == DType::f32)
-      std::copy_n(src, C, row(out, t));
-    else
-      round_to_bf16(src, static_cast<bf16*>(out.data) + t * out.stride[0], C);
-  }
+  return launch(KernelId::residual_add, device_of(out), double(out.numel()), [&](const KernelSet&) {  // priced as an add
+    check_ids(tokens, n, vocab, "token");
+  #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < n; ++t) {
+      const float* src = table + static_cast<int64_t>(tokens[t]) * C;
+      if (out.dtype == DType::f32)
+        std::copy_n(src, C, row(out, t));
+      else
+        round_to_bf16(src, static_cast<bf16*>(out.data) + t * out.stride[0], C);
+    }
+  });
 }
 
 void embedding_backward(const int32_t* tokens, int64_t n, const TensorView& dout, float* dtable,
                         int64_t vocab) {
   const int64_t C = dout.dim(1);
   check_rows(dout, n, C, "embedding dout");
-  if (counted_on_meta(dout, "residual_add", double(dout.numel()))) return;  // priced as an add
-  dout.f32();
-  check_ids(tokens, n, vocab, "token");
-  // Each thread owns a slice of columns for every token: no races, and the
-  // order of additions per element is the token order.
-#pragma omp parallel
-  {
-    const int nt = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t c0 = C * me / nt, c1 = C * (me + 1) / nt;
-    for (int64_t t = 0; t < n; ++t) {
-      const float* src = row(dout, t);
-      float* dst = dtable + static_cast<int64_t>(tokens[t]) * C;
-      for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+  return launch(KernelId::residual_add, device_of(dout), double(dout.numel()), [&](const KernelSet&) {  // priced as an add
+    dout.f32();
+    check_ids(tokens, n, vocab, "token");
+    // Each thread owns a slice of columns for every token: no races, and the
+    // order of additions per element is the token order.
+  #pragma omp parallel
+    {
+      const int nt = omp_get_num_threads(), me = omp_get_thread_num();
+      const int64_t c0 = C * me / nt, c1 = C * (me + 1) / nt;
+      for (int64_t t = 0; t < n; ++t) {
+        const float* src = row(dout, t);
+        float* dst = dtable + static_cast<int64_t>(tokens[t]) * C;
+        for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+      }
     }
-  }
+  });
 }
 
 // ---- Precision boundaries ---------------------------------------------------------
@@ -389,24 +398,26 @@ void convert(const TensorView& src, const TensorView& dst) {
   const int64_t N = src.dim(0), C = src.dim(1);
   check_rows(src, N, C, "convert src");
   check_rows(dst, N, C, "convert dst");
-  if (counted_on_meta(dst, "convert", double(dst.numel()))) return;
-#pragma omp parallel
-  {
-    RowBuffers io(C, 1);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < N; ++r) {
-      const float* in = io.read(src, r, 0);
-      if (dst.dtype == DType::f32)
-        std::copy_n(in, C, row(dst, r));
-      else
-        round_to_bf16(in, static_cast<bf16*>(dst.data) + r * dst.stride[0], C);
+  return launch(KernelId::convert, device_of(dst), double(dst.numel()), [&](const KernelSet&) {
+  #pragma omp parallel
+    {
+      RowBuffers io(C, 1);
+  #pragma omp for schedule(static)
+      for (int64_t r = 0; r < N; ++r) {
+        const float* in = io.read(src, r, 0);
+        if (dst.dtype == DType::f32)
+          std::copy_n(in, C, row(dst, r));
+        else
+          round_to_bf16(in, static_cast<bf16*>(dst.data) + r * dst.stride[0], C);
+      }
     }
-  }
+  });
 }
 
 void residual_add(const TensorView& a, const TensorView& b, const TensorView& out) {
-  if (counted_on_meta(out, "residual_add", double(out.numel()))) return;
-  combine_rows(a, b, out, "residual_add", [](float x, float y) { return x + y; });
+  return launch(KernelId::residual_add, device_of(out), double(out.numel()), [&](const KernelSet&) {
+    combine_rows(a, b, out, "residual_add", [](float x, float y) { return x + y; });
+  });
 }
 
 // ---- AdamW --------------------------------------------------------------------------
@@ -414,17 +425,18 @@ void residual_add(const TensorView& a, const TensorView& b, const TensorView& ou
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
                   const AdamWParams& h) {
   check_shape(h.step >= 1, "adamw: step is 1-based");
-  if (counted_on_meta(param, "optimizer", double(n))) return;
-  const float bc1 = 1.0f - static_cast<float>(std::pow(h.beta1, h.step));
-  const float bc2 = 1.0f - static_cast<float>(std::pow(h.beta2, h.step));
-  const float step_size = h.lr / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
-  const float decay = 1.0f - h.lr * h.weight_decay;
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    m[i] = h.beta1 * m[i] + (1.0f - h.beta1) * grad[i];
-    v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * grad[i] * grad[i];
-    param[i] = param[i] * decay - step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + h.eps);
-  }
+  return launch(KernelId::optimizer, device_of(param), double(n), [&](const KernelSet&) {
+    const float bc1 = 1.0f - static_cast<float>(std::pow(h.beta1, h.step));
+    const float bc2 = 1.0f - static_cast<float>(std::pow(h.beta2, h.step));
+    const float step_size = h.lr / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
+    const float decay = 1.0f - h.lr * h.weight_decay;
+  #pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      m[i] = h.beta1 * m[i] + (1.0f - h.beta1) * grad[i];
+      v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * grad[i] * grad[i];
+      param[i] = param[i] * decay - step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + h.eps);
+    }
+  });
 }
 
 // ---- Views ------------------------------------------------------------------------
@@ -458,44 +470,48 @@ void for_each_row(const TensorView& src, const TensorView& dst, const char* what
 }  // namespace
 
 void copy_view(const TensorView& src, const TensorView& dst) {
-  if (is_meta(dst)) return;
-  for_each_row(src, dst, "copy_view", [&](const char* s, char* d, int64_t n) {
-    if (src.dtype == dst.dtype)
-      std::memcpy(d, s, size_t(n) * dtype_size(src.dtype));
-    else if (dst.dtype == DType::f32)
-      load_f32(s, src.dtype, reinterpret_cast<float*>(d), n);
-    else
-      store_f32(reinterpret_cast<const float*>(s), d, dst.dtype, n);
+  return launch(KernelId::copy_view, device_of(dst), 0.0, [&](const KernelSet&) {
+    for_each_row(src, dst, "copy_view", [&](const char* s, char* d, int64_t n) {
+      if (src.dtype == dst.dtype)
+        std::memcpy(d, s, size_t(n) * dtype_size(src.dtype));
+      else if (dst.dtype == DType::f32)
+        load_f32(s, src.dtype, reinterpret_cast<float*>(d), n);
+      else
+        store_f32(reinterpret_cast<const float*>(s), d, dst.dtype, n);
+    });
   });
 }
 
 void add_view(const TensorView& src, const TensorView& dst) {
   check_shape(dst.dtype == DType::f32, "add_view: the destination accumulates in fp32");
-  if (is_meta(dst)) return;
-  std::vector<float> row;
-  for_each_row(src, dst, "add_view", [&](const char* s, char* d, int64_t n) {
-    const float* in = reinterpret_cast<const float*>(s);
-    if (src.dtype != DType::f32) {
-      row.resize(size_t(n));
-      load_f32(s, src.dtype, row.data(), n);
-      in = row.data();
-    }
-    float* out = reinterpret_cast<float*>(d);
-    for (int64_t x = 0; x < n; ++x) out[x] += in[x];
+  return launch(KernelId::add_view, device_of(dst), 0.0, [&](const KernelSet&) {
+    std::vector<float> row;
+    for_each_row(src, dst, "add_view", [&](const char* s, char* d, int64_t n) {
+      const float* in = reinterpret_cast<const float*>(s);
+      if (src.dtype != DType::f32) {
+        row.resize(size_t(n));
+        load_f32(s, src.dtype, row.data(), n);
+        in = row.data();
+      }
+      float* out = reinterpret_cast<float*>(d);
+      for (int64_t x = 0; x < n; ++x) out[x] += in[x];
+    });
   });
 }
 
 void zero_view(const TensorView& dst) {
   check_shape(dst.dtype == DType::f32, "zero_view: fp32");
-  if (is_meta(dst)) return;
-  for_each_row(dst, dst, "zero_view", [](const char*, char* d, int64_t n) { std::memset(d, 0, size_t(n) * 4); });
+  return launch(KernelId::zero_view, device_of(dst), 0.0, [&](const KernelSet&) {
+    for_each_row(dst, dst, "zero_view", [](const char*, char* d, int64_t n) { std::memset(d, 0, size_t(n) * 4); });
+  });
 }
 
 void copy_rows(const void* src, int64_t src_stride, void* dst, int64_t dst_stride, int64_t rows, int64_t row_bytes) {
-  if (is_meta(dst)) return;
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(static_cast<char*>(dst) + r * dst_stride, static_cast<const char*>(src) + r * src_stride,
-                size_t(row_bytes));
+  return launch(KernelId::copy_rows, device_of(dst), 0.0, [&](const KernelSet&) {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_stride, static_cast<const char*>(src) + r * src_stride,
+                  size_t(row_bytes));
+  });
 }
 
 // ---- fp32 vectors -----------------------------------------------------------------
@@ -503,30 +519,35 @@ void copy_rows(const void* src, int64_t src_stride, void* dst, int64_t dst_strid
 // norm and clipping): on a meta device they only return.
 
 void fill_f32(float* dst, int64_t n, float value) {
-  if (is_meta(dst)) return;
-  std::fill_n(dst, n, value);
+  return launch(KernelId::fill_f32, device_of(dst), 0.0, [&](const KernelSet&) {
+    std::fill_n(dst, n, value);
+  });
 }
 
 void copy_f32(const float* src, int64_t n, float* dst) {
-  if (is_meta(dst)) return;
-  std::copy_n(src, n, dst);
+  return launch(KernelId::copy_f32, device_of(dst), 0.0, [&](const KernelSet&) {
+    std::copy_n(src, n, dst);
+  });
 }
 
 void add_f32(const float* src, int64_t n, float* dst) {
-  if (is_meta(dst)) return;
-  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  return launch(KernelId::add_f32, device_of(dst), 0.0, [&](const KernelSet&) {
+    for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  });
 }
 
 void scale_f32(float* dst, int64_t n, float factor) {
-  if (is_meta(dst)) return;
-  for (int64_t i = 0; i < n; ++i) dst[i] *= factor;
+  return launch(KernelId::scale_f32, device_of(dst), 0.0, [&](const KernelSet&) {
+    for (int64_t i = 0; i < n; ++i) dst[i] *= factor;
+  });
 }
 
 double sum_of_squares(const float* src, int64_t n) {
-  if (is_meta(src)) return 0.0;
-  double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(src[i]) * src[i];
-  return s;
+  return launch(KernelId::sum_of_squares, device_of(src), 0.0, [&](const KernelSet&) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(src[i]) * src[i];
+    return s;
+  });
 }
 
 }  // namespace longctx

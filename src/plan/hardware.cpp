@@ -238,9 +238,16 @@ HardwareProfile load_hardware_profile(const std::string& name_or_path,
   h.name = root["name"] ? root["name"].as<std::string>() : path.stem().string();
   if (root["description"]) h.description = root["description"].as<std::string>();
   if (root["topology"]) h.topology = root["topology"].as<std::string>();
+  if (root["kernels"]) {
+    try {
+      h.kernels = kernel_target_of(root["kernels"].as<std::string>());
+    } catch (const ConfigError& e) {
+      throw ConfigError("hardware profile " + name_or_path + ": " + e.what());
+    }
+  }
   for (const auto& kv : root) {
     std::string key = kv.first.as<std::string>();
-    if (key == "name" || key == "description" || key == "topology" || key == "sources") continue;
+    if (key == "name" || key == "description" || key == "topology" || key == "kernels" || key == "sources") continue;
     if (key == "bf16") {
       if (!kv.second.IsMap())
         throw ConfigError("hardware profile " + path.string() + ": bf16 must be a section of kernel tables");
@@ -284,6 +291,7 @@ void save_hardware_profile(const HardwareProfile& h, const std::string& path) {
   out << YAML::Key << "name" << YAML::Value << h.name;
   out << YAML::Key << "description" << YAML::Value << h.description;
   out << YAML::Key << "topology" << YAML::Value << h.topology;
+  out << YAML::Key << "kernels" << YAML::Value << kernel_target_name(h.kernels);
   for (const Field& f : fields()) {
     out << YAML::Key << f.key << YAML::Value;
     if (f.real) out << h.*f.real;

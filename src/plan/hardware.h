@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "kernels/cpu/select.h"
 
 namespace longctx {
 
@@ -47,6 +48,12 @@ struct KernelTables {
 struct HardwareProfile : KernelTables {
   std::string name;
   std::string description;
+  // Whose kernels a plan counts (YAML `kernels`): `cpu`, this host's (a
+  // measured cpu-local profile: the attention's per-thread tile scratch), or
+  // `accelerator`, a GPU's or TPU's fused kernels (the datasheet profiles:
+  // tiles on chip, no scratch in device memory). A plan never asks the
+  // planning host's own CPU for an accelerator's kernels.
+  KernelTarget kernels = KernelTarget::cpu;
 
   // Compute, per device. A dtype whose peak is 0 is not supported.
   double peak_flops_bf16 = 0;  // FLOP/s (dense matmul)

@@ -19,6 +19,7 @@
 #include "core/memory.h"
 #include "core/offload_store.h"
 #include "core/timer.h"
+#include "kernels/cpu/select.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
@@ -243,9 +244,9 @@ std::map<std::string, double> measure_elementwise(DType dtype, bool quick) {
   const double footprint = double(int64_t{quick ? 128 : 256} << 20);
   const int reps = quick ? 2 : 3;
   const int64_t d = 512, heads = 10, row = 12 * 64, F = 1536, V = 259;
-  auto bytes = [&](const char* kernel) { return elementwise_kernel(kernel).bytes_per_element(dtype); };
+  auto bytes = [&](KernelId kernel) { return elementwise_kernel(kernel).bytes_per_element(dtype); };
   // The same tokens in both dtypes: the dtype that moves more moves `footprint`.
-  auto tokens = [&](const char* kernel, int64_t width) {
+  auto tokens = [&](KernelId kernel, int64_t width) {
     const ElementwiseKernel& k = elementwise_kernel(kernel);
     return std::max<int64_t>(1024, int64_t(footprint / double(width * std::max(k.bytes_fp32, k.bytes_bf16))));
   };
@@ -253,7 +254,7 @@ std::map<std::string, double> measure_elementwise(DType dtype, bool quick) {
   auto act = [&](int64_t n, float sigma, uint32_t seed) { return Values(dtype, n, sigma, seed); };
   std::map<std::string, double> out;
   // Best of reps; `setup` restores (untimed) data a kernel overwrote, so every rep sees model-like values.
-  auto time = [&](const char* kernel, int64_t elements, auto&& setup, auto&& run) {
+  auto time = [&](KernelId kernel, int64_t elements, auto&& setup, auto&& run) {
     double best = 1e30;
     for (int rep = 0; rep < reps; ++rep) {
       setup();
@@ -261,67 +262,67 @@ std::map<std::string, double> measure_elementwise(DType dtype, bool quick) {
       run();
       best = std::min(best, t.seconds());
     }
-    out[kernel] = double(elements) * double(bytes(kernel)) / best;
+    out[kernel_name(kernel)] = double(elements) * double(bytes(kernel)) / best;
   };
   auto none = [] {};
   std::vector<float> w(d), dw(d, 0.0f);
   fill_normal(w, 1.0f, 1);
   {
-    const int64_t N = tokens("rmsnorm_forward", d);
+    const int64_t N = tokens(KernelId::rmsnorm_forward, d);
     Values x = act(N * d, 1.0f, 2), y = act(N * d, 0.0f, 0);
-    time("rmsnorm_forward", N * d, none, [&] { rmsnorm_forward(x.view({N, d}), w.data(), 1e-5, y.view({N, d})); });
+    time(KernelId::rmsnorm_forward, N * d, none, [&] { rmsnorm_forward(x.view({N, d}), w.data(), 1e-5, y.view({N, d})); });
   }
   {
-    const int64_t N = tokens("rmsnorm_backward", d);
+    const int64_t N = tokens(KernelId::rmsnorm_backward, d);
     Values x = act(N * d, 1.0f, 3), dy = f32(N * d, 1e-3f, 4), dx = f32(N * d, 1e-3f, 5);
-    time("rmsnorm_backward", N * d, none, [&] {
+    time(KernelId::rmsnorm_backward, N * d, none, [&] {
       rmsnorm_backward(x.view({N, d}), w.data(), 1e-5, dy.view({N, d}), dx.view({N, d}), dw.data());
     });
   }
   {
-    const int64_t N = tokens("rope", heads * 64);  // the fp32 GEMM output, rotated before any rounding
+    const int64_t N = tokens(KernelId::rope, heads * 64);  // the fp32 GEMM output, rotated before any rounding
     std::vector<float> qkv(N * row), cs(N * 32), sn(N * 32);
     fill_normal(qkv, 1.0f, 6), fill_normal(cs, 1.0f, 7), fill_normal(sn, 1.0f, 8);
     const TensorView rot = TensorView::strided(qkv.data(), DType::f32, {N, heads, 64}, {row, 64, 1});
-    time("rope", N * heads * 64, none, [&] { rope_forward(rot, cs.data(), sn.data()); });
+    time(KernelId::rope, N * heads * 64, none, [&] { rope_forward(rot, cs.data(), sn.data()); });
   }
   {
-    const int64_t N = tokens("residual_add", d);  // the residual + the fp32 GEMM output
+    const int64_t N = tokens(KernelId::residual_add, d);  // the residual + the fp32 GEMM output
     Values x = act(N * d, 1.0f, 9), o = f32(N * d, 1.0f, 10), y = act(N * d, 0.0f, 0);
-    time("residual_add", N * d, none, [&] { residual_add(x.view({N, d}), o.view({N, d}), y.view({N, d})); });
+    time(KernelId::residual_add, N * d, none, [&] { residual_add(x.view({N, d}), o.view({N, d}), y.view({N, d})); });
   }
   {
-    const int64_t N = tokens("swiglu_backward", F);
+    const int64_t N = tokens(KernelId::swiglu_backward, F);
     Values gu = act(N * 2 * F, 0.5f, 11), a = act(N * F, 0.0f, 0), da = f32(N * F, 1e-3f, 12),
            dgu = act(N * 2 * F, 0.0f, 0);
-    time("swiglu_forward", N * F, none,
+    time(KernelId::swiglu_forward, N * F, none,
          [&] { swiglu_forward(gu.columns(N, F, 0, 2 * F), gu.columns(N, F, F, 2 * F), a.view({N, F})); });
-    time("swiglu_backward", N * F, none, [&] {
+    time(KernelId::swiglu_backward, N * F, none, [&] {
       swiglu_backward(gu.columns(N, F, 0, 2 * F), gu.columns(N, F, F, 2 * F), da.view({N, F}),
                       dgu.columns(N, F, 0, 2 * F), dgu.columns(N, F, F, 2 * F));
     });
   }
   {
-    const int64_t N = tokens("cross_entropy", V);
+    const int64_t N = tokens(KernelId::cross_entropy, V);
     std::vector<float> logits(N * V);
     std::vector<int32_t> targets(N);
     for (int64_t i = 0; i < N; ++i) targets[i] = int32_t(i * 7 % V);
-    time("cross_entropy", N * V, [&] { fill_normal(logits, 1.0f, 13); },
+    time(KernelId::cross_entropy, N * V, [&] { fill_normal(logits, 1.0f, 13); },
          [&] {
            const TensorView z(logits.data(), DType::f32, {N, V});  // the gradient overwrites the logits, as in the model
            cross_entropy(z, targets.data(), nullptr, 1.0f / N, &z);
          });
   }
-  if (bytes("convert") > 0) {  // an fp32 GEMM output rounded to its bf16 copy (qkv_proj's width)
-    const int64_t N = tokens("convert", row);
+  if (bytes(KernelId::convert) > 0) {  // an fp32 GEMM output rounded to its bf16 copy (qkv_proj's width)
+    const int64_t N = tokens(KernelId::convert, row);
     Values src = f32(N * row, 1.0f, 16), dst = act(N * row, 0.0f, 0);
-    time("convert", N * row, none, [&] { convert(src.view({N, row}), dst.view({N, row})); });
+    time(KernelId::convert, N * row, none, [&] { convert(src.view({N, row}), dst.view({N, row})); });
   }
   {
     // The trainer's step around backward: zero the gradients, their global
     // norm, AdamW (fp32 in both dtypes). The gradients are refilled (untimed)
     // after zeroing.
-    const int64_t P = tokens("optimizer", 1);
+    const int64_t P = tokens(KernelId::optimizer, 1);
     std::vector<float> p(P), g(P), m(P, 0.0f), v(P, 0.0f);
     fill_normal(p, 0.02f, 14);
     AdamWParams h;
@@ -339,7 +340,7 @@ std::map<std::string, double> measure_elementwise(DType dtype, bool quick) {
       adamw_update(p.data(), g.data(), m.data(), v.data(), P, h);
       best = std::min(best, z + t.seconds());
     }
-    out["optimizer"] = double(P) * double(bytes("optimizer")) / best;
+    out[kernel_name(KernelId::optimizer)] = double(P) * double(bytes(KernelId::optimizer)) / best;
   }
   return out;
 }
@@ -567,7 +568,7 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
       {"attention_tile_path", "measured on the kernels a step runs: fp32 " +
                                   attention_tile_path_name(attention_tile_path(DType::f32)) + "; bf16 " +
                                   attention_tile_path_name(attention_tile_path(DType::bf16)) + " (" +
-                                  attention_bf16_choice() + ")"},
+                                  bf16_attention_choice() + ")"},
       {"attention_forward_efficiency_per_head_dim", "measured: the forward alone (4 D FLOPs per pair), same runs"},
       {"attention_block", "the attention kernel's tile (kAttentionTile in src/kernels/attention.h)"},
       {"attention_partial_tile_cost",

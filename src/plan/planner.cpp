@@ -57,6 +57,7 @@ struct Shape {
   bool zero1;
   FlatPiece piece;
   int64_t threads;       // kernel threads per device (per-thread attention scratch)
+  KernelTarget kernels;  // whose kernels the counted step stands for (HardwareProfile::kernels)
   bool segments;         // packed documents: segment ids travel with K,V
 };
 
@@ -80,9 +81,10 @@ int64_t threads_of(const RunConfig& c, const HardwareProfile* hw) {
   return hw && hw->threads_per_device > 0 ? hw->threads_per_device : 1;
 }
 
-Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads) {
+Shape make_shape(const RunConfig& c, int64_t devices, int64_t threads, KernelTarget kernels = KernelTarget::cpu) {
   Shape s;
   s.threads = threads;
+  s.kernels = kernels;
   s.strategy = c.strategy();
   s.B = c.per_device_batch_size;
   s.S = c.max_target_length;
@@ -161,6 +163,7 @@ CpCallShape call_shape(const Shape& s) {
   k.D = s.D;
   k.segments = s.segments;
   k.threads = s.threads;
+  k.kernels = s.kernels;
   k.element_bytes = s.act;
   k.mask = s.mask;
   k.layout = s.layout;
@@ -183,7 +186,7 @@ int64_t offloaded_items(const Shape& s, Activation a) {
 // the saved activations). The tiers outside device memory hold nothing in
 // a counted step (core/offload_store.h); their lines are the stores' sizes.
 void plan_memory(const RunConfig& c, const Shape& s, StrategyPlan& p) {
-  const StepCount counted = count_step(c, s.devices, s.threads, static_cast<int>(s.devices - 1));
+  const StepCount counted = count_step(c, s.devices, s.threads, s.kernels, static_cast<int>(s.devices - 1));
   auto add_memory = [&](const LiveBuffers& b) {
     if (b.bytes > 0)
       p.memory.push_back({b.category, b.name + (b.count > 1 ? " x" + str(b.count) : ""), int64_t(b.bytes)});
@@ -444,12 +447,10 @@ void plan_time(const Shape& s, const HardwareProfile& hw, const AttentionWork& w
   // each): the bytes each moves in the run's dtype over its rate, for the
   // elements the step's kernels were asked for (count_step).
   double memory_s = 0;
-  for (const auto& [kernel, elements] : counted.kernels) {
-    if (kernel == "gemm") continue;  // priced per projection above
-    const ElementwiseKernel& k = elementwise_kernel(kernel);
-    const double bytes = elements * double(k.bytes_per_element(dtype));
-    if (bytes == 0) continue;  // not run in this dtype
-    memory_s += bytes / hw.elementwise_bandwidth_of(kernel);
+  for (const ElementwiseKernel& k : elementwise_kernels()) {
+    const double bytes = counted.kernels[static_cast<std::size_t>(k.id)] * double(k.bytes_per_element(dtype));
+    if (bytes == 0) continue;  // not run in this dtype (gemm: priced per projection above)
+    memory_s += bytes / hw.elementwise_bandwidth_of(k.name());
   }
 
   double attention_s = 0;
@@ -536,25 +537,25 @@ const std::vector<ElementwiseKernel>& elementwise_kernels() {
   // GEMM outputs the kernels read (out_proj and MLP partial sums, the
   // activation's gradient) fp32 (4).
   static const std::vector<ElementwiseKernel> k = {
-      {"rmsnorm_forward", 8, 4, "read x, write y"},
-      {"rmsnorm_backward", 16, 14, "read x, dy and dx, write dx (accumulated; only x is bf16)"},
-      {"rope", 8, 8, "rotate q and k in place (forward or inverse), fp32 in both dtypes"},
-      {"residual_add", 12, 8, "read the residual and the fp32 GEMM output, write the residual"},
-      {"swiglu_forward", 12, 6, "read gate and up, write the activation"},
-      {"swiglu_backward", 20, 12, "read gate, up and the activation's fp32 gradient, write both gradients"},
-      {"cross_entropy", 8, 8, "per logit: read it, write its gradient (fp32 in both dtypes)"},
-      {"optimizer", 36, 36, "per parameter: zero the gradient (4), its norm (4), AdamW reads p, g, m, v "
+      {KernelId::rmsnorm_forward, 8, 4, "read x, write y"},
+      {KernelId::rmsnorm_backward, 16, 14, "read x, dy and dx, write dx (accumulated; only x is bf16)"},
+      {KernelId::rope, 8, 8, "rotate q and k in place (forward or inverse), fp32 in both dtypes"},
+      {KernelId::residual_add, 12, 8, "read the residual and the fp32 GEMM output, write the residual"},
+      {KernelId::swiglu_forward, 12, 6, "read gate and up, write the activation"},
+      {KernelId::swiglu_backward, 20, 12, "read gate, up and the activation's fp32 gradient, write both gradients"},
+      {KernelId::cross_entropy, 8, 8, "per logit: read it, write its gradient (fp32 in both dtypes)"},
+      {KernelId::optimizer, 36, 36, "per parameter: zero the gradient (4), its norm (4), AdamW reads p, g, m, v "
                             "and writes p, m, v (28), all fp32"},
-      {"convert", 0, 6, "bf16 only: round an fp32 GEMM output, gradient or weight to its bf16 copy "
+      {KernelId::convert, 0, 6, "bf16 only: round an fp32 GEMM output, gradient or weight to its bf16 copy "
                         "(read 4, write 2)"},
   };
   return k;
 }
 
-const ElementwiseKernel& elementwise_kernel(const std::string& name) {
+const ElementwiseKernel& elementwise_kernel(KernelId id) {
   for (const ElementwiseKernel& k : elementwise_kernels())
-    if (name == k.name) return k;
-  throw ConfigError("unknown elementwise kernel '" + name + "'");
+    if (k.id == id) return k;
+  throw ConfigError(std::string("the planner prices no elementwise kernel '") + kernel_name(id) + "'");
 }
 
 namespace {
@@ -591,7 +592,7 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
     p.valid = false;
     return p;
   }
-  const Shape s = make_shape(c, devices, threads_of(c, &profile));
+  const Shape s = make_shape(c, devices, threads_of(c, &profile), profile.kernels);
   p.dp = s.dp;
   p.fsdp = s.fsdp;
   plan_memory(c, s, p);
@@ -622,7 +623,7 @@ StrategyPlan plan_strategy(const RunConfig& c, const HardwareProfile& profile, c
   }
   add_attention_calls(s, hw, fwd_call, fwd_calls, "attention forward", p);
   add_attention_calls(s, hw, bwd_call, s.L, "attention backward", p);
-  const StepCount counted = count_step(c, devices, s.threads, static_cast<int>(devices - 1));
+  const StepCount counted = count_step(c, devices, s.threads, s.kernels, static_cast<int>(devices - 1));
   add_counted_collectives(s, hw, counted, p);
   for (const CommLine& line : p.comm) p.comm_bytes_sent += line.bytes_sent;
   plan_time(s, hw, w, counted, c.dtype, fwd_calls, p);

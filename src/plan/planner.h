@@ -21,6 +21,7 @@
 
 #include "comm/communicator.h"
 #include "core/config.h"
+#include "kernels/kernel_set.h"
 #include "core/memory.h"
 #include "core/mesh_shape.h"
 #include "plan/hardware.h"
@@ -167,13 +168,14 @@ StrategyPlan plan_strategy(const RunConfig& config, const HardwareProfile& hw,
 // kernel does not run in that dtype. `plan --measure` times these kernels in
 // both dtypes and divides these bytes, so the two cannot drift.
 struct ElementwiseKernel {
-  const char* name;
+  KernelId id;
+  const char* name() const { return kernel_name(id); }
   int64_t bytes_fp32, bytes_bf16;
   const char* what;
   int64_t bytes_per_element(DType dtype) const { return dtype == DType::bf16 ? bytes_bf16 : bytes_fp32; }
 };
 const std::vector<ElementwiseKernel>& elementwise_kernels();
-const ElementwiseKernel& elementwise_kernel(const std::string& name);  // ConfigError if unknown
+const ElementwiseKernel& elementwise_kernel(KernelId id);  // ConfigError if it is not priced
 
 // Communication of ONE context-parallel attention call (forward, or backward
 // when `backward`) on cp rank `cp_rank`, by operation, exactly as the

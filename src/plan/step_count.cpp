@@ -18,8 +18,8 @@ namespace longctx {
 
 namespace {
 
-StepCount run_step(const RunConfig& c, const MeshShape& shape, int64_t threads, int rank) {
-  const std::unique_ptr<Device> meta = Device::make_meta(static_cast<int>(threads));
+StepCount run_step(const RunConfig& c, const MeshShape& shape, int64_t threads, KernelTarget target, int rank) {
+  const std::unique_ptr<Device> meta = Device::make_meta(static_cast<int>(threads), counting_kernel_set(target));
   const DeviceScope on_meta(*meta);
   const Mesh mesh = Mesh::counting(shape, rank);
 
@@ -68,7 +68,7 @@ StepCount run_step(const RunConfig& c, const MeshShape& shape, int64_t threads, 
 
 }  // namespace
 
-StepCount count_step(const RunConfig& config, int64_t devices, int64_t threads, int rank) {
+StepCount count_step(const RunConfig& config, int64_t devices, int64_t threads, KernelTarget target, int rank) {
   RunConfig c = config;
   const MeshShape shape = c.mesh_shape(devices);
   c.dp = shape.dp;
@@ -76,7 +76,8 @@ StepCount count_step(const RunConfig& config, int64_t devices, int64_t threads, 
   // Each configuration once: the search asks again for the plans it compares.
   // The key is every config key's value (doubles by their bits), the
   // threads and the rank: built for every plan the search weighs, so plain.
-  std::string key = std::to_string(threads) + " threads, rank " + std::to_string(rank);
+  std::string key = std::to_string(threads) + " threads of " + kernel_target_name(target) + " kernels, rank " +
+                    std::to_string(rank);
   for (const ConfigKey& k : config_keys()) {
     key += '\n';
     key += k.name;
@@ -97,7 +98,7 @@ StepCount count_step(const RunConfig& config, int64_t devices, int64_t threads, 
     const auto it = counted.find(key);
     if (it != counted.end()) return it->second;
   }
-  StepCount step = run_step(c, shape, threads, rank);
+  StepCount step = run_step(c, shape, threads, target, rank);
   std::lock_guard<std::mutex> lock(mu);
   return counted.emplace(key, std::move(step)).first->second;
 }

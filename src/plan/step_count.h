@@ -25,6 +25,7 @@
 #include "core/config.h"
 #include "core/memory.h"
 #include "core/mesh_shape.h"
+#include "kernels/cpu/select.h"
 
 namespace longctx {
 
@@ -33,7 +34,9 @@ struct StepCount {
   // counted too; the planner takes them per call from count_cp_call
   // instead, on every ring rank, for the busiest.
   std::array<CommCounters, kMeshAxes.size()> axes{};
-  std::map<std::string, double> kernels;
+  // What each op was asked to do (Device::counted), by KernelId.
+  std::array<double, kNumKernels> kernels{};
+  double kernel(KernelId id) const { return kernels[static_cast<size_t>(id)]; }
   // The meta device's tracker: each category's peak and the peak of all
   // together (device pool), as the real step would allocate them.
   std::array<int64_t, kNumMemCategories> peaks{};
@@ -46,7 +49,8 @@ struct StepCount {
 };
 
 // `config` on `devices` devices (its data axes resolved from them), as world
-// rank `rank`, with `threads` kernel threads (per-thread scratch).
-StepCount count_step(const RunConfig& config, int64_t devices, int64_t threads, int rank);
+// rank `rank`, with `threads` kernel threads (per-thread scratch) of
+// `target`'s kernels (kernels/cpu/select.h: this host's, or an accelerator's).
+StepCount count_step(const RunConfig& config, int64_t devices, int64_t threads, KernelTarget target, int rank);
 
 }  // namespace longctx

@@ -90,20 +90,21 @@ ModelOptions model_options_from_config(const RunConfig& c, const Mesh& mesh) {
 
 SystemSettings::SystemSettings(const RunConfig& c)
     : threads_(omp_get_max_threads()),
-      gemm_thread_count_independent_(gemm_thread_count_independent()),
       device_budget_(MemoryTracker::global().budget()),
       host_budget_(MemoryTracker::global().host_budget()),
       collective_timeout_seconds_(collective_timeout_seconds()) {
   set_collective_timeout_seconds(static_cast<double>(c.collective_timeout_seconds));  // first: the one that can throw
   if (c.num_threads > 0) omp_set_num_threads(static_cast<int>(c.num_threads));
-  set_gemm_thread_count_independent(c.deterministic_across_thread_counts);
+  KernelSet kernels = device_of(static_cast<const void*>(nullptr)).kernels();  // the CPU device this thread runs on
+  kernels.gemm_thread_count_independent = c.deterministic_across_thread_counts;
+  device_ = Device::make_cpu(std::move(kernels));
+  on_device_.emplace(*device_);
   MemoryTracker::global().set_budget(static_cast<size_t>(c.device_memory_budget));
   MemoryTracker::global().set_host_budget(static_cast<size_t>(c.host_memory_budget));
 }
 
 SystemSettings::~SystemSettings() {
   omp_set_num_threads(threads_);
-  set_gemm_thread_count_independent(gemm_thread_count_independent_);
   MemoryTracker::global().set_budget(device_budget_);
   MemoryTracker::global().set_host_budget(host_budget_);
   set_collective_timeout_seconds(collective_timeout_seconds_);

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "comm/mesh.h"
@@ -27,6 +28,7 @@
 #include "cp/layout.h"
 #include "model/llama.h"
 #include "train/checkpoint.h"
+#include "core/device.h"
 #include "train/data.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
@@ -34,12 +36,13 @@
 namespace longctx {
 
 ModelOptions model_options_from_config(const RunConfig& config, const Mesh& mesh);
-// The config's process-wide switches: num_threads, the thread-count-
-// independent GEMMs, device_memory_budget, host_memory_budget and
+// The config's process-wide switches: num_threads, device_memory_budget, host_memory_budget and
 // collective_timeout_seconds. Whoever runs a config owns one (the Trainer,
 // evaluate()): set while it lives, and the values from before it back when
 // it ends, so that runs one after another in a process (tests, a sweep)
-// never inherit each other's switches.
+// never inherit each other's switches. The run's own kernel settings (the
+// thread-count-independent GEMMs) are its CPU device's: the calling
+// thread's current device while it lives (a DeviceScope).
 class SystemSettings {
  public:
   explicit SystemSettings(const RunConfig& config);
@@ -49,7 +52,8 @@ class SystemSettings {
 
  private:
   int threads_;
-  bool gemm_thread_count_independent_;
+  std::unique_ptr<Device> device_;
+  std::optional<DeviceScope> on_device_;
   size_t device_budget_, host_budget_;
   double collective_timeout_seconds_;
 };

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 
+#include "pinned_kernels.h"
 #include "comm/mesh.h"
 #include "core/cp_strategy.h"
 #include "cp/cp_selfcheck.h"
@@ -87,7 +88,7 @@ void check_all_bf16(CpStrategy s, int ulysses) {
   if (attention_fused_tiles_supported()) paths.push_back(AttentionTilePath::bf16_fused);
   if (attention_dot_tiles_supported()) paths.push_back(AttentionTilePath::bf16_dot);
   for (AttentionTilePath path : paths) {
-    set_attention_tile_path(path);
+    const PinnedKernels pinned(KernelPin{path});
     int n = 0;
     for (const char* mask : kMasks)
       for (const Gqa& g : kGqa) {
@@ -105,7 +106,6 @@ void check_all_bf16(CpStrategy s, int ulysses) {
         EXPECT_LE(r.err_dv, 1.0);
       }
   }
-  set_attention_tile_path(AttentionTilePath::automatic);
 }
 
 // The usp factors a strategy runs at on every rank of this world: the

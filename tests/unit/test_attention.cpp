@@ -19,6 +19,7 @@
 #include "kernels/attention_fused_impl.h"
 #include "kernels/exp2_poly.h"
 #include "kernels/portable_lanes.h"
+#include "pinned_kernels.h"
 #include "random_data.h"
 #include "run_command.h"
 
@@ -245,20 +246,13 @@ void expect_within_tolerance(const Problem& p, const Outputs& fast, const Output
 struct PathVariant {
   AttentionTilePath path;
   const attn::DotTileKernels* dot = nullptr;
+  int64_t kv_blocks = 0, q_blocks = 0;  // the backward's kv blocks, bf16_dot forward's q blocks per unit (0: automatic)
 };
 std::string name_of(const PathVariant& v) {
   return v.dot ? std::string("bf16 tiles, ") + v.dot->isa : attention_tile_path_name(v.path);
 }
-// Runs the kernel on `v` from now on; use({AttentionTilePath::automatic}) restores the automatic choice.
-void use(const PathVariant& v) {
-  if (v.path == AttentionTilePath::automatic) {
-    set_attention_tile_path(v.path);
-    attn::set_dot_tile_kernels(nullptr);
-    return;
-  }
-  attn::set_dot_tile_kernels(v.dot);
-  set_attention_tile_path(v.path);
-}
+// The kernel set that runs `v` (for a PinnedKernels scope).
+KernelPin pin_of(const PathVariant& v) { return {v.path, v.dot, v.kv_blocks, v.q_blocks}; }
 
 // The backward's kv blocks per unit to test on a path: f32_fused's
 // backward runs 1 and 4 (forced: these shapes are too small for the
@@ -287,11 +281,8 @@ void expect_matches_reference(Problem p, const std::string& what) {
     for (int64_t kv_blocks : backward_kv_blocks_of(path)) {
       SCOPED_TRACE(what + " " + attention_tile_path_name(path) + ", backward units of " +
                    std::to_string(kv_blocks) + " kv blocks");
-      set_attention_tile_path(path);
-      set_attention_backward_kv_blocks(kv_blocks);
+      const PinnedKernels pinned(KernelPin{path, nullptr, kv_blocks});
       Outputs fast = run(p, KernelImpl::fast, &ref.lse, &delta);
-      set_attention_tile_path(AttentionTilePath::automatic);
-      set_attention_backward_kv_blocks(0);
       expect_within_tolerance(p, fast, ref);
     }
 }
@@ -379,9 +370,8 @@ TEST(Attention, FullyMaskedRowsGiveZeroOutputAndNoNaN) {
     p->init();
     for (AttentionTilePath path : f32_paths()) {
       SCOPED_TRACE(attention_tile_path_name(path));
-      set_attention_tile_path(path);
+      const PinnedKernels pinned(KernelPin{path});
       Outputs fast = run(*p, KernelImpl::fast);
-      set_attention_tile_path(AttentionTilePath::automatic);
       int64_t masked_rows = 0;
       for (int64_t r = 0; r < p->Sq * p->H; ++r) {
         if (fast.lse[r] != kNegInf) continue;
@@ -768,7 +758,7 @@ Bf16Check run_bf16(Problem problem, PathVariant variant) {
     c.p_s = scale * g_D * M + 3 * u32 * (scale * M + max_abs(c.ref.lse));
   }
 
-  use(variant);
+  const PinnedKernels pinned(pin_of(variant));
   EXPECT_EQ(attention_tile_path(DType::bf16), path);
   AttentionArgs a = p.args();
   a.q = p.qview(in.q), a.k = p.kvview(in.k), a.v = p.kvview(in.v);
@@ -780,7 +770,6 @@ Bf16Check run_bf16(Problem problem, PathVariant variant) {
   c.fast.dv.assign(c.ref.dv.size(), 0.0f);
   attention_backward(a, p.qview(in.dout), c.ref.lse.data(), delta.data(), p.qview(c.fast.dq),
                      p.kvview(c.fast.dk), p.kvview(c.fast.dv));
-  use({AttentionTilePath::automatic});
   return c;
 }
 
@@ -789,7 +778,7 @@ Bf16Check run_bf16(Problem problem, PathVariant variant) {
 std::vector<const attn::DotTileKernels*> dot_kernel_sets() {
   std::vector<const attn::DotTileKernels*> sets = {attn::dot_tile_kernels_portable_lanes(),
                                                    attn::dot_tile_kernels_portable_tiles()};
-  for (const attn::DotTileKernels* k : {attn::dot_tile_kernels_avx512bf16(), attn::dot_tile_kernels_amx()})
+  for (const attn::DotTileKernels* k : {cpu_isa_kernels().dot_avx512bf16, cpu_isa_kernels().dot_amx})
     if (k) sets.push_back(k);
   return sets;
 }
@@ -813,11 +802,9 @@ void expect_bf16_within_bounds(Problem p, const std::string& what) {
       const int64_t q_blocks = path.path == AttentionTilePath::bf16_dot ? (kv_blocks == 8 ? 8 : 4) : 0;
       SCOPED_TRACE(what + " " + name_of(path) + ", backward units of " + std::to_string(kv_blocks) +
                    " kv blocks" + (q_blocks ? ", forward units of " + std::to_string(q_blocks) + " q blocks" : ""));
-      set_attention_backward_kv_blocks(kv_blocks);
-      set_attention_dot_forward_q_blocks(q_blocks);
-      Bf16Check c = run_bf16(p, path);
-      set_attention_backward_kv_blocks(0);
-      set_attention_dot_forward_q_blocks(0);
+      PathVariant pinned = path;
+      pinned.kv_blocks = kv_blocks, pinned.q_blocks = q_blocks;
+      Bf16Check c = run_bf16(p, pinned);
       const auto v = c.violations_of(c.fast);
       EXPECT_EQ(v[0], 0) << "O";
       EXPECT_EQ(v[1], 0) << "LSE";
@@ -971,7 +958,7 @@ TEST(AttentionBf16, NaNInputsReachTheOutputNeverLookMasked) {
     SCOPED_TRACE(name_of(variant));
     const AttentionTilePath path = variant.path;
     const bool f32 = path == AttentionTilePath::f32 || path == AttentionTilePath::f32_fused;
-    use(variant);
+    const PinnedKernels pinned(pin_of(variant));
     AttentionArgs a = p.args();
     if (!f32) a.q = p.qview(in.q), a.k = p.kvview(in.k), a.v = p.kvview(in.v);
     std::vector<float> o(p.Sq * p.q_row(), 0.0f), lse(p.Sq);
@@ -1001,7 +988,6 @@ TEST(AttentionBf16, NaNInputsReachTheOutputNeverLookMasked) {
                        p.kvview(dk), p.kvview(dv));
     EXPECT_TRUE(std::isnan(dq[150 * p.q_row()]));
     EXPECT_TRUE(std::isfinite(dq[10 * p.q_row()]));
-    use({AttentionTilePath::automatic});
   }
 }
 
@@ -1035,35 +1021,42 @@ TEST(AttentionBf16, RejectsMixedInputDtypesAndBf16Gradients) {
 
 TEST(AttentionBf16, ScratchBytesFollowTheTilePath) {
   const int64_t b = kAttentionTile, D = 64;
+  auto set_for = [](AttentionTilePath path) { return pinned_set({path}); };
   // fp32: s, then for each of 4 q blocks acc, m, l and a Q copy, then K, V copies.
-  set_attention_tile_path(AttentionTilePath::f32);
-  const int64_t f32 = attention_forward_scratch_bytes(D, 1, DType::f32);
+  const int64_t f32 = attention_forward_scratch_bytes(D, 1, DType::f32, set_for(AttentionTilePath::f32));
   EXPECT_EQ(f32, (b * b + 4 * (b * D + 2 * b) + 6 * b * D) * 4);
-  const int64_t f32_backward = attention_backward_scratch_bytes(D, 1, DType::f32);
-  set_attention_tile_path(AttentionTilePath::bf16_widened);
-  EXPECT_EQ(attention_forward_scratch_bytes(D, 2, DType::bf16), 2 * f32);
-  EXPECT_EQ(attention_backward_scratch_bytes(D, 1, DType::bf16), f32_backward);
-  set_attention_tile_path(AttentionTilePath::bf16_native);  // bf16 tile copies plus one bf16 P/dS tile
-  EXPECT_EQ(attention_forward_scratch_bytes(D, 1, DType::bf16), (b * b + 4 * (b * D + 2 * b)) * 4 + (6 * b * D + b * b) * 2);
-  EXPECT_EQ(attention_backward_scratch_bytes(D, 1, DType::bf16), (2 * b * b + 3 * b * D) * 4 + (4 * b * D + b * b) * 2);
+  const int64_t f32_backward = attention_backward_scratch_bytes(D, 1, DType::f32, set_for(AttentionTilePath::f32));
+  const KernelSet widened = set_for(AttentionTilePath::bf16_widened);
+  EXPECT_EQ(attention_forward_scratch_bytes(D, 2, DType::bf16, widened), 2 * f32);
+  EXPECT_EQ(attention_backward_scratch_bytes(D, 1, DType::bf16, widened), f32_backward);
+  const KernelSet native = set_for(AttentionTilePath::bf16_native);  // bf16 tile copies plus one bf16 P/dS tile
+  EXPECT_EQ(attention_forward_scratch_bytes(D, 1, DType::bf16, native),
+            (b * b + 4 * (b * D + 2 * b)) * 4 + (6 * b * D + b * b) * 2);
+  EXPECT_EQ(attention_backward_scratch_bytes(D, 1, DType::bf16, native),
+            (2 * b * b + 3 * b * D) * 4 + (4 * b * D + b * b) * 2);
+  // An accelerator's kernels keep their tiles on chip: no scratch, whatever the host has.
+  const KernelSet accelerator = counting_kernel_set(KernelTarget::accelerator);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    EXPECT_EQ(attention_forward_scratch_bytes(D, 4, dt, accelerator), 0);
+    EXPECT_EQ(attention_backward_scratch_bytes(D, 4, dt, accelerator), 0);
+  }
   if (attention_fused_tiles_supported()) {
     // Forward: fp32 tile copies plus alpha [b]. Backward, for units of 4 kv
     // blocks: s, dp; per kv block dK, dV accumulators, and row-major Q, dO,
     // with rows padded to the panel; dQ; per kv block K, V; Q, dO panels;
     // lse2, delta and ones [b].
-    const int64_t panel = attn::fused_tile_kernels()->panel;
+    const int64_t panel = cpu_kernel_set().fused->panel;
     for (AttentionTilePath fused : {AttentionTilePath::f32_fused, AttentionTilePath::bf16_fused}) {
-      set_attention_tile_path(fused);
+      const KernelSet set = set_for(fused);
       const DType dt = fused == AttentionTilePath::f32_fused ? DType::f32 : DType::bf16;
-      EXPECT_EQ(attention_forward_scratch_bytes(D, 1, dt), f32 + b * 4);
+      EXPECT_EQ(attention_forward_scratch_bytes(D, 1, dt, set), f32 + b * 4);
       for (int64_t d : {D, int64_t{72}}) {
         const int64_t padded = (d + panel - 1) / panel * panel;
-        EXPECT_EQ(attention_backward_scratch_bytes(d, 1, dt),
+        EXPECT_EQ(attention_backward_scratch_bytes(d, 1, dt, set),
                   (2 * b * b + 8 * b * padded + b * d + 2 * b * padded + 8 * b * d + 2 * b * d + 3 * b) * 4);
       }
     }
   }
-  set_attention_tile_path(AttentionTilePath::automatic);
 }
 
 // ---- the fused kernels, AVX2 against AVX-512 ------------------------------
@@ -1168,8 +1161,8 @@ BackwardTileState run_fused_backward_tile(const attn::FusedTileKernels& f, const
 std::vector<std::pair<const attn::FusedTileKernels*, const attn::FusedTileKernels*>> widths_to_compare() {
   std::vector<std::pair<const attn::FusedTileKernels*, const attn::FusedTileKernels*>> pairs = {
       {&kPortable8, &kPortable16}};
-  if (attn::fused_tile_kernels_avx2()) pairs.push_back({attn::fused_tile_kernels_avx2(), &kPortable8});
-  if (attn::fused_tile_kernels_avx512()) pairs.push_back({attn::fused_tile_kernels_avx512(), &kPortable16});
+  if (const auto* avx2 = cpu_isa_kernels().fused_avx2) pairs.push_back({avx2, &kPortable8});
+  if (const auto* avx512 = cpu_isa_kernels().fused_avx512) pairs.push_back({avx512, &kPortable16});
   return pairs;
 }
 
@@ -1314,8 +1307,16 @@ TEST(AttentionBf16, PathsTheCpuLacksAreRefusedByName) {
   EXPECT_NE(bogus.status, 0);
   EXPECT_NE(bogus.output.find("LONGCTX_BF16_ATTENTION=bogus: not a bf16 attention path"), std::string::npos)
       << bogus.output;
-  if (!attention_dot_tiles_supported()) {  // in process too, where this CPU lacks them
-    EXPECT_THROW(set_attention_tile_path(AttentionTilePath::bf16_dot), ShapeError);
+  if (!attention_dot_tiles_supported()) {  // in process too, where this CPU lacks them: a ShapeError when it runs
+    Problem p = self_attention(130, 1, 1, 16, MaskSpec::causal());
+    p.init();
+    Bf16Inputs in = round_to_bf16(p);
+    AttentionArgs a = p.args();
+    a.q = p.qview(in.q), a.k = p.kvview(in.k), a.v = p.kvview(in.v);
+    std::vector<bf16> o(p.q.size());
+    std::vector<float> lse(p.Sq * p.H);
+    const PinnedKernels pinned(KernelPin{AttentionTilePath::bf16_dot});
+    EXPECT_THROW(attention_forward(a, p.qview(o), lse.data()), ShapeError);
   }
 }
 
@@ -1354,8 +1355,8 @@ TEST(DotSoftmax, ShortExp2IsWithinItsStatedErrorAndExactAtTheEdges) {
 // 1 + x down and a twin that rounded to nearest would differ.
 TEST(DotSoftmax, TheCpusSoftmaxWritesItsTwinsBits) {
   const std::pair<const attn::DotTileKernels*, const attn::DotTileKernels*> pairs[] = {
-      {attn::dot_tile_kernels_avx512bf16(), attn::dot_tile_kernels_portable_lanes()},
-      {attn::dot_tile_kernels_amx(), attn::dot_tile_kernels_portable_tiles()}};
+      {cpu_isa_kernels().dot_avx512bf16, attn::dot_tile_kernels_portable_lanes()},
+      {cpu_isa_kernels().dot_amx, attn::dot_tile_kernels_portable_tiles()}};
   if (!pairs[0].first && !pairs[1].first) GTEST_SKIP() << "SKIPPED LOUDLY: this CPU runs no dot kernels of its own";
   constexpr int64_t P = attn::kDotPanel, panels = 2, cols = 77;  // odd, off every alignment
   constexpr float ninf = -std::numeric_limits<float>::infinity(), scale = 0.18033688f;
@@ -1416,7 +1417,7 @@ TEST(DotSoftmax, TheCpusSoftmaxWritesItsTwinsBits) {
 // so a byte either one leaves unwritten shows. Runs only where the CPU has
 // AMX (the bounds tests run the kernels through it there too).
 TEST(DotTiles, TheAmxPackWritesThePortableTwinsBytes) {
-  const attn::DotTileKernels* amx = attn::dot_tile_kernels_amx();
+  const attn::DotTileKernels* amx = cpu_isa_kernels().dot_amx;
   if (!amx) GTEST_SKIP() << "SKIPPED LOUDLY: this CPU has no AMX-BF16; the portable twin's pack is tested everywhere";
   const attn::DotTileKernels* twin = attn::dot_tile_kernels_portable_tiles();
   std::mt19937 gen(13);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "pinned_kernels.h"
 #include "kernels/attention.h"
 #include "kernels/ops.h"
 #include "random_data.h"
@@ -114,15 +115,12 @@ std::vector<std::vector<float>> run_attention_bf16(const AttentionProblem& p) {
 // shares the fused paths' units and dQ order (units of 8 kv blocks forced).
 TEST(Determinism, Bf16DotAttentionIsBitIdenticalAtAnyThreadCount) {
   if (!attention_dot_tiles_supported()) GTEST_SKIP() << "no AVX512-BF16 or AMX-BF16 on this CPU";
-  set_attention_tile_path(AttentionTilePath::bf16_dot);
-  set_attention_backward_kv_blocks(8);
+  const PinnedKernels pinned(KernelPin{AttentionTilePath::bf16_dot, nullptr, 8});
   for (const char* mask : {"causal", "local:300"}) {
     const AttentionProblem p = attention_problem(1000, 4, 2, 64, MaskSpec::parse(mask));
     expect_same_at_every_thread_count([&] { return run_attention_bf16(p); },
                                       mask + (" " + attention_tile_path_name(AttentionTilePath::bf16_dot)));
   }
-  set_attention_tile_path(AttentionTilePath::automatic);
-  set_attention_backward_kv_blocks(0);
 }
 
 TEST(Determinism, AttentionIsBitIdenticalAtAnyThreadCount) {
@@ -137,13 +135,10 @@ TEST(Determinism, AttentionIsBitIdenticalAtAnyThreadCount) {
   for (auto [path, kv_blocks] : cases)
     for (const char* mask : {"full", "causal", "local:300", "causal+segments"}) {
       AttentionProblem p = attention_problem(1000, 4, 2, 64, MaskSpec::parse(mask));
-      set_attention_tile_path(path);
-      set_attention_backward_kv_blocks(kv_blocks);
+      const PinnedKernels pinned(KernelPin{path, nullptr, kv_blocks});
       expect_same_at_every_thread_count([&] { return run_attention(p); },
                                         mask + (" " + attention_tile_path_name(path)) + ", backward units of " +
                                             std::to_string(kv_blocks) + " kv blocks");
-      set_attention_tile_path(AttentionTilePath::automatic);
-      set_attention_backward_kv_blocks(0);
     }
 }
 

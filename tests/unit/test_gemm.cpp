@@ -2,6 +2,8 @@
 // transpose, odd shapes, alpha and beta (accumulate), leading dimensions wider
 // than the rows, and concurrent calls from OpenMP threads.
 #include <gtest/gtest.h>
+
+#include <optional>
 #include <omp.h>
 
 #include <cmath>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "kernels/gemm.h"
+#include "pinned_kernels.h"
 
 using namespace longctx;
 
@@ -77,10 +80,19 @@ double worst_error_over_bound(const Problem& p, uint32_t seed) {
 // K = 600 into 3 chunks, M = 700 rows of op(A) into 3 blocks and N = 700
 // columns of op(B) into 3 blocks, for every transpose, beta 0 (C NaN) and
 // accumulating, and one row.
+// The CPU's kernel set with gemm_bf16 on `path`, widening within `widen_floats`.
+KernelSet gemm_set(Bf16GemmPath path, int64_t widen_floats = int64_t(1) << 24, bool independent = false) {
+  KernelSet set = cpu_kernel_set();
+  set.gemm_bf16 = path;
+  set.gemm_widen_floats = widen_floats;
+  set.gemm_thread_count_independent = independent;
+  return set;
+}
+
 TEST(GemmBf16, MatchesFloat64ReferenceForEveryTransposeAndScale) {
   std::printf("gemm_bf16 here: %s\n", gemm_bf16_implementation(64).c_str());
   for (Bf16GemmPath path : {Bf16GemmPath::native, Bf16GemmPath::widened}) {
-    force_gemm_bf16_path(path);
+    std::optional<PinnedKernels> pinned(std::in_place, gemm_set(path));
     SCOPED_TRACE(gemm_bf16_implementation(64));
     uint32_t seed = 1;
     for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {7, 13, 5}, {33, 17, 129}, {96, 64, 200}})
@@ -92,7 +104,7 @@ TEST(GemmBf16, MatchesFloat64ReferenceForEveryTransposeAndScale) {
                                             << " alpha=" << alpha << " beta=" << beta);
             EXPECT_LE(worst_error_over_bound(p, seed++), 1.0);
           }
-    set_gemm_bf16_widen_floats(1 << 14);
+    pinned.emplace(gemm_set(path, 1 << 14));
     for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{700, 40, 600}, {40, 700, 600}, {1, 700, 600}})
       for (bool ta : {false, true})
         for (bool tb : {false, true}) {
@@ -100,22 +112,17 @@ TEST(GemmBf16, MatchesFloat64ReferenceForEveryTransposeAndScale) {
           SCOPED_TRACE(testing::Message() << M << "x" << N << "x" << K << " ta=" << ta << " tb=" << tb);
           EXPECT_LE(worst_error_over_bound(p, seed++), 1.0);
         }
-    set_gemm_bf16_widen_floats(1 << 24);
   }
-  force_gemm_bf16_path(Bf16GemmPath::automatic);
 }
 
 // The widened path's copies stay within its budget however wide the product
 // (a vocabulary-wide output: N cut into blocks) or deep (K cut into chunks).
 TEST(GemmBf16, WidenedCopiesStayWithinTheirBudget) {
-  force_gemm_bf16_path(Bf16GemmPath::widened);
-  set_gemm_bf16_widen_floats(1 << 20);
+  const PinnedKernels pinned(gemm_set(Bf16GemmPath::widened, 1 << 20));
   EXPECT_LE(worst_error_over_bound({2, 40000, 64, false, true, 1.0f, 0.0f}, 11), 1.0);
   EXPECT_LE(worst_error_over_bound({3, 5, 9000, true, false, 1.0f, 1.0f}, 12), 1.0);
   EXPECT_GT(gemm_bf16_widen_scratch_floats(), 0);
   EXPECT_LE(gemm_bf16_widen_scratch_floats(), 1 << 20);
-  set_gemm_bf16_widen_floats(1 << 24);
-  force_gemm_bf16_path(Bf16GemmPath::automatic);
 }
 
 // The primitive cache is shared: threads running different shapes at once
@@ -128,26 +135,28 @@ TEST(GemmBf16, ConcurrentCallsMatchSerialOnes) {
   const std::vector<Problem> problems = {{17, 9, 31, false, true, 1, 0}, {8, 40, 16, true, false, 1, 1},
                                          {64, 64, 64, false, false, 0.5f, 0}, {5, 3, 300, true, true, 1, 0},
                                          {320, 96, 64, false, true, 1, 0}, {128, 128, 128, true, false, 1, 1}};
-  auto run = [&](const Problem& p, std::vector<float>& C) {
+  // On the worker threads too: the set is passed, as the attention tiles pass theirs.
+  auto run = [&](const KernelSet& set, const Problem& p, std::vector<float>& C) {
     std::mt19937 rng(7);
     const int64_t lda = p.ta ? p.M : p.K, ldb = p.tb ? p.K : p.N;
     const std::vector<bf16> A = random_bf16(p.M * p.K, rng), B = random_bf16(p.K * p.N, rng);
     C.assign(p.M * p.N, 1.0f);
-    gemm_bf16(p.ta, p.tb, p.M, p.N, p.K, p.alpha, A.data(), lda, B.data(), ldb, p.beta, C.data(), p.N);
+    gemm_bf16_on(set, set.gemm_bf16, p.ta, p.tb, p.M, p.N, p.K, p.alpha, A.data(), lda, B.data(), ldb, p.beta,
+                 C.data(), p.N);
   };
   for (Bf16GemmPath path : {Bf16GemmPath::native, Bf16GemmPath::widened}) {
-    force_gemm_bf16_path(path);
+    const KernelSet set = gemm_set(path);
+    const PinnedKernels pinned(set);
     SCOPED_TRACE(gemm_bf16_implementation(64));
     std::vector<std::vector<float>> serial(problems.size()), parallel(problems.size() * 8);
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
-    for (size_t i = 0; i < problems.size(); ++i) run(problems[i], serial[i]);
+    for (size_t i = 0; i < problems.size(); ++i) run(set, problems[i], serial[i]);
     omp_set_num_threads(threads);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(4)
-    for (int64_t t = 0; t < int64_t(parallel.size()); ++t) run(problems[t % problems.size()], parallel[t]);
+    for (int64_t t = 0; t < int64_t(parallel.size()); ++t) run(set, problems[t % problems.size()], parallel[t]);
     for (size_t t = 0; t < parallel.size(); ++t) EXPECT_EQ(parallel[t], serial[t % problems.size()]) << t;
   }
-  force_gemm_bf16_path(Bf16GemmPath::automatic);
 }
 
 // gemm_f32 outside a parallel region, thread-count independent: the same bits at 1, 2 and 3 threads,
@@ -161,7 +170,6 @@ TEST(GemmF32, BitIdenticalAtAnyThreadCountAndCorrect) {
                                      {true, false, 300, 40, 4500, 0.5f},  // K chunks, beta scales C
                                      {false, false, 3, 5, 7, 0.0f}};      // one piece
   const int threads = omp_get_max_threads();
-  set_gemm_thread_count_independent(true);
   for (const Shape& s : shapes) {
     SCOPED_TRACE(testing::Message() << "ta=" << s.ta << " tb=" << s.tb << " " << s.M << "x" << s.N << "x" << s.K);
     const int64_t lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
@@ -181,6 +189,7 @@ TEST(GemmF32, BitIdenticalAtAnyThreadCountAndCorrect) {
       }
       return results;
     };
+    std::optional<PinnedKernels> pinned(std::in_place, gemm_set(Bf16GemmPath::automatic, 1 << 24, true));
     const std::vector<std::vector<float>> out = at_1_2_3_threads([&](float* C) {
       gemm_f32(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, s.beta, C, s.N);
     });
@@ -191,16 +200,14 @@ TEST(GemmF32, BitIdenticalAtAnyThreadCountAndCorrect) {
     round_to_bf16(B.data(), B16.data(), int64_t(B.size()));
     // Both paths; widened under a small budget, so its cuts are in play too.
     for (Bf16GemmPath path : {Bf16GemmPath::native, Bf16GemmPath::widened}) {
-      force_gemm_bf16_path(path);
-      set_gemm_bf16_widen_floats(path == Bf16GemmPath::widened ? 1 << 14 : 1 << 24);
+      pinned.emplace(gemm_set(path, path == Bf16GemmPath::widened ? 1 << 14 : 1 << 24, true));
       const std::vector<std::vector<float>> out16 = at_1_2_3_threads([&](float* C) {
         gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A16.data(), lda, B16.data(), ldb, s.beta, C, s.N);
       });
       EXPECT_TRUE(out16[1] == out16[0]) << gemm_bf16_implementation(64) << ": 2 threads differ from 1";
       EXPECT_TRUE(out16[2] == out16[0]) << gemm_bf16_implementation(64) << ": 3 threads differ from 1";
     }
-    force_gemm_bf16_path(Bf16GemmPath::automatic);
-    set_gemm_bf16_widen_floats(1 << 24);
+    pinned.reset();
     omp_set_num_threads(threads);
     EXPECT_TRUE(out[1] == out[0]) << "2 threads differ from 1";
     EXPECT_TRUE(out[2] == out[0]) << "3 threads differ from 1";
@@ -216,5 +223,4 @@ TEST(GemmF32, BitIdenticalAtAnyThreadCountAndCorrect) {
       }
     EXPECT_LE(worst, 1.0);
   }
-  set_gemm_thread_count_independent(false);
 }

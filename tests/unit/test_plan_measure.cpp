@@ -32,13 +32,13 @@ void expect_measured(const KernelTables& t, DType dtype) {
     positive(t.attention_partial_tile_cost.at(kind), kind);
   }
   for (const ElementwiseKernel& k : elementwise_kernels()) {
-    const auto it = t.elementwise_bandwidth_per_kernel.find(k.name);
+    const auto it = t.elementwise_bandwidth_per_kernel.find(k.name());
     if (k.bytes_per_element(dtype) == 0) {
-      EXPECT_TRUE(it == t.elementwise_bandwidth_per_kernel.end()) << what << ": " << k.name << " does not run in it";
+      EXPECT_TRUE(it == t.elementwise_bandwidth_per_kernel.end()) << what << ": " << k.name() << " does not run in it";
       continue;
     }
-    ASSERT_TRUE(it != t.elementwise_bandwidth_per_kernel.end()) << what << ": " << k.name << " not measured";
-    EXPECT_TRUE(std::isfinite(it->second) && it->second > 0) << what << " " << k.name;
+    ASSERT_TRUE(it != t.elementwise_bandwidth_per_kernel.end()) << what << ": " << k.name() << " not measured";
+    EXPECT_TRUE(std::isfinite(it->second) && it->second > 0) << what << " " << k.name();
   }
 }
 

@@ -141,7 +141,7 @@ TEST(PlanTime, Bf16PlansUseTheBf16Tables) {
     t.matmul_efficiency_per_width = {{16, matmul}, {4096, matmul}};
     t.attention_efficiency_per_head_dim = {{16, attention}};
     t.attention_forward_efficiency_per_head_dim = {{16, forward}};
-    for (const ElementwiseKernel& k : elementwise_kernels()) t.elementwise_bandwidth_per_kernel[k.name] = 1e30;
+    for (const ElementwiseKernel& k : elementwise_kernels()) t.elementwise_bandwidth_per_kernel[k.name()] = 1e30;
     t.elementwise_bandwidth_per_kernel["swiglu_forward"] = swiglu_bw;
     t.elementwise_bandwidth_per_kernel["convert"] = convert_bw;
     return t;
@@ -276,7 +276,7 @@ TEST(PlanTime, ElementwiseCountsTheRecomputedKernels) {
   // what backward recomputes per layer: the attention norm (8 bytes per
   // element), RoPE on q and k (8), the out_proj residual add (12).
   HardwareProfile h = round_profile();
-  for (const ElementwiseKernel& k : elementwise_kernels()) h.elementwise_bandwidth_per_kernel[k.name] = 1.0;
+  for (const ElementwiseKernel& k : elementwise_kernels()) h.elementwise_bandwidth_per_kernel[k.name()] = 1.0;
   const RunConfig none = small_config("causal", 256, "none"), full = small_config("causal", 256, "full");
   const double N = 256, d = 64, qk = (4 + 2) * 16, L = 2;
   EXPECT_NEAR(plan(full, h).elementwise_seconds - plan(none, h).elementwise_seconds,

@@ -253,18 +253,20 @@ TEST(Train, SystemSettingsHoldWhileTheirOwnerLivesAndAreRestoredAfter) {
   const int threads_outside = omp_get_max_threads();
   omp_set_num_threads(2);
   const double timeout_before = collective_timeout_seconds();
-  const bool gemm_before = gemm_thread_count_independent();
+  const bool gemm_before = current_kernels().gemm_thread_count_independent;
+  const Device* device_before = &Device::current();
   const size_t budget_before = MemoryTracker::global().budget(), host_before = MemoryTracker::global().host_budget();
   {
     const Trainer trainer(c, one_rank());
     EXPECT_EQ(omp_get_max_threads(), 1);
-    EXPECT_TRUE(gemm_thread_count_independent());
+    EXPECT_TRUE(current_kernels().gemm_thread_count_independent);  // the run's CPU device
     EXPECT_EQ(MemoryTracker::global().budget(), size_t(1) << 40);
     EXPECT_EQ(MemoryTracker::global().host_budget(), size_t(1) << 39);
     EXPECT_EQ(collective_timeout_seconds(), 123.0);
   }
   EXPECT_EQ(omp_get_max_threads(), 2);
-  EXPECT_EQ(gemm_thread_count_independent(), gemm_before);
+  EXPECT_EQ(current_kernels().gemm_thread_count_independent, gemm_before);
+  EXPECT_EQ(&Device::current(), device_before);
   EXPECT_EQ(MemoryTracker::global().budget(), budget_before);
   EXPECT_EQ(MemoryTracker::global().host_budget(), host_before);
   EXPECT_EQ(collective_timeout_seconds(), timeout_before);
