@@ -88,9 +88,10 @@ const CpCallCount& count_cp_call(const CpCallShape& s, int64_t cp_rank) {
   // The planner asks for the same call many times (every lever rung of a
   // strategy and cp): count each once.
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t,
-                         int64_t, std::string, int, int64_t>;
+                         int64_t, std::string, int, int64_t, std::string>;
   const Key key{static_cast<int>(s.strategy), s.cp, s.ulysses, s.B, s.L, s.H, s.G, s.D, s.segments, s.threads,
-                s.ring_chunk_tokens, s.element_bytes, s.mask.to_string(), static_cast<int>(s.layout), cp_rank};
+                s.ring_chunk_tokens, s.element_bytes, s.mask.to_string(), static_cast<int>(s.layout), cp_rank,
+                counting_key(s.kernels)};
   static std::mutex mu;
   static std::map<Key, CpCallCount> counted;
   {

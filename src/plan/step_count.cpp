@@ -76,7 +76,7 @@ StepCount count_step(const RunConfig& config, int64_t devices, int64_t threads, 
   // Each configuration once: the search asks again for the plans it compares.
   // The key is every config key's value (doubles by their bits), the
   // threads and the rank: built for every plan the search weighs, so plain.
-  std::string key = std::to_string(threads) + " threads of " + kernel_target_name(target) + " kernels, rank " +
+  std::string key = std::to_string(threads) + " threads of " + counting_key(target) + " kernels, rank " +
                     std::to_string(rank);
   for (const ConfigKey& k : config_keys()) {
     key += '\n';

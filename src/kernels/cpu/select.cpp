@@ -218,7 +218,8 @@ KernelTarget kernel_target_of(const std::string& name) {
 
 KernelSet counting_kernel_set(KernelTarget target) {
   if (target == KernelTarget::cpu) {
-    KernelSet set = cpu_kernel_set();
+    // The calling thread's CPU device's: the CPU's set, or one a test pinned.
+    KernelSet set = device_of(static_cast<const void*>(nullptr)).kernels();
     set.name = "counting: this host's cpu kernels";
     set.counts = true;
     return set;
@@ -234,6 +235,14 @@ KernelSet counting_kernel_set(KernelTarget target) {
   set.bf16_attention = AttentionTilePath::bf16_native;
   set.gemm_bf16 = Bf16GemmPath::native;
   return set;
+}
+
+std::string counting_key(KernelTarget target) {
+  if (target == KernelTarget::accelerator) return kernel_target_name(target);
+  const KernelSet& set = device_of(static_cast<const void*>(nullptr)).kernels();
+  const AttentionTilePath f32 = set.attention_path(DType::f32), bf16 = set.attention_path(DType::bf16);
+  return std::string("cpu ") + std::to_string(int(f32)) + " " + std::to_string(int(bf16)) + " " +
+         (set.fused ? set.fused->isa : "-") + " " + (set.dot ? set.dot->isa : "-");
 }
 
 std::string describe_kernel_set(const KernelSet& set) {

@@ -38,8 +38,14 @@ std::string gemm_bf16_choice();
 enum class KernelTarget { cpu, accelerator };
 const char* kernel_target_name(KernelTarget target);
 KernelTarget kernel_target_of(const std::string& name);  // ConfigError naming the choices
-// A meta device's set: counts, and allocates the target's scratch.
+// A meta device's set: counts, and allocates the target's scratch (cpu:
+// the calling thread's CPU device's kernels, the CPU's unless a test
+// pinned others; accelerator: nothing of the host's).
 KernelSet counting_kernel_set(KernelTarget target);
+// What a count with `target` depends on, for the planner's memos: the
+// target, and for a cpu target the scratch-relevant choices of the calling
+// thread's CPU kernels.
+std::string counting_key(KernelTarget target);
 
 // One line per op: the kernel `set` runs and why (longctx info).
 std::string describe_kernel_set(const KernelSet& set);
