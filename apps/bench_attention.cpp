@@ -20,7 +20,7 @@
 #include "core/tensor.h"
 #include "core/timer.h"
 #include "kernels/cpu/select.h"
-#include "kernels/attention.h"
+#include "kernels/attention/attention.h"
 #include "kernels/gemm.h"
 
 namespace longctx {
@@ -29,11 +29,12 @@ const char* const kBenchAttentionUsage =
     "usage: longctx bench attention [--batch B] [--seq S] [--kv-seq S] [--heads H]\n"
     "         [--kv-heads G] [--head-dim D] [--mask full|causal|local:W|chunked:C|documents:N]\n"
     "         [--dtype fp32|bf16] [--threads T] [--reps N] [--warmup N]\n"
-    "         [--clock wall|cpu] [--tile-path auto|gemm|widened|native|fused|dot] [--json]\n"
+    "         [--clock wall|cpu] [--tile-path auto|gemm|widened|native|fused|dot] [--gemm-size N] [--json]\n"
     "  defaults: B=1 S=8192 kv-seq=S H=8 G=H D=128 causal, all threads, 1 warm-up call, 3 timed\n"
     "  q rows are the last S positions of the kv sequence (end-aligned);\n"
     "  documents:N = N equal packed documents, causal within each;\n"
     "  --clock cpu times by process CPU seconds / threads (steadier on a shared machine);\n"
+    "  --gemm-size N: the reference GEMM's N^3 product (default 2048; smaller under emulation);\n"
     "  --tile-path: a tile path instead of the automatic choice (attention.h): fp32 gemm or\n"
     "    fused (f32, f32_fused); bf16 widened, native, fused or dot (bf16_widened, bf16_native, bf16_fused, bf16_dot)\n";
 
@@ -41,7 +42,7 @@ namespace {
 
 struct Flags {
   int64_t batch = 1, seq = 8192, kv_seq = 0, heads = 8, kv_heads = 0, head_dim = 128;
-  int64_t reps = 3, warmup = 1;
+  int64_t reps = 3, warmup = 1, gemm_size = 2048;
   std::string mask = "causal", dtype = "fp32", clock = "wall", tile_path = "auto";
   int threads = 0;
   bool json = false;
@@ -97,6 +98,7 @@ Flags parse_flags(const Args& args) {
     else if (a == "--head-dim") f.head_dim = positive(a, v);
     else if (a == "--threads") f.threads = static_cast<int>(positive(a, v));
     else if (a == "--reps") f.reps = positive(a, v);
+    else if (a == "--gemm-size") f.gemm_size = positive(a, v);
     else if (a == "--warmup") f.warmup = v == "0" ? 0 : positive(a, v);
     else if (a == "--mask") f.mask = v;
     else if (a == "--dtype") f.dtype = v;
@@ -166,11 +168,10 @@ Timing time_calls(bool cpu_clock, int64_t warmup, int64_t reps, F&& call) {
   return {median(t), *std::min_element(t.begin(), t.end())};
 }
 
-// The GEMM reference in `dtype`: measure_gemm_gflops on the wall clock; on
-// the CPU clock the same 2048^3 product, best of 5 after a warm-up.
-double gemm_gflops(bool cpu_clock, DType dtype) {
-  if (!cpu_clock) return measure_gemm_gflops(dtype);
-  const int64_t n = 2048;
+// The GEMM reference in `dtype`: measure_gemm_gflops of an n^3 product on
+// the wall clock; on the CPU clock the same product, best of 5 after a warm-up.
+double gemm_gflops(bool cpu_clock, DType dtype, int64_t n) {
+  if (!cpu_clock) return measure_gemm_gflops(dtype, n);
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
   std::vector<bf16> a16(n * n, bf16(0.5f)), b16(n * n, bf16(0.25f));
   auto once = [&] {
@@ -247,7 +248,7 @@ int run_bench_attention(const Args& args) {
   attention_forward(a, o.view(), lse.data(), &stats);  // also the stats of one call
 
   const bool cpu_clock = f.clock == "cpu";
-  const double gemm_before = gemm_gflops(cpu_clock, dt);
+  const double gemm_before = gemm_gflops(cpu_clock, dt, f.gemm_size);
   const Timing fwd = time_calls(cpu_clock, f.warmup, f.reps,
                                 [&] { attention_forward(a, o.view(), lse.data()); });
   attention_delta(o.view(), dout.view(), delta.data());
@@ -255,9 +256,9 @@ int run_bench_attention(const Args& args) {
     attention_backward(a, dout.view(), lse.data(), delta.data(), dq.view(), dk.view(), dv.view());
   });
   // The GEMM is measured on both sides, best kept: the machine may be shared.
-  const double gemm = std::max(gemm_before, gemm_gflops(cpu_clock, dt));
+  const double gemm = std::max(gemm_before, gemm_gflops(cpu_clock, dt, f.gemm_size));
   const std::string tile_path = attention_tile_path_name(attention_tile_path(dt));
-  const std::string gemm_name = dt == DType::bf16 ? "gemm_bf16: " + gemm_bf16_implementation(2048)
+  const std::string gemm_name = dt == DType::bf16 ? "gemm_bf16: " + gemm_bf16_implementation(f.gemm_size)
                                                   : std::string("oneDNN sgemm");
   const double fwd_gflops = fwd_flops / fwd.median / 1e9, bwd_gflops = bwd_flops / bwd.median / 1e9;
   const double fwd_best = fwd_flops / fwd.best / 1e9, bwd_best = bwd_flops / bwd.best / 1e9;
@@ -288,8 +289,8 @@ int run_bench_attention(const Args& args) {
               fwd_gflops / gemm, fwd_best, fwd_best / gemm);
   std::printf("backward %9.4f s  %7.1f GFLOP/s  %.2f x GEMM  (%.1f, %.2f)\n", bwd.median, bwd_gflops,
               bwd_gflops / gemm, bwd_best, bwd_best / gemm);
-  std::printf("gemm               %7.1f GFLOP/s  (%s, 2048^3, same threads, %s clock)\n", gemm,
-              gemm_name.c_str(), f.clock.c_str());
+  std::printf("gemm               %7.1f GFLOP/s  (%s, %lld^3, same threads, %s clock)\n", gemm,
+              gemm_name.c_str(), static_cast<long long>(f.gemm_size), f.clock.c_str());
   return 0;
 }
 

@@ -21,7 +21,7 @@
 #include "core/memory.h"
 #include "core/timer.h"
 #include "kernels/cpu/select.h"
-#include "kernels/attention.h"
+#include "kernels/attention/attention.h"
 #include "kernels/gemm.h"
 #include "model/llama.h"
 

@@ -23,7 +23,7 @@
 #include "core/cp_strategy.h"
 #include "core/error.h"
 #include "core/timer.h"
-#include "kernels/attention.h"
+#include "kernels/attention/attention.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "plan/emit.h"
@@ -39,13 +39,13 @@ namespace {
 
 using nlohmann::json;
 
-int run_measure(const std::string& output, bool quick) {
+int run_measure(const std::string& output, MeasureSize size) {
   const Communicator world = Communicator::world("measure");
   const int rank = world.rank(), P = world.size();
   if (P < 2 && rank == 0)
     std::fprintf(stderr, "warning: plan --measure on one rank: no links to time (placeholders); the compute "
                          "numbers describe one-rank runs. Measure under `mpiexec -n N` for N-rank runs.\n");
-  HardwareProfile h = measure_cpu_local_profile(world, quick);
+  HardwareProfile h = measure_cpu_local_profile(world, size);
   if (rank == 0) {
     std::string path = output.empty() ? default_hardware_dir() + "/cpu-local.yml" : output;
     save_hardware_profile(h, path);
@@ -367,7 +367,7 @@ const char* const kPlanUsage =
     "usage: longctx plan CONFIG.yml [key=value ...] [--hardware NAME] [--devices N]\n"
     "         [--device-memory BYTES] [--json] [--longest [--granule N]] [--emit maxtext|megatron]\n"
     "       mpiexec -n N longctx plan CONFIG.yml [key=value ...] --validate [--steps N] [--markdown FILE]\n"
-    "       mpiexec -n N longctx plan --measure [--output FILE] [--quick]\n"
+    "       mpiexec -n N longctx plan --measure [--output FILE] [--quick | --smoke]\n"
     "  --hardware NAME   configs/hardware/NAME.yml (default cpu-local; tpu-v5p, tpu-v7, h100, h200)\n"
     "  --devices N       devices to plan for (default: the config's mesh, which must fill them;\n"
     "                    ici_data_parallelism=-1 or ici_fsdp_parallelism=-1 takes what is left)\n"
@@ -377,7 +377,9 @@ const char* const kPlanUsage =
     "                    (what the framework cannot express: a '# not expressible' line)\n"
     "  --validate        run real training steps and compare them with the prediction\n"
     "  --measure         measure this machine's profile (GEMM, bandwidths, MPI links)\n"
-    "  --quick           with --measure: smaller sizes and fewer repeats (what train's auto does; seconds)\n";
+    "  --quick           with --measure: smaller sizes and fewer repeats (what train's auto does; seconds)\n"
+    "  --smoke           with --measure: the smallest sizes, once each: proves every measurement runs on\n"
+    "                    this CPU (CI under emulation); its numbers are no profile to plan a run with\n";
 
 int run_plan(const Args& args) {
   std::string config_path, hardware = "cpu-local", output;
@@ -386,7 +388,7 @@ int run_plan(const Args& args) {
   bool as_json = false, measure = false, validate = false, longest = false;
   int64_t granule = 1024;
   int64_t steps = 3;
-  bool quick = false;
+  bool quick = false, smoke = false;
   std::string markdown;
   std::optional<EmitFormat> emit;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -400,6 +402,7 @@ int run_plan(const Args& args) {
     else if (a == "--granule") granule = parse_int_flag("plan", a, value(), 1);
     else if (a == "--measure") measure = true;
     else if (a == "--quick") quick = true;
+    else if (a == "--smoke") smoke = true;
     else if (a == "--output") output = value();
     else if (a == "--validate") validate = true;
     else if (a == "--steps") steps = parse_int_flag("plan", a, value(), 1);
@@ -414,9 +417,10 @@ int run_plan(const Args& args) {
     else if (config_path.empty()) config_path = a;
     else throw ConfigError("plan: unexpected argument '" + a + "'");
   }
-  if (quick && !measure) throw ConfigError("plan: --quick applies to --measure only");
+  if ((quick || smoke) && !measure) throw ConfigError("plan: --quick and --smoke apply to --measure only");
+  if (quick && smoke) throw ConfigError("plan: --quick or --smoke, not both");
   if (emit && (measure || validate || longest)) throw ConfigError("plan: --emit prints a recommendation; not with --measure, --validate or --longest");
-  if (measure) return run_measure(output, quick);
+  if (measure) return run_measure(output, smoke ? MeasureSize::smoke : quick ? MeasureSize::quick : MeasureSize::full);
   if (config_path.empty())
     throw ConfigError(std::string("plan needs a config file\n") + kPlanUsage);
   if (validate)

@@ -51,7 +51,7 @@ void resolve_auto_strategy(RunConfig& config, const Communicator& world) {
       std::fflush(stderr);
     }
     Timer t;
-    hw = measure_cpu_local_profile(world, true);
+    hw = measure_cpu_local_profile(world, MeasureSize::quick);
     char buf[64];
     std::snprintf(buf, sizeof buf, "quick profile measured in %.1f s", t.seconds());
     source = buf;

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Sets up, builds, makes the transformers venv (build/venv-hf), runs every
-# test through ctest; then the unit and
+# Sets up, builds, prints what it tests on (`longctx info`: the CPU, its
+# features, each op's kernel), makes the transformers venv (build/venv-hf),
+# runs every test through ctest; then the unit and
 # 2-rank tests again under AddressSanitizer + UndefinedBehaviorSanitizer
 # (scripts/sanitize.sh, build-asan/), then each fuzz target for a bounded time
-# (scripts/fuzz.sh, build-fuzz/, 10 s each). Any failure fails the script.
+# (scripts/fuzz.sh, build-fuzz/, 10 s each), then the CPUs this machine is
+# not: a portable build's smoke subset under QEMU (scripts/qemu_smoke.sh,
+# build-portable/). Any failure fails the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh packages
@@ -15,6 +18,7 @@ mkdir -p build
 scripts/python_env.sh hf torch transformers safetensors > build/venv-hf.log 2>&1 &
 venv=$!
 scripts/setup.sh
+build/longctx info
 wait "$venv" || { echo "test.sh: no transformers venv (build/venv-hf.log): the transformers tests will SKIP" >&2; tail -3 build/venv-hf.log >&2; }
 # Twice the cores: most tests wait (mpiexec start-up, Python, sleeps of the
 # stop and watchdog tests) more than they compute (measured: 51 tests in 122 s
@@ -37,5 +41,8 @@ finish build/sanitize-build.log
 background build/fuzz-build.log env FUZZ_BUILD_ONLY=1 scripts/fuzz.sh
 SANITIZE_PHASE=test scripts/sanitize.sh
 finish build/fuzz-build.log
-job=
+background build/qemu-build.log env QEMU_SMOKE_PHASE=build scripts/qemu_smoke.sh
 FUZZ_SECONDS=${FUZZ_SECONDS:-10} scripts/fuzz.sh  # 10 s per target here; scripts/fuzz.sh alone: 20 s
+finish build/qemu-build.log
+job=
+QEMU_SMOKE_PHASE=test scripts/qemu_smoke.sh

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "core/device.h"
-#include "kernels/attention_dot.h"
+#include "kernels/attention/dot/dot.h"
 #include "kernels/cpu/select.h"
 
 namespace longctx {

@@ -21,7 +21,7 @@
 #include <cstdlib>
 #include <random>
 
-#include "kernels/attention_dot.h"
+#include "kernels/attention/dot/dot.h"
 
 using namespace longctx;
 

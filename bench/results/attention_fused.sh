@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fused tiles (src/kernels/attention_fused.h), forward and backward,
+# The fused tiles (src/kernels/attention/fused/fused.h), forward and backward,
 # against oneDNN's sgemm on the same tiles, fp32 and bf16, 1 and 2 threads,
 # interleaved in one run: `bench attention --tile-path` for each path, at
 # issue 10's shape (S=8192, H=G=8, D=128, causal) and at the bench-model

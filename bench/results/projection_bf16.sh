@@ -16,6 +16,9 @@ cat > "$dir/proj.cpp" <<'CPP'
 #include <cstdlib>
 #include <vector>
 #include "kernels/gemm.h"
+#include "core/device.h"
+#include "kernels/cpu/select.h"
+#include <memory>
 using namespace longctx;
 int main(int argc, char** argv) {
   const int64_t T = 4096, w = std::atoi(argv[1]);
@@ -42,7 +45,10 @@ int main(int argc, char** argv) {
     return 6.0 * T * w * w * sets / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
   };
   for (int budget : {1 << 24, 1 << 21, 1 << 19}) {
-    set_gemm_bf16_widen_floats(budget);
+    KernelSet set = cpu_kernel_set();  // the widening budget is the device's kernel set's
+    set.gemm_widen_floats = budget;
+    const std::unique_ptr<Device> device = Device::make_cpu(set);
+    const DeviceScope on_device(*device);
     double b32 = 0, b16 = 0;
     pass(true), pass(false);
     for (int r = 0; r < 5; ++r) b16 = std::max(b16, pass(true)), b32 = std::max(b32, pass(false));

@@ -4,7 +4,6 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
-#include "kernels/cpu/select.h"
 
 namespace longctx {
 
@@ -22,7 +21,7 @@ constexpr uintptr_t kMetaEnd = kMetaBase + (uintptr_t{1} << 62);
 
 }  // namespace
 
-Device::Device(bool meta, int kernel_threads, KernelSet kernels)
+Device::Device(bool meta, int kernel_threads, std::optional<KernelSet> kernels)
     : meta_(meta), kernel_threads_(kernel_threads), kernels_(std::move(kernels)),
       own_tracker_(meta ? std::make_unique<MemoryTracker>() : nullptr),
       tracker_(meta ? own_tracker_.get() : &MemoryTracker::global()) {
@@ -30,7 +29,7 @@ Device::Device(bool meta, int kernel_threads, KernelSet kernels)
 }
 
 Device& Device::cpu() {
-  static Device device(false, 0, cpu_kernel_set());
+  static Device device(false, 0, std::nullopt);
   return device;
 }
 

@@ -9,7 +9,7 @@
 //                          the buffers live at each peak, by name), its data()
 //                          is an address that is never mapped (views and
 //                          offsets can be formed; any access faults). Its
-//                          kernel set counts (kernels/kernel_set.h): an op
+//                          kernel set counts (core/kernel_set.h): an op
 //                          handed such data counts its work, allocates the
 //                          scratch the target's kernel would (for `t`
 //                          threads) and runs nothing; cp/ skips its host
@@ -28,12 +28,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/memory.h"
-#include "kernels/kernel_set.h"
+#include "core/kernel_set.h"
 
 namespace longctx {
 
@@ -49,7 +50,8 @@ class Device {
   static Device& current();
 
   bool is_meta() const { return meta_; }
-  const KernelSet& kernels() const { return kernels_; }
+  // Its own set, or (the CPU) the CPU's chosen set, asked at the first op.
+  const KernelSet& kernels() const { return kernels_ ? *kernels_ : cpu_kernel_set(); }
   MemoryTracker& tracker() const { return *tracker_; }
   // Threads a counted kernel stands for (its per-thread scratch) on a meta
   // device; 0 on the CPU, whose kernels use their OpenMP team.
@@ -65,10 +67,10 @@ class Device {
   Device& operator=(const Device&) = delete;
 
  private:
-  Device(bool meta, int kernel_threads, KernelSet kernels);
+  Device(bool meta, int kernel_threads, std::optional<KernelSet> kernels);
   bool meta_;
   int kernel_threads_;
-  KernelSet kernels_;
+  std::optional<KernelSet> kernels_;
   std::unique_ptr<MemoryTracker> own_tracker_;  // meta devices count apart from the process
   MemoryTracker* tracker_;
   std::array<double, kNumKernels> counted_{};

@@ -18,7 +18,7 @@
 #include "comm/communicator.h"
 #include "core/mesh_shape.h"
 #include "core/vocabulary.h"
-#include "kernels/attention.h"
+#include "kernels/attention/attention.h"
 #include "kernels/cpu/select.h"
 
 namespace longctx {
@@ -26,7 +26,7 @@ namespace longctx {
 class Mesh;  // src/comm/mesh.h
 
 
-// Dtypes, as for the kernel (kernels/attention.h): q, k, v all fp32 or all
+// Dtypes, as for the kernel (kernels/attention/attention.h): q, k, v all fp32 or all
 // bf16; o and dout each fp32 or bf16; lse fp32; dq, dk, dv always fp32.
 // What travels in which dtype (bf16 activations: half the bytes):
 //   all_gather  K, V in their dtype; dK, dV reduce-scattered in fp32.

@@ -6,7 +6,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "cp/strategies.h"
-#include "kernels/convert.h"
+#include "kernels/simd/convert.h"
 
 namespace longctx {
 

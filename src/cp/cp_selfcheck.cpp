@@ -6,7 +6,7 @@
 #include <type_traits>
 
 #include "core/cp_strategy.h"
-#include "kernels/convert.h"
+#include "kernels/simd/convert.h"
 
 namespace longctx {
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention.h"
+#include "kernels/attention/attention.h"
 
 namespace longctx {
 

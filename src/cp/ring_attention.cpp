@@ -40,7 +40,7 @@
 #include "core/error.h"
 #include "cp/layout.h"
 #include "cp/strategies.h"
-#include "kernels/convert.h"
+#include "kernels/simd/convert.h"
 
 namespace longctx {
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "core/tensor.h"
-#include "kernels/kernel_set.h"
+#include "core/kernel_set.h"
 
 namespace longctx {
 

@@ -10,7 +10,7 @@
 #include "kernels/ops.h"
 
 #include "core/device.h"
-#include "kernels/convert.h"
+#include "kernels/simd/convert.h"
 
 #include <omp.h>
 

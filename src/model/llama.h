@@ -32,7 +32,7 @@
 #include "core/memory.h"
 #include "core/tensor.h"
 #include "cp/cp_attention.h"
-#include "kernels/attention.h"
+#include "kernels/attention/attention.h"
 #include "core/model_shape.h"
 #include "model/sharded_parameters.h"
 

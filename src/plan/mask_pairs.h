@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention.h"  // MaskSpec (header-only use: the mask vocabulary)
+#include "kernels/attention/attention.h"  // MaskSpec (header-only use: the mask vocabulary)
 
 namespace longctx {
 
@@ -40,7 +40,7 @@ int64_t count_unmasked_pairs(std::span<const PositionRange> q, std::span<const P
 // tokens: the pairs inside its full tiles and inside its partial ones (the
 // mask cuts them; every pair of a non-empty tile is computed). Tiles are
 // classified from their blocks' position bounds exactly as the attention
-// kernel does (src/kernels/attention_tiles.h). Each range is cut into blocks
+// kernel does (src/kernels/attention/tiles.h). Each range is cut into blocks
 // from its own start, which is the kernel's blocking whenever every range but
 // the last of a list is a multiple of `block` long (S / (2 cp) tokens, ring
 // chunks of 512); otherwise a block straddling two ranges counts as two.

@@ -20,7 +20,7 @@
 #include "core/offload_store.h"
 #include "core/timer.h"
 #include "kernels/cpu/select.h"
-#include "kernels/attention.h"
+#include "kernels/attention/attention.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "plan/planner.h"
@@ -29,6 +29,34 @@
 namespace longctx {
 
 namespace {
+
+// Every size and repeat count of a measurement, per MeasureSize (measure.h).
+struct Sizes {
+  bool quick, smoke;
+  int64_t gemm_n;
+  double gemm_seconds;
+  int64_t stream_floats, stream_reps;                      // memory bandwidth
+  int64_t matmul_tokens, matmul_min_bytes;                 // projections
+  std::vector<int64_t> matmul_widths;
+  int64_t attention_tokens, attention_reps;
+  double elementwise_footprint;
+  int elementwise_reps;
+  int pingpongs;
+  int64_t exchange_bytes, exchange_reps, collective_bytes;  // links
+};
+Sizes sizes_of(MeasureSize size) {
+  switch (size) {
+    case MeasureSize::full:
+      return {false, false, 2048, 0.5, int64_t{32} << 20, 5, 4096, int64_t{64} << 20, {64, 128, 256, 512, 1024},
+              1024, 3, double(int64_t{256} << 20), 3, 2000, int64_t{32} << 20, 6, int64_t{64} << 20};
+    case MeasureSize::quick:
+      return {true, false, 1024, 0.2, int64_t{8} << 20, 3, 1024, int64_t{16} << 20, {128, 512},
+              512, 1, double(int64_t{128} << 20), 2, 300, int64_t{4} << 20, 3, int64_t{8} << 20};
+    case MeasureSize::smoke: break;
+  }
+  return {true, true, 128, 0.0, int64_t{1} << 16, 1, 256, int64_t{1} << 20, {128},
+          256, 1, double(int64_t{4} << 20), 1, 20, int64_t{1} << 16, 1, int64_t{1} << 18};
+}
 
 // ---- measuring the cpu-local profile ---------------------------------------------------
 
@@ -63,11 +91,11 @@ OffloadRates measure_offload() {
   return r;
 }
 
-double measure_memory_bandwidth(bool quick) {
-  const int64_t n = int64_t{quick ? 8 : 32} << 20;  // 3 x 32 or 3 x 128 MiB
+double measure_memory_bandwidth(const Sizes& z) {
+  const int64_t n = z.stream_floats;  // 3 x 128 MiB, or 3 x 32 MiB quick
   std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
   double best = 0;
-  for (int rep = 0; rep < (quick ? 3 : 5); ++rep) {
+  for (int rep = 0; rep < z.stream_reps; ++rep) {
     Timer t;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
@@ -135,11 +163,11 @@ class Values {
 // gradient operand is the fp32 gradient's bf16 copy, fp32: the gradient
 // itself), cycling over enough distinct activation buffers that they come
 // from memory, not cache, as in a training step.
-std::map<int64_t, double> measure_matmul_efficiency(DType dtype, double gemm_flops, bool quick) {
-  const int64_t T = quick ? 1024 : 4096, min_bytes = int64_t{quick ? 16 : 64} << 20;
+std::map<int64_t, double> measure_matmul_efficiency(DType dtype, double gemm_flops, const Sizes& z) {
+  const int64_t T = z.matmul_tokens, min_bytes = z.matmul_min_bytes;
   const bool low = dtype == DType::bf16;
   std::map<int64_t, double> out;
-  for (int64_t w : quick ? std::vector<int64_t>{128, 512} : std::vector<int64_t>{64, 128, 256, 512, 1024}) {
+  for (int64_t w : z.matmul_widths) {
     const int64_t sets = std::max<int64_t>(2, min_bytes / (3 * T * w * 4) + 1);
     std::vector<Values> x, g;
     std::vector<std::vector<float>> y(sets), dx(sets);
@@ -240,9 +268,9 @@ AttentionNumbers measure_attention(DType dtype, double gemm_flops, int64_t S, in
 // gradients, optimizer state) than the caches hold, so its kernels stream
 // from memory. bytes/s per kernel, bytes as the planner counts them for
 // `dtype`, over the best time.
-std::map<std::string, double> measure_elementwise(DType dtype, bool quick) {
-  const double footprint = double(int64_t{quick ? 128 : 256} << 20);
-  const int reps = quick ? 2 : 3;
+std::map<std::string, double> measure_elementwise(DType dtype, const Sizes& z) {
+  const double footprint = z.elementwise_footprint;
+  const int reps = z.elementwise_reps;
   const int64_t d = 512, heads = 10, row = 12 * 64, F = 1536, V = 259;
   auto bytes = [&](KernelId kernel) { return elementwise_kernel(kernel).bytes_per_element(dtype); };
   // The same tokens in both dtypes: the dtype that moves more moves `footprint`.
@@ -398,21 +426,21 @@ double exchange(const Communicator& comm, int a, int b, int64_t bytes, int reps)
 }
 
 // Latency (8 bytes, one way) and bandwidth (a big message each way at once) between ranks a and b.
-std::pair<double, double> latency_and_bandwidth(const Communicator& comm, int a, int b, bool quick) {
-  pingpong(comm, a, b, 8, 100);  // warm-up
-  const double latency = pingpong(comm, a, b, 8, quick ? 300 : 2000);
-  const int64_t big = int64_t{quick ? 4 : 32} << 20;
+std::pair<double, double> latency_and_bandwidth(const Communicator& comm, int a, int b, const Sizes& z) {
+  pingpong(comm, a, b, 8, std::min(100, z.pingpongs));  // warm-up
+  const double latency = pingpong(comm, a, b, 8, z.pingpongs);
+  const int64_t big = z.exchange_bytes;
   exchange(comm, a, b, big, 1);
-  return {latency, double(big) / exchange(comm, a, b, big, quick ? 3 : 6)};
+  return {latency, double(big) / exchange(comm, a, b, big, z.exchange_reps)};
 }
 
-LinkNumbers measure_links(const Communicator& comm, bool quick) {
+LinkNumbers measure_links(const Communicator& comm, const Sizes& z) {
   const int P = comm.size();
   LinkNumbers r{};
-  std::tie(r.latency, r.p2p_bandwidth) = latency_and_bandwidth(comm, 0, 1, quick);
+  std::tie(r.latency, r.p2p_bandwidth) = latency_and_bandwidth(comm, 0, 1, z);
 
   // Per-device bandwidth as the counters count it: bytes sent to others / time.
-  const int64_t block = (int64_t{quick ? 8 : 64} << 20) / P;
+  const int64_t block = z.collective_bytes / P;
   std::vector<char> send(block * P), recv(block * P);
   auto timed = [&](auto&& op) {
     op();
@@ -436,15 +464,15 @@ LinkNumbers measure_links(const Communicator& comm, bool quick) {
 
 // The kernel tables of a step in `dtype` (each number the slowest rank's):
 // efficiencies over `gemm_flops`, the same-run GEMM rate in `dtype`.
-KernelTables measure_kernel_tables(const Communicator& world, DType dtype, double gemm_flops, bool quick) {
+KernelTables measure_kernel_tables(const Communicator& world, DType dtype, double gemm_flops, const Sizes& z) {
   auto slowest = [&](std::map<int64_t, double>& m) {  // the minimum of rates
     for (auto& [key, value] : m) world.all_reduce_min(&value, 1);
   };
   KernelTables t;
-  t.matmul_efficiency_per_width = measure_matmul_efficiency(dtype, gemm_flops, quick);
+  t.matmul_efficiency_per_width = measure_matmul_efficiency(dtype, gemm_flops, z);
   slowest(t.matmul_efficiency_per_width);
   for (int64_t D : {16, 32, 64, 128}) {
-    const AttentionNumbers a = measure_attention(dtype, gemm_flops, quick ? 512 : 1024, D, quick ? 1 : 3);
+    const AttentionNumbers a = measure_attention(dtype, gemm_flops, z.attention_tokens, D, int(z.attention_reps));
     t.attention_efficiency_per_head_dim[D] = a.both, t.attention_forward_efficiency_per_head_dim[D] = a.forward;
     for (const auto& [kind, cost] : a.partial_cost)
       t.attention_partial_tile_cost[kind][D] = 1.0 / cost;  // a rate: the minimum is the slowest
@@ -454,7 +482,7 @@ KernelTables measure_kernel_tables(const Communicator& world, DType dtype, doubl
     slowest(by_dim);
     for (auto& [D, rate] : by_dim) rate = 1.0 / rate;
   }
-  t.elementwise_bandwidth_per_kernel = measure_elementwise(dtype, quick);
+  t.elementwise_bandwidth_per_kernel = measure_elementwise(dtype, z);
   for (auto& [kernel, bw] : t.elementwise_bandwidth_per_kernel) world.all_reduce_min(&bw, 1);
   return t;
 }
@@ -470,18 +498,20 @@ int64_t physical_memory_bytes() {
 
 }  // namespace
 
-HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick) {
+HardwareProfile measure_cpu_local_profile(const Communicator& world, MeasureSize size) {
+  const Sizes z = sizes_of(size);
+  const bool quick = z.quick;
   const int P = world.size();
   // Every rank measures at once, so shared cores and memory are shared as in training.
   world.barrier();
-  const int64_t gemm_n = quick ? 1024 : 2048;
-  double gemm = measure_gemm_gflops(DType::f32, gemm_n, quick ? 0.2 : 0.5) * 1e9;
+  const int64_t gemm_n = z.gemm_n;
+  double gemm = measure_gemm_gflops(DType::f32, gemm_n, z.gemm_seconds) * 1e9;
   world.all_reduce_min(&gemm, 1);
-  double gemm_bf16 = measure_gemm_gflops(DType::bf16, gemm_n, quick ? 0.2 : 0.5) * 1e9;
+  double gemm_bf16 = measure_gemm_gflops(DType::bf16, gemm_n, z.gemm_seconds) * 1e9;
   world.all_reduce_min(&gemm_bf16, 1);
-  KernelTables fp32_tables = measure_kernel_tables(world, DType::f32, gemm, quick);
-  KernelTables bf16_tables = measure_kernel_tables(world, DType::bf16, gemm_bf16, quick);
-  double bw = measure_memory_bandwidth(quick);
+  KernelTables fp32_tables = measure_kernel_tables(world, DType::f32, gemm, z);
+  KernelTables bf16_tables = measure_kernel_tables(world, DType::bf16, gemm_bf16, z);
+  double bw = measure_memory_bandwidth(z);
   world.all_reduce_min(&bw, 1);
   // Hosts: ranks on one host measure their links among themselves (each
   // host at once); rank 0 and the first rank on another host, the link
@@ -500,15 +530,15 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
   const int64_t n_hosts = static_cast<int64_t>(std::set<uint64_t>(hosts.begin(), hosts.end()).size());
   const Communicator local = world.split(my_host, world.rank(), "host");
   LinkNumbers links{bw, 1e-6, bw, bw};
-  if (local.size() > 1) links = measure_links(local, quick);
+  if (local.size() > 1) links = measure_links(local, z);
   std::pair<double, double> inter{0, 0};
-  if (other_host < P) inter = latency_and_bandwidth(world, 0, other_host, quick);
+  if (other_host < P) inter = latency_and_bandwidth(world, 0, other_host, z);
   // The collectives across hosts: the ranks of one local index, one per
   // host, every such group at once (as a step's dp or ring groups run).
   LinkNumbers across{};
   if (n_hosts > 1) {
     const Communicator cross = world.split(local.rank(), world.rank(), "across hosts");
-    if (cross.size() > 1) across = measure_links(cross, quick);
+    if (cross.size() > 1) across = measure_links(cross, z);
     world.broadcast(&across, sizeof across, 0);
   }
 
@@ -519,7 +549,9 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
   const int threads = omp_get_max_threads();
   h.description = "this machine: " + std::to_string(P) + " MPI ranks x " + std::to_string(threads) +
                   " OpenMP threads, measured by `longctx plan --measure`" +
-                  (quick ? " (quick, on the fly by train)" : "");
+                  (z.smoke ? " (smoke sizes: proves the measurements run; not a profile to plan with)"
+                   : quick ? " (quick, on the fly by train)"
+                           : "");
   h.topology = "shared memory (MPI ranks on one host)";
   h.peak_flops_fp32 = gemm;
   h.peak_flops_bf16 = gemm_bf16;
@@ -559,10 +591,10 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
       {"matmul_efficiency", "1: the peak above is a measured GEMM rate"},
       {"matmul_efficiency_per_width",
        "measured: projection [T, w] -> [T, w] forward + weight and input gradients, T = " +
-           std::string(quick ? "1024" : "4096") + ", activations cycled through >= " + (quick ? "16" : "64") +
-           " MiB of buffers (from memory, as in a step), over the GEMM rate" + how},
+           std::to_string(z.matmul_tokens) + ", activations cycled through >= " +
+           std::to_string(z.matmul_min_bytes >> 20) + " MiB of buffers (from memory, as in a step), over the GEMM rate" + how},
       {"attention_efficiency", "measured: attention fwd+bwd on full tiles (full mask, S=" +
-                                   std::string(quick ? "512" : "1024") +
+                                   std::to_string(z.attention_tokens) +
                                    ", H=4 G=2 D=128, random data), 14 D FLOPs per pair, over the GEMM rate" + how},
       {"attention_efficiency_per_head_dim", "measured as attention_efficiency, at D = 16, 32, 64, 128"},
       {"attention_tile_path", "measured on the kernels a step runs: fp32 " +
@@ -570,7 +602,7 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
                                   attention_tile_path_name(attention_tile_path(DType::bf16)) + " (" +
                                   bf16_attention_choice() + ")"},
       {"attention_forward_efficiency_per_head_dim", "measured: the forward alone (4 D FLOPs per pair), same runs"},
-      {"attention_block", "the attention kernel's tile (kAttentionTile in src/kernels/attention.h)"},
+      {"attention_block", "the attention kernel's tile (kAttentionTile in src/kernels/attention/attention.h)"},
       {"attention_partial_tile_cost",
        "measured per mask kind: fwd+bwd time per tile with kv positions strided over the sequence (every tile "
        "partial, about half masked) over that of full tiles"},
@@ -579,7 +611,7 @@ HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick)
       {"memory_bandwidth", "measured: streaming triad, per rank, all ranks at once" + how},
       {"elementwise_bandwidth_per_kernel",
        "measured: each kernel alone on random data (d=512, F=1536), each call moving " +
-           std::string(quick ? "128" : "256") + " MiB (from memory, as in a step), bytes as the planner "
+           std::to_string(int64_t(z.elementwise_footprint) >> 20) + " MiB (from memory, as in a step), bytes as the planner "
            "counts them (elementwise_kernels), per second" + how},
       {"host_link_bandwidth", quick ? "not measured in the quick profile" : "measured: the host offload tier (src/core/offload_store.h, a memcpy into the host "
                               "pool on its thread), bytes one way per second, put + get of " + offload.what + how},

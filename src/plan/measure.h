@@ -11,8 +11,12 @@ namespace longctx {
 // Collective over `world`; every rank returns the same profile (each number
 // the slowest rank's). With one rank there is nothing to time between ranks:
 // the link numbers are placeholders (a one-rank plan has no communication).
-// quick: smaller problems and fewer repetitions (a few seconds).
-HardwareProfile measure_cpu_local_profile(const Communicator& world, bool quick);
+// full: `plan --measure`; quick: smaller problems and fewer repetitions (a
+// few seconds: train's auto); smoke: the smallest problems, once each: it
+// proves every measurement runs on this CPU (CI under emulation,
+// scripts/qemu_smoke.sh), its numbers are no profile to plan a run with.
+enum class MeasureSize { full, quick, smoke };
+HardwareProfile measure_cpu_local_profile(const Communicator& world, MeasureSize size);
 
 // Before anything is allocated: refuses (ConfigError naming both numbers, on
 // every rank) a run whose predicted peak per rank (predicted_memory_bytes)

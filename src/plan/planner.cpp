@@ -13,7 +13,7 @@
 
 #include "core/cp_strategy.h"
 #include "cp/cp_attention.h"
-#include "kernels/attention.h"
+#include "kernels/attention/attention.h"
 #include "model/llama.h"
 #include "model/offload.h"
 #include "plan/mask_pairs.h"

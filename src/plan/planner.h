@@ -21,7 +21,7 @@
 
 #include "comm/communicator.h"
 #include "core/config.h"
-#include "kernels/kernel_set.h"
+#include "core/kernel_set.h"
 #include "core/memory.h"
 #include "core/mesh_shape.h"
 #include "plan/hardware.h"

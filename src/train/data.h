@@ -26,7 +26,7 @@
 
 #include "core/config.h"
 #include "cp/layout.h"
-#include "kernels/attention.h"
+#include "kernels/attention/attention.h"
 #include "model/llama.h"
 #include "train/token_file.h"
 

@@ -13,12 +13,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/attention.h"
-#include "kernels/attention_dot.h"
-#include "kernels/attention_fused.h"
-#include "kernels/attention_fused_impl.h"
-#include "kernels/exp2_poly.h"
-#include "kernels/portable_lanes.h"
+#include "kernels/attention/attention.h"
+#include "kernels/attention/dot/dot.h"
+#include "kernels/attention/fused/fused.h"
+#include "kernels/attention/fused/fused_impl.h"
+#include "kernels/simd/exp2_poly.h"
+#include "kernels/simd/portable_lanes.h"
 #include "pinned_kernels.h"
 #include "random_data.h"
 #include "run_command.h"
@@ -1411,7 +1411,7 @@ TEST(DotSoftmax, TheCpusSoftmaxWritesItsTwinsBits) {
 }
 
 // The AMX kernels pack V^T and K^T with AVX-512 shuffles (pack_kv_avx512,
-// attention_dot_amx.cpp); the portable tile twin writes the same layout
+// attention/dot/amx.cpp); the portable tile twin writes the same layout
 // with plain loops. Byte for byte, padding included, at head dims and
 // lengths off every block size. Each buffer starts from a different fill,
 // so a byte either one leaves unwritten shows. Runs only where the CPU has

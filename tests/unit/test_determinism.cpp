@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "pinned_kernels.h"
-#include "kernels/attention.h"
+#include "kernels/attention/attention.h"
 #include "kernels/ops.h"
 #include "random_data.h"
 

@@ -44,7 +44,7 @@ void expect_measured(const KernelTables& t, DType dtype) {
 
 TEST(PlanMeasure, QuickProfileHasFp32AndBf16Tables) {
   const Communicator one = Communicator::single();
-  const HardwareProfile h = measure_cpu_local_profile(one, true);
+  const HardwareProfile h = measure_cpu_local_profile(one, MeasureSize::quick);
   EXPECT_GT(h.peak_flops_fp32, 0);
   EXPECT_GT(h.peak_flops_bf16, 0);
   expect_measured(h, DType::f32);

@@ -6,8 +6,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/attention.h"
-#include "kernels/attention_tiles.h"
+#include "kernels/attention/attention.h"
+#include "kernels/attention/tiles.h"
 #include "plan/mask_pairs.h"
 
 namespace longctx {

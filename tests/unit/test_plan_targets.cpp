@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/config.h"
-#include "kernels/attention_dot.h"
+#include "kernels/attention/dot/dot.h"
 #include "pinned_kernels.h"
 #include "plan/hardware.h"
 #include "plan/planner.h"

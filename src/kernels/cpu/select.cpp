@@ -11,9 +11,9 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/timer.h"
-#include "kernels/attention.h"
-#include "kernels/attention_dot.h"
-#include "kernels/attention_fused.h"
+#include "kernels/attention/attention.h"
+#include "kernels/attention/dot/dot.h"
+#include "kernels/attention/fused/fused.h"
 #include "kernels/cpu/features.h"
 #include "kernels/gemm.h"
 

@@ -1,18 +1,17 @@
 #pragma once
 // Chooses each op's kernel for this CPU: the one place that does
 // (select.cpp). It reads cpu_features() first and only then asks a file
-// compiled for an ISA (attention_fused_avx2.cpp, ..._amx.cpp) for its
+// compiled for an ISA (attention/fused/avx2.cpp, ..._amx.cpp) for its
 // kernels, so no instruction the CPU lacks ever runs.
 #include <string>
 
-#include "kernels/kernel_set.h"
+#include "core/kernel_set.h"
 
 namespace longctx {
 
-// The CPU's kernel set, chosen on the first call: the widest fused
+// cpu_kernel_set() (core/kernel_set.h), defined here: the widest fused
 // attention tiles and bf16 dot kernels this CPU and oneDNN's cap allow;
 // bf16 attention and gemm_bf16 automatic (measured on first use, below).
-const KernelSet& cpu_kernel_set();
 
 // Each ISA's kernels where this CPU runs them, else null: what tests
 // compare with the portable twins (the chooser asked, so never a SIGILL).

@@ -3,7 +3,7 @@
 // native bf16 instructions: AVX512-BF16 dot products (vdpbf16ps: two bf16
 // products added to an fp32 lane) or AMX-BF16 tiles (16 x 16 fp32 += 16 x 32
 // bf16 times 32 x 16). The softmax and its gradient stay fp32 (the fused
-// kernels' softmax and softmax_grad, attention_fused.h); P and dS are
+// kernels' softmax and softmax_grad, attention/fused/fused.h); P and dS are
 // rounded to bf16 as the next product's operand, as flash attention
 // implementations do (the arithmetic of bf16_native). Internal to
 // src/kernels.
@@ -27,7 +27,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
-#include "kernels/attention_fused.h"
+#include "kernels/attention/fused/fused.h"
 
 namespace longctx::attn {
 
@@ -89,7 +89,7 @@ struct DotTileKernels {
 // constant (constinit), so nothing of an ISA file runs before that check.
 const DotTileKernels* dot_tile_kernels_avx512bf16_built();
 const DotTileKernels* dot_tile_kernels_amx_built();
-// The AVX-512 fused kernels' table (attention_fused_avx512.cpp): the dot
+// The AVX-512 fused kernels' table (attention/fused/avx512.cpp): the dot
 // kernels' fp32 softmax and masks.
 extern const FusedTileKernels kFusedAvx512;
 // The twins, on any CPU: the AVX512-BF16 kernels' template on plain lanes,

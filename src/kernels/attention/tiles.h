@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/attention.h"
+#include "kernels/attention/attention.h"
 
 namespace longctx::attn {
 

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/attention.h"
-#include "kernels/convert.h"
+#include "kernels/attention/attention.h"
+#include "kernels/simd/convert.h"
 
 namespace longctx {
 

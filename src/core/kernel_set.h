@@ -1,5 +1,6 @@
 #pragma once
-// The ops the engine calls, and the set of kernels a device runs them with.
+// The ops the engine calls, and the set of kernels a device runs them with
+// (the types, in core: a device owns its set; the kernels are src/kernels).
 //
 // Every op is a KernelId with its name (kKernelNames; the planner's prices
 // and the measured profiles' tables are keyed by it). A device
@@ -22,8 +23,8 @@
 namespace longctx {
 
 namespace attn {
-struct FusedTileKernels;  // attention_fused.h
-struct DotTileKernels;    // attention_dot.h
+struct FusedTileKernels;  // attention/fused/fused.h
+struct DotTileKernels;    // attention/dot/dot.h
 }  // namespace attn
 
 enum class KernelId : uint8_t {
@@ -117,5 +118,10 @@ struct KernelSet {
   // gemm_bf16's path (automatic resolved): native or widened.
   Bf16GemmPath gemm_bf16_path() const;
 };
+
+// The CPU's kernel set, chosen on the first call (src/kernels/cpu/select.cpp
+// defines it, and these methods: a build without the kernels, the fuzz
+// targets, never asks).
+const KernelSet& cpu_kernel_set();
 
 }  // namespace longctx

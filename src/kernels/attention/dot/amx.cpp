@@ -1,19 +1,19 @@
-// The bf16 dot kernels on AMX-BF16 tiles (attention_dot_impl.h, tiles). This
+// The bf16 dot kernels on AMX-BF16 tiles (attention/dot/dot_impl.h, tiles). This
 // file alone is compiled with -mamx-tile -mamx-bf16 on x86 (CMakeLists.txt);
 // the kernels run only where kernels/cpu/select.cpp found the CPU has AMX,
 // Linux granted the tile data (cpu/features.cpp asks), and oneDNN's ISA is
 // not capped below it. The table is constant-initialized: no code of this
 // file runs before that check.
-#include "kernels/attention_dot.h"
+#include "kernels/attention/dot/dot.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
 #include <immintrin.h>
 
 #include <cstring>
 
-#include "kernels/attention_dot_impl.h"
-#include "kernels/avx512_lanes.h"
-#include "kernels/convert.h"
+#include "kernels/attention/dot/dot_impl.h"
+#include "kernels/simd/avx512_lanes.h"
+#include "kernels/simd/convert.h"
 
 namespace longctx::attn {
 

@@ -22,7 +22,7 @@
 #include "core/mask.h"
 #include "core/tensor.h"
 #include "core/vocabulary.h"
-#include "kernels/kernel_set.h"
+#include "core/kernel_set.h"
 
 namespace longctx {
 
@@ -58,7 +58,7 @@ constexpr int64_t kAttentionTile = 128;
 //   f32           fp32 inputs: fp32 tile copies, gemm_f32.
 //   f32_fused     as f32, where the CPU has AVX2 and FMA or AVX-512 (asked at
 //                 run time, capped by oneDNN's ISA): the tiles in
-//                 hand-written vector kernels (attention_fused.h), forward
+//                 hand-written vector kernels (attention/fused/fused.h), forward
 //                 (Q K^T, online softmax, P V) and backward (Q K^T, dO V^T,
 //                 the softmax gradient, dS K, and P^T dO, dS^T Q), the
 //                 backward in units of up to 4 kv blocks. Same arithmetic
@@ -77,11 +77,11 @@ constexpr int64_t kAttentionTile = 128;
 //   bf16_fused    as bf16_widened with f32_fused's kernels, where gemm_bf16
 //                 widens and the CPU has the fused kernels.
 //   bf16_dot      bf16 inputs on the CPU's bf16 dot products (AVX512-BF16's
-//                 vdpbf16ps, or AMX-BF16 tiles; attention_dot.h), fused like
+//                 vdpbf16ps, or AMX-BF16 tiles; attention/dot/dot.h), fused like
 //                 bf16_fused: bf16 tile copies laid out for them, the fp32
 //                 softmax of the fused kernels, and bf16_native's arithmetic
 //                 (products exact, fp32 sums, P and dS rounded to bf16).
-// The path is the kernel set's (kernels/kernel_set.h; the enum lives
+// The path is the kernel set's (core/kernel_set.h; the enum lives
 // there), which the calling thread's device holds: on the CPU's
 // (kernels/cpu/select.h), fp32 inputs run f32_fused where the CPU has the
 // fused kernels, else f32; bf16 inputs run the fastest of the bf16 paths

@@ -1,8 +1,8 @@
 #pragma once
-// The fused kernels' vector type (attention_fused_impl.h) on plain C++
+// The fused kernels' vector type (attention/fused/fused_impl.h) on plain C++
 // lanes: their template at any width on any CPU, for the tests' bit
 // comparisons and for the portable twins of the bf16 dot kernels
-// (attention_dot.h). Bits match the ISAs only where nothing contracts a
+// (attention/dot/dot.h). Bits match the ISAs only where nothing contracts a
 // multiply and an add the lanes keep apart (-ffp-contract=off).
 #include <algorithm>
 #include <bit>
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "kernels/exp2_poly.h"
+#include "kernels/simd/exp2_poly.h"
 
 namespace longctx::attn {
 

@@ -1,16 +1,16 @@
-// The bf16 dot kernels on AVX512-BF16 (attention_dot_impl.h, lanes): 16 fp32
+// The bf16 dot kernels on AVX512-BF16 (attention/dot/dot_impl.h, lanes): 16 fp32
 // lanes, vdpbf16ps adding a pair of bf16 products to each. This file alone
 // is compiled with -mavx512f -mavx512bf16 on x86 (CMakeLists.txt); the
 // kernels run only where dot_tile_kernels_avx512bf16() says the CPU has it.
-#include "kernels/attention_dot.h"
+#include "kernels/attention/dot/dot.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 
 #include <cstring>
 
-#include "kernels/attention_dot_impl.h"
-#include "kernels/avx512_lanes.h"
+#include "kernels/attention/dot/dot_impl.h"
+#include "kernels/simd/avx512_lanes.h"
 #include "kernels/gemm.h"
 
 namespace longctx::attn {

@@ -1,14 +1,14 @@
-// The fused tiles (forward and backward) for AVX-512 (attention_fused_impl.h). This file
+// The fused tiles (forward and backward) for AVX-512 (attention/fused/fused_impl.h). This file
 // alone is compiled with -mavx512f on x86 (CMakeLists.txt); the kernels run
 // only where kernels/cpu/select.cpp found the CPU has it. Its one table is
 // constant-initialized: no code of this file runs before that check.
-#include "kernels/attention_fused.h"
+#include "kernels/attention/fused/fused.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
-#include "kernels/attention_fused_impl.h"
-#include "kernels/avx512_lanes.h"
+#include "kernels/attention/fused/fused_impl.h"
+#include "kernels/simd/avx512_lanes.h"
 
 namespace longctx::attn {
 

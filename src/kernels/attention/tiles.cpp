@@ -1,11 +1,11 @@
-#include "kernels/attention_tiles.h"
+#include "kernels/attention/tiles.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #if defined(__AVX2__) && defined(__FMA__)
-#include "kernels/avx2_math.h"
+#include "kernels/simd/avx2_math.h"
 #define LONGCTX_ATTN_AVX2 1
 #endif
 

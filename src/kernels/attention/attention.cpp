@@ -5,7 +5,7 @@
 // skipped, full tiles skip the elementwise mask. Tiles are copied out of the
 // strided views (widened from bf16 unless multiplied natively), then
 // multiplied with oneDNN GEMMs on the calling thread or run by the fused
-// vector kernels (attention_fused.h; attention.h says which path runs
+// vector kernels (attention/fused/fused.h; attention.h says which path runs
 // where); the softmax works in base 2 (scale * log2(e) folded into the
 // Q K^T product) with a vectorised exp2.
 //
@@ -34,11 +34,11 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/timer.h"
-#include "kernels/attention.h"
-#include "kernels/attention_dot.h"
-#include "kernels/attention_fused.h"
-#include "kernels/attention_tiles.h"
-#include "kernels/convert.h"
+#include "kernels/attention/attention.h"
+#include "kernels/attention/dot/dot.h"
+#include "kernels/attention/fused/fused.h"
+#include "kernels/attention/tiles.h"
+#include "kernels/simd/convert.h"
 #include "kernels/cpu/select.h"
 #include "kernels/gemm.h"
 
@@ -286,7 +286,7 @@ Geometry geometry(const AttentionArgs& a) {
   g.group = g.H / g.G;
   g.scale = a.scale != 0.0f ? a.scale : static_cast<float>(1.0 / std::sqrt(double(g.D)));
   // The bf16_dot kernels scale the scores after the mask and take the max of
-  // the unscaled scores (attention_dot.h): both need scale > 0.
+  // the unscaled scores (attention/dot/dot.h): both need scale > 0.
   check_shape(g.scale > 0.0f && std::isfinite(g.scale),
               "attention: scale must be positive and finite (got " + std::to_string(g.scale) + ")");
   g.bq = g.bk = kAttentionTile;
@@ -515,7 +515,7 @@ void scores_tile(const AttentionArgs& a, const Geometry& g, TileKind kind, int64
   mask_scores(a, g, kind, b, i0, rows, j0, cols, s, g.bk, 1, counts);
 }
 
-// The fused path's panels of q rows (attention_fused.h): the panels of a q
+// The fused path's panels of q rows (attention/fused/fused.h): the panels of a q
 // block of `rows` rows.
 int64_t panels_of(int64_t rows, int64_t panel) { return (rows + panel - 1) / panel; }
 
@@ -562,7 +562,7 @@ void fused_tile(const attn::FusedTileKernels& f, const AttentionArgs& a, const G
   f.pv(s, panels, cols, s_panel, v, g.D, alpha, acc);
 }
 
-// One backward tile on the fused path (attention_fused.h): q rows i0..i0+rows
+// One backward tile on the fused path (attention/fused/fused.h): q rows i0..i0+rows
 // (Q, dO as panels qp, dop and row-major qr, dor [rows][Dp]; lse2, delta
 // per row, ones [bq]) against kv rows j0..j0+cols (K, V [cols][D]). Adds
 // P^T dO to dv_acc and scale dS^T Q to dk_acc ([cols][Dp]), and scale dS K
@@ -890,7 +890,7 @@ void backward_fast(const AttentionArgs& a, const TensorView& dout, const float* 
   add_stats(stats, g, counts);
 }
 
-// The bf16_dot path (attention_dot.h): bf16 copies laid out for the CPU's
+// The bf16_dot path (attention/dot/dot.h): bf16 copies laid out for the CPU's
 // bf16 dot products or tiles, the fp32 softmax of the fused kernels on the
 // same panels, P and dS rounded to bf16 for their products.
 

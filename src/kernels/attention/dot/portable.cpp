@@ -1,11 +1,11 @@
-// The bf16 dot kernels' layouts (attention_dot.h) and their portable twins:
+// The bf16 dot kernels' layouts (attention/dot/dot.h) and their portable twins:
 // the AVX512-BF16 template on plain C++ lanes and the AMX template on
 // emulated tiles, with the instructions' documented arithmetic (Intel SDM,
 // VDPBF16PS and TDPBF16PS: per fp32 lane, the odd pair's product added,
 // then the even one's, each rounded to nearest; bf16 denormal inputs read
 // as zero, denormal results flushed to zero). This file is compiled with
 // -ffp-contract=off (CMakeLists.txt), as the lanes need.
-#include "kernels/attention_dot.h"
+#include "kernels/attention/dot/dot.h"
 
 #include <algorithm>
 #include <bit>
@@ -13,9 +13,9 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/attention_dot_impl.h"
-#include "kernels/attention_fused_impl.h"
-#include "kernels/portable_lanes.h"
+#include "kernels/attention/dot/dot_impl.h"
+#include "kernels/attention/fused/fused_impl.h"
+#include "kernels/simd/portable_lanes.h"
 
 namespace longctx::attn {
 

@@ -1,5 +1,5 @@
 #pragma once
-// The bf16 dot kernels (attention_dot.h), written once over the operations
+// The bf16 dot kernels (attention/dot/dot.h), written once over the operations
 // of their ISA and compiled per ISA file:
 //   lanes::kernels_of<L>  over 16 fp32 lanes with a pair dot product
 //                         (AVX512-BF16's vdpbf16ps; plain C++ lanes);
@@ -13,8 +13,8 @@
 #include <cstring>
 #include <limits>
 
-#include "kernels/attention_dot.h"
-#include "kernels/convert.h"
+#include "kernels/attention/dot/dot.h"
+#include "kernels/simd/convert.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -70,7 +70,7 @@ void softmax_panel_to_pairs(const float* sp, int64_t cols, float scale, int64_t 
   const auto sum_of = [&](const R(&acc)[2]) { return V::add(acc[0], acc[1]); };
   const R m_old[2] = {V::load(m), V::load(m + W)};
   // One pass where every row has a running max; it stands where no row's P
-  // summed above 2^kLazyMax (attention_dot.h), so no P passed it either (NaN
+  // summed above 2^kLazyMax (attention/dot/dot.h), so no P passed it either (NaN
   // sums pass: NaN reaches the output through P). Else the max first, and
   // the pass again. The sum is the pass's own: no compare per score.
   const R lowest = V::set1(std::numeric_limits<float>::lowest()), most = V::set1(std::ldexp(1.0f, int(kLazyMax)));

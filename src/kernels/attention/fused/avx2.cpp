@@ -1,12 +1,12 @@
-// The fused tiles (forward and backward) for AVX2/FMA (attention_fused_impl.h). This file
+// The fused tiles (forward and backward) for AVX2/FMA (attention/fused/fused_impl.h). This file
 // alone is compiled with -mavx2 -mfma on x86 (CMakeLists.txt); the kernels
 // run only where kernels/cpu/select.cpp found the CPU has both; the table
 // is constant-initialized, so no code of this file runs before that check.
-#include "kernels/attention_fused.h"
+#include "kernels/attention/fused/fused.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
-#include "kernels/attention_fused_impl.h"
-#include "kernels/avx2_math.h"
+#include "kernels/attention/fused/fused_impl.h"
+#include "kernels/simd/avx2_math.h"
 
 namespace longctx::attn {
 

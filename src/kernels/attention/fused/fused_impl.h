@@ -1,7 +1,7 @@
 #pragma once
-// The fused forward and backward tiles (attention_fused.h), written once
-// over a vector type V and compiled once per ISA: attention_fused_avx2.cpp
-// (8 lanes, panels of 16 q rows) and attention_fused_avx512.cpp (16 lanes,
+// The fused forward and backward tiles (attention/fused/fused.h), written once
+// over a vector type V and compiled once per ISA: attention/fused/avx2.cpp
+// (8 lanes, panels of 16 q rows) and attention/fused/avx512.cpp (16 lanes,
 // panels of 32). Each lane holds one q row and every sum runs over d
 // (scores) or kv (P V, dQ) in the same order in both, or (dK, dV) one
 // column of d and sums over q in order, so the two ISAs give bit-identical
@@ -14,7 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/attention_fused.h"
+#include "kernels/attention/fused/fused.h"
 
 namespace longctx::attn::fused_impl {
 

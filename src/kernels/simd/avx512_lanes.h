@@ -1,15 +1,15 @@
 #pragma once
-// The fused kernels' vector type on AVX-512 (attention_fused_impl.h): 16
-// fp32 lanes. Shared by the fused kernels (attention_fused_avx512.cpp) and
-// the bf16 dot kernels' softmax (attention_dot_avx512bf16.cpp,
-// attention_dot_amx.cpp), so both run the same softmax (the dot kernels with
+// The fused kernels' vector type on AVX-512 (attention/fused/fused_impl.h): 16
+// fp32 lanes. Shared by the fused kernels (attention/fused/avx512.cpp) and
+// the bf16 dot kernels' softmax (attention/dot/avx512bf16.cpp,
+// attention/dot/amx.cpp), so both run the same softmax (the dot kernels with
 // exp2_bf16 in place of exp2). Include
 // only from files compiled with -mavx512f; internal linkage, as
-// attention_dot_impl.h says why.
+// attention/dot/dot_impl.h says why.
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
-#include "kernels/exp2_poly.h"
+#include "kernels/simd/exp2_poly.h"
 
 namespace longctx::attn {
 namespace {

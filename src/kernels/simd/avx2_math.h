@@ -1,14 +1,14 @@
 #pragma once
 // AVX2/FMA vector helpers shared by the attention kernels' row operations
-// (attention_tiles.cpp, compiled for the build machine) and the fused
-// tiles (attention_fused_avx2.cpp, compiled for AVX2 + FMA and
-// called only when the CPU has them; attention_fused_avx512.cpp repeats
+// (attention/tiles.cpp, compiled for the build machine) and the fused
+// tiles (attention/fused/avx2.cpp, compiled for AVX2 + FMA and
+// called only when the CPU has them; attention/fused/avx512.cpp repeats
 // exp2_ps's arithmetic on 16 lanes with these constants). Include only where
 // __AVX2__ and __FMA__ are defined. `static`: each translation unit keeps its own copy, compiled with
 // its own flags.
 #include <immintrin.h>
 
-#include "kernels/exp2_poly.h"
+#include "kernels/simd/exp2_poly.h"
 
 namespace longctx::attn::avx2 {
 
