@@ -7,7 +7,7 @@
 # An old binary of another commit:
 #   git worktree add /tmp/old COMMIT && cmake -S /tmp/old -B /tmp/old/build -DCMAKE_BUILD_TYPE=Release \
 #     && cmake --build /tmp/old/build -j"$(nproc)" --target longctx
-set -euo pipefail
+set -uo pipefail
 old=$1 new=$2 rounds=${3:-2}
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'); flags: $(grep -o 'avx512[a-z_0-9]*\|amx[a-z_0-9]*\|avx2\|fma' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 echo "old: $old ($("$old" --version 2>/dev/null | head -1 || echo 'no --version'))"
@@ -15,10 +15,12 @@ echo "new: $new ($("$new" --version | head -1))"
 echo
 echo "| benchmark | old | new | new / old |"
 echo "|---|---|---|---|"
-run() {  # binary args... -> prints "forward backward" GFLOP/s (bench attention) or tokens/s (bench model)
-  local out
-  out=$("$@" 2>&1)
-  if grep -q '^forward' <<<"$out"; then
+run() {  # binary args... -> prints "forward backward" GFLOP/s (bench attention) or tokens/s (bench model); "0 0" if it died
+  local out rc=0
+  out=$("$@" 2>&1) || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "0 0"
+  elif grep -q '^forward' <<<"$out"; then
     awk '/^forward/ {f=$4} /^backward/ {b=$4} END {print f, b}' <<<"$out"
   else
     awk '/^tokens\/s:/ {print $2, $2}' <<<"$out"
@@ -35,7 +37,9 @@ bench() {  # label, args...
     best_new_f=$(awk -v a="$best_new_f" -v b="$f" 'BEGIN {print (b > a ? b : a)}')
     best_new_b=$(awk -v a="$best_new_b" -v b="$b" 'BEGIN {print (b > a ? b : a)}')
   done
-  if [ "$best_old_f" = "$best_old_b" ]; then
+  if [ "$best_old_f" = 0 ]; then  # the old binary died (SIGILL on a CPU it did not check, say)
+    awk -v l="$label" -v n="$best_new_f" 'BEGIN {printf "| %s | died | %.1f | - |\n", l, n}'
+  elif [ "$best_old_f" = "$best_old_b" ]; then
     awk -v l="$label" -v o="$best_old_f" -v n="$best_new_f" 'BEGIN {printf "| %s | %.1f | %.1f | %.3f |\n", l, o, n, n / o}'
   else
     awk -v l="$label forward GFLOP/s" -v o="$best_old_f" -v n="$best_new_f" 'BEGIN {printf "| %s | %.1f | %.1f | %.3f |\n", l, o, n, n / o}'

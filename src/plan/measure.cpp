@@ -40,6 +40,7 @@ struct Sizes {
   std::vector<int64_t> matmul_widths;
   int64_t attention_tokens, attention_reps;
   double elementwise_footprint;
+  int64_t elementwise_min_tokens;
   int elementwise_reps;
   int pingpongs;
   int64_t exchange_bytes, exchange_reps, collective_bytes;  // links
@@ -48,14 +49,14 @@ Sizes sizes_of(MeasureSize size) {
   switch (size) {
     case MeasureSize::full:
       return {false, false, 2048, 0.5, int64_t{32} << 20, 5, 4096, int64_t{64} << 20, {64, 128, 256, 512, 1024},
-              1024, 3, double(int64_t{256} << 20), 3, 2000, int64_t{32} << 20, 6, int64_t{64} << 20};
+              1024, 3, double(int64_t{256} << 20), 1024, 3, 2000, int64_t{32} << 20, 6, int64_t{64} << 20};
     case MeasureSize::quick:
       return {true, false, 1024, 0.2, int64_t{8} << 20, 3, 1024, int64_t{16} << 20, {128, 512},
-              512, 1, double(int64_t{128} << 20), 2, 300, int64_t{4} << 20, 3, int64_t{8} << 20};
+              512, 1, double(int64_t{128} << 20), 1024, 2, 300, int64_t{4} << 20, 3, int64_t{8} << 20};
     case MeasureSize::smoke: break;
   }
   return {true, true, 128, 0.0, int64_t{1} << 16, 1, 256, int64_t{1} << 20, {128},
-          256, 1, double(int64_t{4} << 20), 1, 20, int64_t{1} << 16, 1, int64_t{1} << 18};
+          256, 1, double(int64_t{4} << 20), 64, 1, 20, int64_t{1} << 16, 1, int64_t{1} << 18};
 }
 
 // ---- measuring the cpu-local profile ---------------------------------------------------
@@ -276,7 +277,8 @@ std::map<std::string, double> measure_elementwise(DType dtype, const Sizes& z) {
   // The same tokens in both dtypes: the dtype that moves more moves `footprint`.
   auto tokens = [&](KernelId kernel, int64_t width) {
     const ElementwiseKernel& k = elementwise_kernel(kernel);
-    return std::max<int64_t>(1024, int64_t(footprint / double(width * std::max(k.bytes_fp32, k.bytes_bf16))));
+    return std::max<int64_t>(z.elementwise_min_tokens,
+                             int64_t(footprint / double(width * std::max(k.bytes_fp32, k.bytes_bf16))));
   };
   auto f32 = [](int64_t n, float sigma, uint32_t seed) { return Values(DType::f32, n, sigma, seed); };
   auto act = [&](int64_t n, float sigma, uint32_t seed) { return Values(dtype, n, sigma, seed); };

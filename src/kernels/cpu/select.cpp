@@ -258,12 +258,14 @@ std::string describe_kernel_set(const KernelSet& set) {
                  (set.bf16_attention == AttentionTilePath::automatic ? bf16_attention_choice() : "pinned") + ")");
   }
   line(KernelId::gemm, at(KernelId::gemm));
-  line(KernelId::gemm, "bf16: " + gemm_bf16_implementation(512) + " (" +
-                           (set.gemm_bf16 == Bf16GemmPath::automatic ? gemm_bf16_choice() : "pinned") + ")");
+  const std::string bf16_gemm_why = !gemm_bf16_matmul_available()                ? ""
+                                    : set.gemm_bf16 == Bf16GemmPath::automatic ? " (" + gemm_bf16_choice() + ")"
+                                                                               : " (pinned)";
+  line(KernelId::gemm, "bf16: " + gemm_bf16_implementation(512) + bf16_gemm_why);
   for (std::size_t i = 0; i < kNumKernels; ++i) {
     const auto id = static_cast<KernelId>(i);
     if (id == KernelId::attention_forward || id == KernelId::attention_backward || id == KernelId::gemm) continue;
-    line(id, at(id).empty() ? "portable C++ (OpenMP), one kernel on every CPU" : at(id));
+    line(id, at(id).empty() ? "C++ with OpenMP, compiled for the build's target: one kernel on every CPU" : at(id));
   }
   return out;
 }
