@@ -1,6 +1,7 @@
 #include "core/device.h"
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -45,8 +46,13 @@ std::unique_ptr<Device> Device::make_meta(int kernel_threads, KernelSet kernels)
 
 Device& Device::current() { return current_device ? *current_device : cpu(); }
 
-DeviceScope::DeviceScope(Device& device) : previous_(current_device) { current_device = &device; }
-DeviceScope::~DeviceScope() { current_device = previous_; }
+DeviceScope::DeviceScope(Device& device) : previous_(current_device), device_(&device) { current_device = &device; }
+DeviceScope::~DeviceScope() {
+  // Scopes nest on their thread: one ended out of order would leave a
+  // device current after its owner freed it.
+  if (current_device != device_) std::abort();
+  current_device = previous_;
+}
 
 void Device::count(KernelId kernel, double amount) {
   counted_[static_cast<std::size_t>(kernel)] += amount * double(repeat_factor);

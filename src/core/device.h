@@ -86,6 +86,7 @@ class DeviceScope {
 
  private:
   Device* previous_;
+  Device* device_;
 };
 
 // A loop whose iterations count alike (the same kernels and collectives on

@@ -135,8 +135,9 @@ void check_path_runs(AttentionTilePath path, const KernelSet& set) {
   check_shape(set.dot_forward_q_blocks >= 0 && set.dot_forward_q_blocks <= kDotForwardQBlocks,
               "attention: the bf16_dot forward's q blocks per unit must be 0 (automatic) to " +
                   std::to_string(kDotForwardQBlocks));
+  // The kv blocks per unit matter only where the backward groups them.
   const int64_t most = path == AttentionTilePath::bf16_dot ? kDotBackwardKvBlocks : kFusedBackwardKvBlocks;
-  check_shape(set.backward_kv_blocks >= 0 && set.backward_kv_blocks <= most,
+  check_shape(!groups_kv_blocks(path) || (set.backward_kv_blocks >= 0 && set.backward_kv_blocks <= most),
               "attention: the backward's kv blocks per unit must be 0 (automatic) to " + std::to_string(most) +
                   " on this path (the fused paths take at most " + std::to_string(kFusedBackwardKvBlocks) +
                   ", bf16_dot " + std::to_string(kDotBackwardKvBlocks) + ")");

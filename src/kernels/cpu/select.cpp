@@ -239,9 +239,10 @@ KernelSet counting_kernel_set(KernelTarget target) {
 
 std::string counting_key(KernelTarget target) {
   if (target == KernelTarget::accelerator) return kernel_target_name(target);
+  // The choices as set (automatic stays automatic: the measured choice is
+  // the process's, stable), so that keying an fp32 count never measures bf16.
   const KernelSet& set = device_of(static_cast<const void*>(nullptr)).kernels();
-  const AttentionTilePath f32 = set.attention_path(DType::f32), bf16 = set.attention_path(DType::bf16);
-  return std::string("cpu ") + std::to_string(int(f32)) + " " + std::to_string(int(bf16)) + " " +
+  return std::string("cpu ") + std::to_string(int(set.f32_attention)) + " " + std::to_string(int(set.bf16_attention)) + " " +
          (set.fused ? set.fused->isa : "-") + " " + (set.dot ? set.dot->isa : "-");
 }
 
