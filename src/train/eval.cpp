@@ -29,7 +29,8 @@ std::vector<PositionBucket> position_buckets(int64_t seq_len, int64_t first) {
 }
 
 EvalResult evaluate(const RunConfig& c, const Mesh& mesh) {
-  const SystemSettings settings(c);
+  const std::unique_ptr<Device> device = make_run_device(c);
+  const SystemSettings settings(c, *device);
   RunConfig data_config = c;
   if (!c.eval_dataset_path.empty()) data_config.dataset_path = c.eval_dataset_path;
   const Dataset data(load_corpus(data_config), c.max_target_length, c.packing);

@@ -88,17 +88,20 @@ ModelOptions model_options_from_config(const RunConfig& c, const Mesh& mesh) {
   return o;
 }
 
-SystemSettings::SystemSettings(const RunConfig& c)
+std::unique_ptr<Device> make_run_device(const RunConfig& c) {
+  KernelSet kernels = device_of(static_cast<const void*>(nullptr)).kernels();  // the calling thread's CPU device's (a test's pinned set)
+  kernels.gemm_thread_count_independent = c.deterministic_across_thread_counts;
+  return Device::make_cpu(std::move(kernels));
+}
+
+SystemSettings::SystemSettings(const RunConfig& c, Device& run_device)
     : threads_(omp_get_max_threads()),
       device_budget_(MemoryTracker::global().budget()),
       host_budget_(MemoryTracker::global().host_budget()),
-      collective_timeout_seconds_(collective_timeout_seconds()) {
+      collective_timeout_seconds_(collective_timeout_seconds()),
+      on_run_device_(run_device) {
   set_collective_timeout_seconds(static_cast<double>(c.collective_timeout_seconds));  // first: the one that can throw
   if (c.num_threads > 0) omp_set_num_threads(static_cast<int>(c.num_threads));
-  KernelSet kernels = device_of(static_cast<const void*>(nullptr)).kernels();  // the CPU device this thread runs on
-  kernels.gemm_thread_count_independent = c.deterministic_across_thread_counts;
-  device_ = Device::make_cpu(std::move(kernels));
-  on_device_.emplace(*device_);
   MemoryTracker::global().set_budget(static_cast<size_t>(c.device_memory_budget));
   MemoryTracker::global().set_host_budget(static_cast<size_t>(c.host_memory_budget));
 }
@@ -216,7 +219,8 @@ void check_checkpoint_dir(const std::string& dir, const Communicator& world) {
 
 }  // namespace
 
-Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), mesh_(mesh), settings_(config_) {
+Trainer::Trainer(const RunConfig& config, const Mesh& mesh) : config_(config), mesh_(mesh), device_(make_run_device(config_)) {
+  const SystemSettings settings(config_, *device_);
   const RunConfig& c = config_;
   const MeshShape want = c.mesh_shape(), got = mesh_.shape();
   if (want.dp != got.dp || want.fsdp != got.fsdp || want.cp != got.cp || want.ulysses != got.ulysses ||
@@ -257,6 +261,7 @@ Trainer::~Trainer() = default;
 bool Trainer::is_logger() const { return mesh_.world_rank() == 0; }
 
 std::string Trainer::resume() {
+  const SystemSettings settings(config_, *device_);
   const std::string& dir = config_.checkpoint_dir;
   std::FILE* warn = is_logger() ? stderr : nullptr;
   const std::vector<std::string> unfinished = step_dirs_without_manifest(dir);
@@ -304,14 +309,17 @@ std::string Trainer::resume() {
 }
 
 std::string Trainer::save() {
+  const SystemSettings settings(config_, *device_);
   return save_checkpoint(config_.checkpoint_dir, *model_, *optimizer_, state_, config_, mesh_);
 }
 
 void Trainer::prune(int64_t good_step) {
+  const SystemSettings settings(config_, *device_);
   if (mesh_.world_rank() == 0) prune_checkpoints(config_.checkpoint_dir, config_.max_num_checkpoints_to_keep, good_step);
 }
 
 StepMetrics Trainer::train_step() {
+  const SystemSettings settings(config_, *device_);
   const RunConfig& c = config_;
   Timer timer;
   publish_step_position(StepPass::batch);
@@ -366,6 +374,7 @@ StepMetrics Trainer::train_step() {
 }
 
 void Trainer::run(std::FILE* out, std::FILE* progress) {
+  const SystemSettings settings(config_, *device_);
   const RunConfig& c = config_;
   const bool log = is_logger() && out;
   if (!c.resume && c.enable_checkpointing) {

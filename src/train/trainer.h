@@ -36,26 +36,32 @@
 namespace longctx {
 
 ModelOptions model_options_from_config(const RunConfig& config, const Mesh& mesh);
-// The config's process-wide switches: num_threads, device_memory_budget, host_memory_budget and
-// collective_timeout_seconds. Whoever runs a config owns one (the Trainer,
-// evaluate()): set while it lives, and the values from before it back when
-// it ends, so that runs one after another in a process (tests, a sweep)
-// never inherit each other's switches. The run's own kernel settings (the
-// thread-count-independent GEMMs) are its CPU device's: the calling
-// thread's current device while it lives (a DeviceScope).
+// The CPU device a config runs on: this CPU's kernel set with the run's own
+// kernel settings (the thread-count-independent GEMMs). Whoever runs a
+// config owns one (the Trainer, evaluate()), made before anything that
+// allocates on it and ended after.
+std::unique_ptr<Device> make_run_device(const RunConfig& config);
+
+// The config's process-wide switches (num_threads, device_memory_budget,
+// host_memory_budget, collective_timeout_seconds) and its run device as the
+// calling thread's current one (a DeviceScope), set while this lives, and
+// what was set before back when it ends. The owner of a run holds one for
+// each call that runs the config, not for the run's lifetime: runs one after
+// another in a process (tests, a sweep) never inherit each other's switches,
+// and two runs alive at once in one thread (a test comparing them) each step
+// with their own switches on their own device, whichever of them ends first.
 class SystemSettings {
  public:
-  explicit SystemSettings(const RunConfig& config);
+  SystemSettings(const RunConfig& config, Device& run_device);
   ~SystemSettings();
   SystemSettings(const SystemSettings&) = delete;
   SystemSettings& operator=(const SystemSettings&) = delete;
 
  private:
   int threads_;
-  std::unique_ptr<Device> device_;
-  std::optional<DeviceScope> on_device_;
   size_t device_budget_, host_budget_;
   double collective_timeout_seconds_;
+  DeviceScope on_run_device_;
 };
 
 // Graceful stop. The train command installs handlers for SIGTERM, SIGINT
@@ -72,7 +78,7 @@ class Trainer {
  public:
   // Builds data, model (seeded init, or the weights of load_parameters_path,
   // whose config.json apply_hf_model_config has applied) and optimizer;
-  // holds the system settings (SystemSettings) while it lives. Does not
+  // each call below holds the system settings (SystemSettings). Does not
   // resume: run() does, or call resume() yourself (a checkpoint then
   // replaces the loaded weights).
   // `mesh` must outlive the Trainer and match the config's shape.
@@ -110,7 +116,7 @@ class Trainer {
   bool is_logger() const;
   RunConfig config_;
   const Mesh& mesh_;
-  SystemSettings settings_;  // before every member it sizes (threads, budgets)
+  std::unique_ptr<Device> device_;  // before every member that allocates on it
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<CpLayout> layout_;
   MaskSpec mask_;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include <omp.h>
 
@@ -121,6 +122,30 @@ TEST(Train, SameConfigSameLossesAndTheLossFalls) {
   EXPECT_EQ(la, lb);  // bit-identical
   EXPECT_NEAR(la[0], std::log(259.0), 0.3);
   EXPECT_LT(la.back(), 0.6 * la.front()) << "first " << la.front() << " last " << la.back();
+}
+
+TEST(Train, TwoRunsAliveInOneThreadEndInEitherOrder) {
+  // Each run allocates from, and steps on, its own device with its own
+  // switches (SystemSettings): the first one ending while the second goes on
+  // must neither free what the second holds, nor end the second's device,
+  // nor leave it the thread count from before the first.
+  TempDir t;
+  const RunConfig c = tiny(t.path, {{"steps", int64_t(4)}});
+  std::vector<double> alone;
+  {
+    Trainer solo(c, one_rank());
+    for (int i = 0; i < 4; ++i) alone.push_back(solo.train_step().loss);
+  }
+  auto first = std::make_unique<Trainer>(c, one_rank());
+  auto second = std::make_unique<Trainer>(c, one_rank());
+  std::vector<double> interleaved;
+  for (int i = 0; i < 2; ++i) {
+    first->train_step();
+    interleaved.push_back(second->train_step().loss);
+  }
+  first.reset();  // the one made first ends first
+  for (int i = 0; i < 2; ++i) interleaved.push_back(second->train_step().loss);
+  EXPECT_EQ(interleaved, alone);
 }
 
 TEST(Train, TenStepsEqualFivePlusResumePlusFive) {
@@ -240,10 +265,12 @@ TEST(Train, DeviceMemoryBudgetIsEnforced) {
   EXPECT_EQ(MemoryTracker::global().budget(), 0u) << "a trainer that failed to build left its budget behind";
 }
 
-// A run's process-wide switches live as long as whoever runs it (the
-// Trainer, evaluate()): set while it lives, the values from before it back
-// after, so that runs one after another in a process inherit nothing.
-TEST(Train, SystemSettingsHoldWhileTheirOwnerLivesAndAreRestoredAfter) {
+// A run's process-wide switches hold while a SystemSettings lives, with the
+// run's device current, and the values from before it come back after, so
+// that runs one after another in a process inherit nothing. A Trainer holds
+// one for each of its calls only: between them the caller's values stand
+// (the test above shows each call steps with its own).
+TEST(Train, SystemSettingsHoldWhileTheyLiveAndTheTrainersOnlyDuringItsCalls) {
   TempDir t;
   RunConfig c = tiny(t.path, {{"num_threads", int64_t(1)},
                               {"device_memory_budget", int64_t(1) << 40},
@@ -256,19 +283,31 @@ TEST(Train, SystemSettingsHoldWhileTheirOwnerLivesAndAreRestoredAfter) {
   const bool gemm_before = current_kernels().gemm_thread_count_independent;
   const Device* device_before = &Device::current();
   const size_t budget_before = MemoryTracker::global().budget(), host_before = MemoryTracker::global().host_budget();
+  const auto expect_callers = [&] {
+    EXPECT_EQ(omp_get_max_threads(), 2);
+    EXPECT_EQ(current_kernels().gemm_thread_count_independent, gemm_before);
+    EXPECT_EQ(&Device::current(), device_before);
+    EXPECT_EQ(MemoryTracker::global().budget(), budget_before);
+    EXPECT_EQ(MemoryTracker::global().host_budget(), host_before);
+    EXPECT_EQ(collective_timeout_seconds(), timeout_before);
+  };
   {
-    const Trainer trainer(c, one_rank());
+    const std::unique_ptr<Device> run_device = make_run_device(c);
+    const SystemSettings settings(c, *run_device);
     EXPECT_EQ(omp_get_max_threads(), 1);
-    EXPECT_TRUE(current_kernels().gemm_thread_count_independent);  // the run's CPU device
+    EXPECT_EQ(&Device::current(), run_device.get());
+    EXPECT_TRUE(current_kernels().gemm_thread_count_independent);
     EXPECT_EQ(MemoryTracker::global().budget(), size_t(1) << 40);
     EXPECT_EQ(MemoryTracker::global().host_budget(), size_t(1) << 39);
     EXPECT_EQ(collective_timeout_seconds(), 123.0);
   }
-  EXPECT_EQ(omp_get_max_threads(), 2);
-  EXPECT_EQ(current_kernels().gemm_thread_count_independent, gemm_before);
-  EXPECT_EQ(&Device::current(), device_before);
-  EXPECT_EQ(MemoryTracker::global().budget(), budget_before);
-  EXPECT_EQ(MemoryTracker::global().host_budget(), host_before);
-  EXPECT_EQ(collective_timeout_seconds(), timeout_before);
+  expect_callers();
+  {
+    Trainer trainer(c, one_rank());
+    expect_callers();
+    trainer.train_step();
+    expect_callers();
+  }
+  expect_callers();
   omp_set_num_threads(threads_outside);
 }
