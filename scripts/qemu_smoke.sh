@@ -39,7 +39,7 @@ fail() { echo "qemu_smoke: FAIL ($cpu): $*" >&2; failures=$((failures + 1)); }
 # QEMU warns once per CPUID feature TCG lacks (pcid, x2apic, ...): noise.
 quiet() { grep -v '^qemu-x86_64: warning: TCG doesn'"'"'t support' || true; }
 run() {  # name, command...: runs it under the CPU model, shows its tail on failure
-  local name=$1 log="$out/$cpu.$1.log" rc=0
+  local name=$1 log="$out/$cpu.$1.log" rc=0 started=$SECONDS
   shift
   # Passive: an idle OpenMP thread spinning at a barrier costs emulated
   # instructions (half the time of plan --measure --smoke under QEMU).
@@ -49,6 +49,7 @@ run() {  # name, command...: runs it under the CPU model, shows its tail on fail
     tail -n 25 "$log.shown" >&2
     fail "$name exited $rc$([ "$rc" -eq 132 ] && echo ' (SIGILL)')"
   fi
+  times+=" $name $((SECONDS - started))"
   return 0
 }
 
@@ -70,7 +71,7 @@ attention_tests+=":Attention.FullyMaskedRowsGiveZeroOutputAndNoNaN:AttentionBf16
 attention_tests+=":AttentionBf16.NaNInputsReachTheOutputNeverLookMasked:AttentionBf16.ScratchBytesFollowTheTilePath"
 attention_tests+=":FusedTiles.EveryWidthGivesTheSameBits"
 for cpu in ${QEMU_CPUS:-Haswell-v4 Nehalem}; do
-  started=$SECONDS
+  started=$SECONDS times=""
   q="qemu-x86_64 -cpu $cpu"
   run info $q "$build/longctx" info
   grep -qF "$(expect_choice "$cpu")" "$out/$cpu.info.log.shown" ||
@@ -83,7 +84,7 @@ for cpu in ${QEMU_CPUS:-Haswell-v4 Nehalem}; do
   run plan_measured $q "$build/longctx" plan configs/base.yml model_name=tiny max_target_length=4096 --hardware "$out/$cpu.yml"
   run selftest mpiexec --allow-run-as-root --oversubscribe -n 2 $q "$build/longctx" selftest
   run bench $q "$build/longctx" bench attention --seq 300 --heads 2 --kv-heads 1 --head-dim 64 --dtype bf16 --reps 1 --gemm-size 128
-  echo "qemu_smoke: $cpu: $(grep -m1 '^cpu:' "$out/$cpu.info.log.shown"), $((SECONDS - started)) s"
+  echo "qemu_smoke: $cpu: $(grep -m1 '^cpu:' "$out/$cpu.info.log.shown"), $((SECONDS - started)) s (seconds each:$times)"
 done
 
 # The native build on a CPU below its target: a clear error before any of
