@@ -365,7 +365,7 @@ int run_validate(RunConfig config, const HardwareProfile& hw, int64_t steps, con
 
 const char* const kPlanUsage =
     "usage: longctx plan CONFIG.yml [key=value ...] [--hardware NAME] [--devices N]\n"
-    "         [--device-memory BYTES] [--json] [--longest [--granule N]] [--emit maxtext|megatron]\n"
+    "         [--device-memory BYTES] [--json] [--longest [--granule N]] [--emit maxtext|megatron|torchtitan]\n"
     "       mpiexec -n N longctx plan CONFIG.yml [key=value ...] --validate [--steps N] [--markdown FILE]\n"
     "       mpiexec -n N longctx plan --measure [--output FILE] [--quick | --smoke]\n"
     "  --hardware NAME   configs/hardware/NAME.yml (default cpu-local; tpu-v5p, tpu-v7, h100, h200)\n"
@@ -373,8 +373,9 @@ const char* const kPlanUsage =
     "                    ici_data_parallelism=-1 or ici_fsdp_parallelism=-1 takes what is left)\n"
     "  --longest         the longest max_target_length (a multiple of --granule, default 1024) at which\n"
     "                    exactly this config fits device memory (and host_memory_budget), and the memory there\n"
-    "  --emit FORMAT     also print the recommended plan as MaxText's YAML keys or Megatron-Core's flags\n"
-    "                    (what the framework cannot express: a '# not expressible' line)\n"
+    "  --emit FRAMEWORK  recommend the fastest plan that framework runs on this hardware, print how much\n"
+    "                    faster longctx's own best would be and why, then the plan as MaxText's YAML\n"
+    "                    keys, Megatron-Core's flags or TorchTitan's command line (src/plan/emit.h)\n"
     "  --validate        run real training steps and compare them with the prediction\n"
     "  --measure         measure this machine's profile (GEMM, bandwidths, MPI links)\n"
     "  --quick           with --measure: smaller sizes and fewer repeats (what train's auto does; seconds)\n"
@@ -390,7 +391,7 @@ int run_plan(const Args& args) {
   int64_t steps = 3;
   bool quick = false, smoke = false;
   std::string markdown;
-  std::optional<EmitFormat> emit;
+  std::optional<Framework> emit;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> const std::string& {
@@ -407,7 +408,7 @@ int run_plan(const Args& args) {
     else if (a == "--validate") validate = true;
     else if (a == "--steps") steps = parse_int_flag("plan", a, value(), 1);
     else if (a == "--markdown") markdown = value();
-    else if (a == "--emit") emit = parse_emit_format(value());
+    else if (a == "--emit") options.framework = emit = parse_enum<Framework>(value());
     else if (a == "--hardware") hardware = value();
     else if (a == "--devices") options.devices = parse_int_flag("plan", a, value(), 1);
     else if (a == "--device-memory") options.device_memory = parse_bytes(value());
@@ -437,13 +438,17 @@ int run_plan(const Args& args) {
   const PlanRecommendation& recommended = report.recommendation;
   if (emit && !recommended.found)
     throw ConfigError("plan --emit: no plan fits (" + recommended.reason + "), so there is nothing to emit");
-  const std::string settings = emit ? emit_settings(recommended.config, report.devices, *emit) : "";
+  const std::string settings = emit ? emit_settings(recommended.config, report.devices, hw.platform, *emit) : "";
   if (as_json) {
     json j;
     j["hardware"] = report.hardware;
     j["devices"] = report.devices;
     j["max_target_length"] = config.max_target_length;
     j["per_device_batch_size"] = config.per_device_batch_size;
+    const LlamaConfig& m = config.model;
+    j["model"] = {{"d_model", m.d_model}, {"num_layers", m.num_layers}, {"num_heads", m.num_heads},
+                  {"num_kv_heads", m.num_kv_heads}, {"head_dim", m.head_dim}, {"mlp_dim", m.mlp_dim},
+                  {"vocab_size", m.vocab_size}};
     j["candidates"] = json::array();
     for (const StrategyPlan& p : report.candidates) j["candidates"].push_back(to_json(p));
     const PlanRecommendation& rec = report.recommendation;
@@ -455,11 +460,19 @@ int run_plan(const Args& args) {
                                   {"levers", rec.levers}, {"runners_up", rec.runners_up},
                                   {"plan", to_json(rec.plan)}});
     j["plan_seconds"] = elapsed;
-    if (emit) j["emit"] = settings;
+    if (emit) {
+      j["emit"] = settings;
+      j["framework"] = name_of(*emit);
+      j["recommendation"]["framework_gap"] = rec.framework_gap;
+    }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     print_text(config, report, elapsed);
-    if (emit) std::printf("\n%s", settings.c_str());
+    if (emit) {
+      std::printf("\n%s runs this plan%s\n", name_of(*emit),
+                  recommended.framework_gap.empty() ? ": longctx's own best, or one within 1% of it" : ("; " + recommended.framework_gap).c_str());
+      std::printf("\n%s", settings.c_str());
+    }
   }
   return 0;
 }

@@ -5,6 +5,7 @@
 # PyPI are only for helper scripts, test oracles and benchmark peers, never for
 # the C++ build. Exits non-zero (with the reason on stderr) when the
 # environment cannot be made, e.g. without network: callers skip loudly.
+# PYTHON=/path/to/python3.X makes it with that interpreter (default: Debian's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=$1
@@ -19,7 +20,7 @@ fi
 mkdir -p build
 if ! [ -x "$venv/bin/python" ]; then
   # Debian's python3 needs python3-venv for `-m venv`; fall back to any python3 that has it.
-  for py in /usr/bin/python3 python3; do
+  for py in ${PYTHON:-/usr/bin/python3 python3}; do
     if "$py" -m venv "$venv" >/dev/null 2>&1; then break; fi
     rm -rf "$venv"
   done

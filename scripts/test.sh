@@ -9,6 +9,8 @@
 # build-portable/). Any failure fails the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Minutes since the start at each stage (CI's budget is 30 minutes on 2 cores).
+stage() { echo "test.sh: $1 at $((SECONDS / 60)) min $((SECONDS % 60)) s" >&2; }
 scripts/setup.sh packages
 # The transformers oracle of tests/unit/test_hf_models.cpp (build/venv-hf,
 # reused once made; PyPI's torch wheel is large: minutes the first time, so
@@ -19,6 +21,7 @@ scripts/python_env.sh hf torch transformers safetensors > build/venv-hf.log 2>&1
 venv=$!
 scripts/setup.sh
 build/longctx info
+stage "built"
 wait "$venv" || { echo "test.sh: no transformers venv (build/venv-hf.log): the transformers tests will SKIP" >&2; tail -3 build/venv-hf.log >&2; }
 # Twice the cores: most tests wait (mpiexec start-up, Python, sleeps of the
 # stop and watchdog tests) more than they compute (measured: 51 tests in 122 s
@@ -37,12 +40,17 @@ finish() {  # log
 trap '[ -n "${job:-}" ] && kill "$job" 2>/dev/null; true' EXIT
 background build/sanitize-build.log env SANITIZE_PHASE=build scripts/sanitize.sh
 (cd build && ctest --output-on-failure -j "$((2 * $(nproc --all)))" "$@")
+stage "tests passed"
 finish build/sanitize-build.log
+stage "sanitizer build done"
 background build/fuzz-build.log env FUZZ_BUILD_ONLY=1 scripts/fuzz.sh
 SANITIZE_PHASE=test scripts/sanitize.sh
+stage "sanitized tests passed"
 finish build/fuzz-build.log
 background build/qemu-build.log env QEMU_SMOKE_PHASE=build scripts/qemu_smoke.sh
 FUZZ_SECONDS=${FUZZ_SECONDS:-10} scripts/fuzz.sh  # 10 s per target here; scripts/fuzz.sh alone: 20 s
 finish build/qemu-build.log
 job=
+stage "fuzzed"
 QEMU_SMOKE_PHASE=test scripts/qemu_smoke.sh
+stage "emulated CPUs passed"

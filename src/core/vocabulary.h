@@ -58,6 +58,26 @@ struct EnumNames<DType> {
 };
 inline size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
 
+// What a hardware profile's devices are (YAML `platform`): what the
+// frameworks whose settings `plan --emit` writes decide by (MaxText's
+// `hardware`, the attention kernel, which strategies they run).
+enum class Platform { cpu, gpu, tpu };
+template <>
+struct EnumNames<Platform> {
+  static constexpr const char* what = "platform";
+  static constexpr std::array<std::pair<Platform, const char*>, 3> names{
+      {{Platform::cpu, "cpu"}, {Platform::gpu, "gpu"}, {Platform::tpu, "tpu"}}};
+};
+
+// The frameworks `plan --emit` writes settings for (src/plan/emit.h).
+enum class Framework { maxtext, megatron, torchtitan };
+template <>
+struct EnumNames<Framework> {
+  static constexpr const char* what = "framework (plan --emit)";
+  static constexpr std::array<std::pair<Framework, const char*>, 3> names{
+      {{Framework::maxtext, "maxtext"}, {Framework::megatron, "megatron"}, {Framework::torchtitan, "torchtitan"}}};
+};
+
 // attention_type: which (q, kv) pairs may attend (core/mask.h).
 enum class MaskKind { full, causal, local, chunked };
 template <>

@@ -245,9 +245,18 @@ HardwareProfile load_hardware_profile(const std::string& name_or_path,
       throw ConfigError("hardware profile " + name_or_path + ": " + e.what());
     }
   }
+  if (root["platform"]) {
+    try {
+      h.platform = parse_enum<Platform>(root["platform"].as<std::string>());
+    } catch (const ConfigError& e) {
+      throw ConfigError("hardware profile " + name_or_path + ": " + e.what());
+    }
+  }
   for (const auto& kv : root) {
     std::string key = kv.first.as<std::string>();
-    if (key == "name" || key == "description" || key == "topology" || key == "kernels" || key == "sources") continue;
+    if (key == "name" || key == "description" || key == "topology" || key == "kernels" || key == "platform" ||
+        key == "sources")
+      continue;
     if (key == "bf16") {
       if (!kv.second.IsMap())
         throw ConfigError("hardware profile " + path.string() + ": bf16 must be a section of kernel tables");
@@ -292,6 +301,7 @@ void save_hardware_profile(const HardwareProfile& h, const std::string& path) {
   out << YAML::Key << "description" << YAML::Value << h.description;
   out << YAML::Key << "topology" << YAML::Value << h.topology;
   out << YAML::Key << "kernels" << YAML::Value << kernel_target_name(h.kernels);
+  out << YAML::Key << "platform" << YAML::Value << name_of(h.platform);
   for (const Field& f : fields()) {
     out << YAML::Key << f.key << YAML::Value;
     if (f.real) out << h.*f.real;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "core/vocabulary.h"
 #include "kernels/cpu/select.h"
 
 namespace longctx {
@@ -54,6 +55,9 @@ struct HardwareProfile : KernelTables {
   // tiles on chip, no scratch in device memory). A plan never asks the
   // planning host's own CPU for an accelerator's kernels.
   KernelTarget kernels = KernelTarget::cpu;
+  // What the devices are (YAML `platform`: cpu, gpu or tpu): what a
+  // framework's settings depend on (plan --emit, src/plan/emit.h).
+  Platform platform = Platform::cpu;
 
   // Compute, per device. A dtype whose peak is 0 is not supported.
   double peak_flops_bf16 = 0;  // FLOP/s (dense matmul)

@@ -16,6 +16,7 @@
 // activations, host or disk state) are sized from the stores' own
 // functions. Tests compare memory and bytes with real steps, exactly.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -138,12 +139,19 @@ struct PlanRecommendation {
   std::string reason;  // one line, in the users' terms
   StrategyPlan plan;
   std::vector<std::string> runners_up;  // the next fastest plans that fit, one line each
+  // With PlanOptions::framework: how much faster longctx's own best plan
+  // is than this one, and what the framework lacks for it ("" = it runs
+  // longctx's own best, or one within 1% of it).
+  std::string framework_gap;
 };
 
 struct PlanOptions {
   int64_t devices = 0;        // total devices; 0 = dp * cp * tp from the config
   int64_t device_memory = 0;  // bytes; 0 = the profile's (or device_memory_budget if set)
   bool memory_only = false;   // plan_strategy stops after memory and fits (the search's check per rung)
+  // recommend() only plans this framework runs on the profile's platform
+  // (framework_refusal, src/plan/emit.h), with the gap to longctx's own best.
+  std::optional<Framework> framework;
 };
 
 struct PlanReport {

@@ -10,7 +10,10 @@
 #include <functional>
 #include <tuple>
 
+#include <sstream>
+
 #include "core/cp_strategy.h"
+#include "plan/emit.h"
 #include "plan/planner.h"
 
 namespace longctx {
@@ -141,13 +144,41 @@ struct Rung {
 // state, then the layer inputs, then the parameters), and recompute last: at each
 // heavier remat policy, every lever above with the tensors it still saves
 // offloaded. Each rung keeps the rungs before it.
-std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw, bool heavier_remat) {
+// The reasons a framework refuses a config, one per entry (emit.h; an open
+// strategy counts as all_gather: the ladder's levers do not depend on it).
+// A tp whose mesh the ladder's cp does not fill has none here: the search
+// checks each run it plans (with its own cp) again.
+std::vector<std::string> refusal_reasons(RunConfig c, int64_t devices, const HardwareProfile& hw, Framework f) {
+  if (!c.cp_strategy) c.cp_strategy = CpStrategy::all_gather;
+  std::vector<std::string> out;
+  std::string reasons;
+  try {
+    reasons = framework_refusal(c, devices, hw.platform, f);
+  } catch (const ConfigError&) {
+    return out;
+  }
+  std::stringstream all(reasons);
+  for (std::string r; std::getline(all, r, ';');) out.push_back(r.substr(r.find_first_not_of(' ')));
+  return out;
+}
+
+// With a framework (PlanOptions::framework), a lever it has no setting for
+// is left off the ladder, so the rungs after it stay runnable there.
+std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw, bool heavier_remat, int64_t devices,
+                                std::optional<Framework> framework) {
   std::vector<Rung> ladder{{"", "", c}};
   int heavier = 0;
+  auto runnable = [&](const RunConfig& k) {
+    if (!framework) return true;
+    const std::vector<std::string> before = refusal_reasons(ladder.back().config, devices, hw, *framework);
+    for (const std::string& r : refusal_reasons(k, devices, hw, *framework))
+      if (std::find(before.begin(), before.end(), r) == before.end()) return false;
+    return true;
+  };
   auto add = [&](const std::string& what, const std::string& why, const std::function<void(RunConfig&)>& f) {
     RunConfig k = ladder.back().config;
     f(k);
-    ladder.push_back({what, why, k, heavier});
+    if (runnable(k)) ladder.push_back({what, why, k, heavier});
   };
   if (!c.shard_optimizer_over_data)
     add("shard_optimizer_over_data=true", "AdamW moments sharded over the replicas (ZeRO-1)",
@@ -199,6 +230,7 @@ std::vector<Rung> memory_ladder(const RunConfig& c, const HardwareProfile& hw, b
       k.remat_custom_save = keep;
       k.remat_custom_offload = offloaded;
       k.offload_target = c.offload_target;
+      if (!runnable(k)) return;
       ladder.push_back({"remat_policy=custom " + remat_custom_keys(k) + " offload_target=" + name_of(c.offload_target),
                         why, k, heavier});
     };
@@ -301,7 +333,9 @@ std::vector<int64_t> tp_sizes(const RunConfig& c, int64_t devices, const Hardwar
 // for each its memory ladder without heavier remat; at every candidate cp,
 // each strategy with the first rung at which it fits (memory only: the counted step, memoised),
 // then its full prediction. The fastest wins.
-PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
+namespace {
+
+PlanRecommendation search(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
   const int64_t devices = plan_devices(c, o);
   c.mesh_shape(devices);  // the user's mesh must fill the devices: ConfigError naming the rule
   PlanOptions opts = o, memory = o;
@@ -316,7 +350,7 @@ PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, cons
     RunConfig base = c;
     base.tp = tp;
     base.remat_policy = policies[pi];
-    const std::vector<Rung> ladder = memory_ladder(base, hw, !remat_open);
+    const std::vector<Rung> ladder = memory_ladder(base, hw, !remat_open, devices, o.framework);
     for (int64_t cp : cp_sizes(base, devices)) {
       std::vector<std::pair<CpStrategy, int64_t>> variants = candidates_at(cp);
       if (cp == 1) variants.resize(1);  // no context parallelism: every strategy is the same run
@@ -332,6 +366,7 @@ PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, cons
           // A heavier remat than the user's only where nothing lighter fits.
           if (left[v] == 0 || (left[v] <= kMoreRungs && ladder[r].heavier > 0)) continue;
           const RunConfig run = with_candidate(k, cp, variants[v].first, variants[v].second, k.remat_policy);
+          if (o.framework && !framework_refusal(run, devices, hw.platform, *o.framework).empty()) continue;
           const StrategyPlan m = plan_strategy(run, hw, memory);
           if (!m.valid) left[v] = 0;
           if (!m.valid || !m.fits) continue;
@@ -374,6 +409,35 @@ PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, cons
              r.reason;
   if (!best.levers.empty()) r.reason += "; it needs the memory levers listed apart (MaxText's order)";
   for (size_t i = 1; i < found.size() && r.runners_up.size() < 2; ++i) r.runners_up.push_back(alternative_line(found[i]));
+  return r;
+}
+
+}  // namespace
+
+PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, const PlanOptions& o) {
+  if (!o.framework) return search(c, hw, o);
+  // The fastest plan the framework runs, and what longctx's own best would gain.
+  PlanOptions own_options = o;
+  own_options.framework.reset();
+  const PlanRecommendation own = search(c, hw, own_options);
+  PlanRecommendation r = search(c, hw, o);
+  const int64_t devices = plan_devices(c, o);
+  const std::string f = name_of(*o.framework);
+  const std::string own_line = own.found ? cp_strategy_label(own.strategy, own.cp, own.ulysses) + " cp=" + str(own.cp) +
+                                               " tp=" + str(own.tp) + ", remat " + name_of(own.remat_policy)
+                                         : "";
+  if (!r.found) {
+    if (own.found)
+      r.reason = "nothing " + f + " runs on " + hw.name + " fits; longctx's own best (" + own_line + ") needs what " +
+                 f + " lacks: " + framework_refusal(own.config, devices, hw.platform, *o.framework);
+    return r;
+  }
+  if (own.found && own.plan.tokens_per_second > r.plan.tokens_per_second * 1.01) {
+    const double gain = own.plan.tokens_per_second / r.plan.tokens_per_second - 1;
+    r.framework_gap = "longctx's own best, " + own_line + " with " + (own.levers.empty() ? "no levers" : own.levers) +
+                      ", is " + std::to_string(std::lround(gain * 100)) + "% faster: " +
+                      framework_refusal(own.config, devices, hw.platform, *o.framework);
+  }
   return r;
 }
 
