@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds, prints what it tests on (`longctx info`: the CPU, its
-# features, each op's kernel), makes the transformers venv (build/venv-hf),
+# features, each op's kernel), makes the transformers venv (build/venv-hf)
+# and the frameworks' (build/venv-frameworks: MaxText, Megatron-Core, TorchTitan),
 # runs every test through ctest; then the unit and
 # 2-rank tests again under AddressSanitizer + UndefinedBehaviorSanitizer
 # (scripts/sanitize.sh, build-asan/), then each fuzz target for a bounded time
@@ -19,10 +20,15 @@ scripts/setup.sh packages
 mkdir -p build
 scripts/python_env.sh hf torch transformers safetensors > build/venv-hf.log 2>&1 &
 venv=$!
+# The frameworks `plan --emit` writes for (tests/frameworks, build/venv-frameworks):
+# without them (no Python >= 3.12, no network) test_plan_frameworks SKIPs, saying why.
+scripts/framework_env.sh > build/venv-frameworks.log 2>&1 &
+frameworks=$!
 scripts/setup.sh
 build/longctx info
 stage "built"
 wait "$venv" || { echo "test.sh: no transformers venv (build/venv-hf.log): the transformers tests will SKIP" >&2; tail -3 build/venv-hf.log >&2; }
+wait "$frameworks" || { echo "test.sh: no frameworks venv (build/venv-frameworks.log): test_plan_frameworks will SKIP" >&2; tail -3 build/venv-frameworks.log >&2; }
 # Twice the cores: most tests wait (mpiexec start-up, Python, sleeps of the
 # stop and watchdog tests) more than they compute (measured: 51 tests in 122 s
 # at -j4 against ~170 s at -j2 on 2 cores); none is timed.
