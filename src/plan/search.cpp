@@ -434,8 +434,8 @@ PlanRecommendation recommend(const RunConfig& c, const HardwareProfile& hw, cons
   }
   if (own.found && own.plan.tokens_per_second > r.plan.tokens_per_second * 1.01) {
     const double gain = own.plan.tokens_per_second / r.plan.tokens_per_second - 1;
-    r.framework_gap = "longctx's own best, " + own_line + " with " + (own.levers.empty() ? "no levers" : own.levers) +
-                      ", is " + std::to_string(std::lround(gain * 100)) + "% faster: " +
+    r.framework_gap = "longctx's own best, " + own_line + ", is " + std::to_string(std::lround(gain * 100)) +
+                      "% faster: " +
                       framework_refusal(own.config, devices, hw.platform, *o.framework);
   }
   return r;
