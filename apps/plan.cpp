@@ -445,6 +445,8 @@ int run_plan(const Args& args) {
     j["devices"] = report.devices;
     j["max_target_length"] = config.max_target_length;
     j["per_device_batch_size"] = config.per_device_batch_size;
+    j["attention_type"] = name_of(config.attention_type);
+    j["sliding_window_size"] = config.sliding_window_size;
     const LlamaConfig& m = config.model;
     j["model"] = {{"d_model", m.d_model}, {"num_layers", m.num_layers}, {"num_heads", m.num_heads},
                   {"num_kv_heads", m.num_kv_heads}, {"head_dim", m.head_dim}, {"mlp_dim", m.mlp_dim},

@@ -225,7 +225,8 @@ int64_t plan_devices(const RunConfig& config, const PlanOptions& options);
 
 // The recommended configuration: the fastest predicted plan that fits.
 // The search keeps what the user set (model, batch, length, devices, a
-// remat_policy or ici_tensor_parallelism of theirs, a pinned mesh) and tries
+// remat_policy, context_parallel_strategy (not auto, with its usp factor
+// when set) or ici_tensor_parallelism of theirs, a pinned mesh) and tries
 // every tp left open (within a node), every remat policy left open
 // (lightest first), every cp (when ici_data_parallelism or
 // ici_fsdp_parallelism is -1), every strategy and usp split, each with the

@@ -353,7 +353,15 @@ PlanRecommendation search(const RunConfig& c, const HardwareProfile& hw, const P
     const std::vector<Rung> ladder = memory_ladder(base, hw, !remat_open, devices, o.framework);
     for (int64_t cp : cp_sizes(base, devices)) {
       std::vector<std::pair<CpStrategy, int64_t>> variants = candidates_at(cp);
-      if (cp == 1) variants.resize(1);  // no context parallelism: every strategy is the same run
+      if (cp == 1) {
+        variants.resize(1);  // no context parallelism: every strategy is the same run
+      } else if (c.cp_strategy && user_set(c, "context_parallel_strategy")) {
+        // A strategy the user named (not auto) is theirs to keep, with its usp factor when they set one.
+        std::erase_if(variants, [&](const std::pair<CpStrategy, int64_t>& v) {
+          return v.first != *c.cp_strategy ||
+                 (user_set(c, "ici_context_usp_ulysses_parallelism") && v.second != c.cp_ulysses);
+        });
+      }
       // Rungs each variant may still try: the first that fits and the next
       // kMoreRungs (a lever can pay for itself: FSDP's reduce-scatter moves
       // less than the all-reduce of full gradients).

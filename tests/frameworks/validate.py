@@ -11,7 +11,9 @@ A plan passes when the framework accepts it and, from the framework's own
 parsed config, (1) the tokens per device equal the plan's (the batch in the
 framework's units), (2) the model is the plan's (layers, width, heads, KV
 heads, head dim, MLP width, vocabulary), (3) the context-parallel degree and
-kind are the plan's.
+kind are the plan's, (4) MaxText's custom remat names only tensors the model
+tags, (5) Megatron's all-to-all divides the KV heads and its window is the
+plan's.
 
 What each framework's check needs on a CPU-only machine (shims, said here and
 nowhere else):
@@ -29,6 +31,8 @@ nowhere else):
   TorchTitan 0.3.0: ConfigManager.parse_args, then ParallelDims.from_config
     for the world size (the product check needs no process group).
 """
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -68,6 +72,19 @@ def check_maxtext(plan):
                          ("num_kv_heads", "num_kv_heads"), ("head_dim", "head_dim"), ("mlp_dim", "mlp_dim"),
                          ("vocab_size", "vocab_size")]:
         expect(errors, theirs, getattr(cfg, theirs), m[ours])
+    # The custom policy's tensors must be ones this model tags, or MaxText
+    # recomputes them silently: the names a dense Llama layer tags, from
+    # MaxText's layers/attentions.py, layers/linears.py, attention_op.py and
+    # models/llama2.py (checkpoint_name calls).
+    if cfg.remat_policy == "custom":
+        tagged = {"decoder_layer_input", "context", "attention_out", "out_proj", "mlpwo"}
+        tagged |= {"qkv_proj"} if cfg.fused_qkv else {"query_proj", "key_proj", "value_proj"}
+        acts = len(cfg.mlp_activations)
+        tagged |= {"mlpwi"} if cfg.fused_mlp or acts == 1 else {f"mlpwi_{i}" for i in range(acts)}
+        untagged = sorted((set(cfg.tensors_on_device or []) | set(cfg.tensors_to_offload or [])) - tagged)
+        if untagged:
+            errors.append(f"remat_policy 'custom' saves or offloads {untagged}, which this model never tags: "
+                          "MaxText would recompute them")
     rec = plan["recommendation"]
     shape = dict(mesh.shape)
     expect(errors, "context ranks (context x context_usp_ulysses)",
@@ -125,7 +142,16 @@ def check_megatron(plan):
         comm = cfg.cp_comm_type if isinstance(cfg.cp_comm_type, str) else cfg.cp_comm_type[0]
         known = megatron_comm_types()
         if comm not in known:
-            errors.append(f"cp_comm_type {comm!r} is none of the names Megatron-Core dispatches on: {sorted(known)}")
+            errors.append(f"cp_comm_type {comm!r} is none of the values Megatron-Core documents: {sorted(known)}")
+        # The all-to-all splits each tp rank's KV heads (TransformerEngine refuses the rest at run time).
+        a2a = {"a2a": cfg.context_parallel_size, "a2a+p2p": (args.hierarchical_context_parallel_sizes or [1])[0]}.get(comm, 1)
+        kv = cfg.num_query_groups // cfg.tensor_model_parallel_size
+        if a2a > 1 and kv % a2a:
+            errors.append(f"the all-to-all degree {a2a} does not divide the {kv} KV heads per tp rank")
+    # A sliding window of W tokens (the query and W - 1 before it) is Megatron's window (W - 1, 0).
+    window = plan["sliding_window_size"] if plan["attention_type"] == "local" else 0
+    expect(errors, "window_size", tuple(args.window_size) if args.window_size else None,
+           (window - 1, 0) if window else None)
     return errors
 
 
@@ -159,10 +185,12 @@ def run_group(framework, paths):
     import unittest  # noqa: F401  (MaxText's pyconfig raises instead of exiting under a test runner)
     for path in paths:
         plan = json.load(open(path))
+        said = io.StringIO()  # argparse and tyro say why on stderr, then exit
         try:
-            errors = CHECKS[framework](plan)
+            with contextlib.redirect_stderr(said):
+                errors = CHECKS[framework](plan)
         except BaseException as e:  # SystemExit from argparse/tyro too
-            errors = [f"{type(e).__name__}: {e}"]
+            errors = [f"{type(e).__name__}: {e}", *said.getvalue().strip().splitlines()[-6:]]
         print(json.dumps({"path": path, "errors": errors}), flush=True)
 
 

@@ -116,6 +116,24 @@ TEST(PlanEmit, TheSearchRecommendsOnlyWhatTheFrameworkRuns) {
   }
 }
 
+// A strategy the user named (not auto) is kept, with its usp factor when set.
+TEST(PlanEmit, AStrategyTheUserNamedIsKept) {
+  const HardwareProfile hw = load_hardware_profile("h100");
+  PlanOptions o;
+  o.devices = 64;
+  o.framework = Framework::megatron;
+  const PlanRecommendation ulysses =
+      recommend(config({"ici_data_parallelism=8", "ici_context_parallelism=8", "context_parallel_strategy=ulysses"}), hw, o);
+  ASSERT_TRUE(ulysses.found) << ulysses.reason;
+  EXPECT_EQ(ulysses.strategy, CpStrategy::ulysses);
+  const PlanRecommendation usp = recommend(config({"ici_data_parallelism=8", "ici_context_parallelism=8",
+                                                   "context_parallel_strategy=usp", "ici_context_usp_ulysses_parallelism=2"}),
+                                           hw, o);
+  ASSERT_TRUE(usp.found) << usp.reason;
+  EXPECT_EQ(usp.strategy, CpStrategy::usp);
+  EXPECT_EQ(usp.ulysses, 2);
+}
+
 // A lever the framework lacks is left off the ladder, so the rungs after it
 // (heavier levers it has) stay reachable: Megatron at 512K tokens on 8 GPUs
 // needs memory levers, and gets them without the token chunks longctx's own
