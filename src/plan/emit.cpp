@@ -359,12 +359,18 @@ std::string torchtitan(const RunConfig& c, int64_t devices) {
 
 }  // namespace
 
-std::string framework_refusal(const RunConfig& config, int64_t devices, Platform platform, Framework framework) {
+std::vector<std::string> framework_refusals(const RunConfig& config, int64_t devices, Platform platform,
+                                            Framework framework) {
   RunConfig c = config;
   const MeshShape mesh = c.mesh_shape(devices);
   c.dp = mesh.dp, c.fsdp = mesh.fsdp;
+  return refusals(c, devices, platform, framework);
+}
+
+std::string framework_refusal(const RunConfig& config, int64_t devices, Platform platform, Framework framework) {
   std::string out;
-  for (const std::string& r : refusals(c, devices, platform, framework)) out += (out.empty() ? "" : "; ") + r;
+  for (const std::string& r : framework_refusals(config, devices, platform, framework))
+    out += (out.empty() ? "" : "; ") + r;
   return out;
 }
 

@@ -24,6 +24,7 @@
 // chunk) is a "# note:" line.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "core/vocabulary.h"
@@ -34,6 +35,9 @@ namespace longctx {
 // The rules are the framework's own checks (cited in emit.cpp) and the
 // levers it has no setting for.
 std::string framework_refusal(const RunConfig& config, int64_t devices, Platform platform, Framework framework);
+// The same reasons, one per entry.
+std::vector<std::string> framework_refusals(const RunConfig& config, int64_t devices, Platform platform,
+                                            Framework framework);
 
 // `devices`: the job's devices (an axis at -1 takes what the others leave).
 // ConfigError with framework_refusal's reason when the framework cannot run it.

@@ -10,8 +10,6 @@
 #include <functional>
 #include <tuple>
 
-#include <sstream>
-
 #include "core/cp_strategy.h"
 #include "plan/emit.h"
 #include "plan/planner.h"
@@ -150,16 +148,11 @@ struct Rung {
 // checks each run it plans (with its own cp) again.
 std::vector<std::string> refusal_reasons(RunConfig c, int64_t devices, const HardwareProfile& hw, Framework f) {
   if (!c.cp_strategy) c.cp_strategy = CpStrategy::all_gather;
-  std::vector<std::string> out;
-  std::string reasons;
   try {
-    reasons = framework_refusal(c, devices, hw.platform, f);
+    return framework_refusals(c, devices, hw.platform, f);
   } catch (const ConfigError&) {
-    return out;
+    return {};
   }
-  std::stringstream all(reasons);
-  for (std::string r; std::getline(all, r, ';');) out.push_back(r.substr(r.find_first_not_of(' ')));
-  return out;
 }
 
 // With a framework (PlanOptions::framework), a lever it has no setting for
